@@ -1,0 +1,1 @@
+"""Kubernetes operator for AutoGLM-Phone-9B on vLLM."""

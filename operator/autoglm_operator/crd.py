@@ -1,0 +1,154 @@
+"""Generate the CustomResourceDefinition from the pydantic model in spec.py.
+
+pydantic's JSON schema is close to a Kubernetes structural schema; this converts the rest:
+inline every $ref, drop titles and nulls, mark int-or-string and free-form objects, and give
+each nested object `default: {}` so the apiserver fills in the defaults beneath it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autoglm_operator import spec
+
+PRINTER_COLUMNS = [
+    {"name": "Ready", "type": "string", "jsonPath": ".status.ready"},
+    {"name": "Streaming", "type": "integer", "jsonPath": ".status.streamingReplicas"},
+    {"name": "Batching", "type": "integer", "jsonPath": ".status.batchingReplicas"},
+    {"name": "Policy", "type": "string", "jsonPath": ".spec.modePolicy"},
+    {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+_DROPPED_KEYS = {"title", "$defs"}
+
+
+def _resolve(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, list):
+        return [_resolve(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = defs[node["$ref"].rsplit("/", 1)[-1]]
+        merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+        return _resolve(merged, defs)
+    return {k: _resolve(v, defs) for k, v in node.items() if k not in _DROPPED_KEYS}
+
+
+def _structural(node: dict[str, Any]) -> dict[str, Any]:
+    """Rewrite one resolved pydantic schema node into a Kubernetes structural schema node."""
+    node = dict(node)
+    if "anyOf" in node:
+        branches = [b for b in node.pop("anyOf") if b.get("type") != "null"]
+        if node.get("default", "") is None:
+            node.pop("default")
+        types = {b.get("type") for b in branches}
+        if types == {"integer", "string"}:
+            node["x-kubernetes-int-or-string"] = True
+        elif len(branches) == 1:
+            node = {**branches[0], **node}
+        else:
+            raise ValueError(f"cannot express anyOf {branches} structurally")
+    if node.get("x-kubernetes-int-or-string"):
+        node.pop("type", None)
+        return node
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
+    if node.get("type") == "object" or "properties" in node:
+        node["type"] = "object"
+        props = node.get("properties")
+        if props:
+            node["properties"] = {k: _structural(v) for k, v in props.items()}
+            # An absent parent would hide its children's defaults from the apiserver.
+            for child in node["properties"].values():
+                if child.get("type") == "object" and "properties" in child:
+                    child.setdefault("default", {})
+        extra = node.get("additionalProperties")
+        if extra is True or extra == {}:
+            node.pop("additionalProperties")
+            node["x-kubernetes-preserve-unknown-fields"] = True
+        elif isinstance(extra, dict):
+            node["additionalProperties"] = _structural(extra)
+        elif extra is False:
+            node.pop("additionalProperties")
+        if "default" in node and node["default"] != {}:
+            node["default"] = {}
+    if node.get("type") == "array" and "items" in node:
+        items = node["items"]
+        node["items"] = (
+            {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+            if items in ({}, {"type": "object", "additionalProperties": True}, {"type": "object"})
+            else _structural(items)
+        )
+    if not node.get("type") and not node.get("x-kubernetes-preserve-unknown-fields"):
+        node.update({"type": "object", "x-kubernetes-preserve-unknown-fields": True})
+    return node
+
+
+def _model_schema(model: type[spec.CamelModel]) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    return _structural(_resolve(raw, raw.get("$defs", {})))
+
+
+def openapi_schema() -> dict[str, Any]:
+    spec_schema = _model_schema(spec.AutoGLMDeploymentSpec)
+    spec_schema["default"] = {}
+    status_schema = _model_schema(spec.AutoGLMDeploymentStatus)
+    status_schema.pop("default", None)
+    status_schema["x-kubernetes-preserve-unknown-fields"] = True
+    return {
+        "type": "object",
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec_schema,
+            "status": status_schema,
+        },
+    }
+
+
+def build_crd() -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{spec.PLURAL}.{spec.GROUP}"},
+        "spec": {
+            "group": spec.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": spec.KIND,
+                "listKind": f"{spec.KIND}List",
+                "plural": spec.PLURAL,
+                "singular": spec.SINGULAR,
+                "shortNames": spec.SHORT_NAMES,
+                "categories": ["all", "autoglm"],
+            },
+            "versions": [
+                {
+                    "name": spec.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": openapi_schema()},
+                    "subresources": {
+                        "status": {},
+                        "scale": {
+                            "specReplicasPath": ".spec.replicas",
+                            "statusReplicasPath": ".status.replicas",
+                            "labelSelectorPath": ".status.selector",
+                        },
+                    },
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                }
+            ],
+        },
+    }
+
+
+def render_crd_yaml() -> str:
+    import yaml
+
+    header = (
+        "# Generated from operator/autoglm_operator/spec.py by `make crd`. Do not edit by hand.\n"
+    )
+    return header + yaml.safe_dump(build_crd(), sort_keys=False, width=100)

@@ -1,0 +1,121 @@
+"""The mode contract shared by the operator and the runtime.
+
+A mode is a live admission policy, not an engine setting: the engine starts once with an
+envelope large enough for both modes and the middleware enforces the active profile.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+MODE_LABEL = "autoglm.io/mode"
+MODE_PATH = "/autoglm/v1/mode"
+DRAIN_PATH = "/autoglm/v1/drain"
+
+
+class Mode(StrEnum):
+    STREAMING = "streaming"
+    BATCHING = "batching"
+
+
+class CamelModel(BaseModel):
+    """Field names are snake_case in Python and camelCase on the wire (CRD, ConfigMap, JSON)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+# Constraints live on the types; the two profiles below differ only in their defaults.
+MaxConcurrency = Annotated[
+    int, Field(ge=1, le=1024, description="Requests running in the engine at once; the rest wait.")
+]
+MaxQueue = Annotated[
+    int, Field(ge=0, le=10000, description="Requests allowed to wait; beyond this the answer is 429.")
+]
+QueueTimeoutSeconds = Annotated[
+    int, Field(ge=1, le=3600, description="Longest wait for admission before the answer is 503.")
+]
+BatchWindowMillis = Annotated[
+    int,
+    Field(
+        ge=0,
+        le=5000,
+        description="Hold admitted requests up to this long to release them together; 0 is off.",
+    ),
+]
+BatchSize = Annotated[
+    int, Field(ge=1, le=256, description="Release a held group as soon as this many wait.")
+]
+StreamCoalesceChunks = Annotated[
+    int,
+    Field(
+        ge=1,
+        le=64,
+        description="Merge up to this many streamed token chunks into one SSE event; 1 is off.",
+    ),
+]
+PrioritizeStreams = Annotated[
+    bool,
+    Field(description="Give stream=true requests a better vLLM priority than non-streamed ones."),
+]
+
+_BATCH_RULE = {
+    "rule": "self.batchSize == 1 || self.batchWindowMillis > 0",
+    "message": "batchSize above 1 needs batchWindowMillis above 0 (the window bounds the wait)",
+}
+
+
+class ModeProfile(CamelModel):
+    """How one replica admits requests while it is in a mode."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [_BATCH_RULE]})
+
+    max_concurrency: MaxConcurrency
+    max_queue: MaxQueue
+    queue_timeout_seconds: QueueTimeoutSeconds
+    batch_window_millis: BatchWindowMillis = 0
+    batch_size: BatchSize = 1
+    stream_coalesce_chunks: StreamCoalesceChunks = 1
+    prioritize_streams: PrioritizeStreams = False
+
+
+class StreamingProfile(ModeProfile):
+    """Quiet hours: few sequences at once, streamed requests first, lowest time-to-first-token."""
+
+    max_concurrency: MaxConcurrency = 8
+    max_queue: MaxQueue = 64
+    queue_timeout_seconds: QueueTimeoutSeconds = 30
+    batch_window_millis: BatchWindowMillis = 0
+    batch_size: BatchSize = 1
+    stream_coalesce_chunks: StreamCoalesceChunks = 1
+    prioritize_streams: PrioritizeStreams = True
+
+
+class BatchingProfile(ModeProfile):
+    """Peaks: many sequences at once, a short micro-batch window, coalesced streaming."""
+
+    max_concurrency: MaxConcurrency = 64
+    max_queue: MaxQueue = 512
+    queue_timeout_seconds: QueueTimeoutSeconds = 60
+    batch_window_millis: BatchWindowMillis = 100
+    batch_size: BatchSize = 4
+    stream_coalesce_chunks: StreamCoalesceChunks = 4
+    prioritize_streams: PrioritizeStreams = False
+
+
+class ModeProfiles(CamelModel):
+    streaming: StreamingProfile = Field(default_factory=StreamingProfile)
+    batching: BatchingProfile = Field(default_factory=BatchingProfile)
+
+    def for_mode(self, mode: Mode) -> ModeProfile:
+        return self.streaming if mode is Mode.STREAMING else self.batching
+
+    @property
+    def envelope_max_num_seqs(self) -> int:
+        """vLLM's --max-num-seqs must hold the larger mode: the engine starts once for both."""
+        return max(self.streaming.max_concurrency, self.batching.max_concurrency)
