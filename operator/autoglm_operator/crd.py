@@ -2,7 +2,7 @@
 
 pydantic's JSON schema is close to a Kubernetes structural schema; this converts the rest:
 inline every $ref, drop titles and nulls, mark int-or-string and free-form objects, and give
-each nested object `default: {}` so the apiserver fills in the defaults beneath it.
+each nested object the model's default so the apiserver fills in the same values the code would.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ PRINTER_COLUMNS = [
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
-_DROPPED_KEYS = {"title", "$defs"}
+# Kubernetes structural schemas have no propertyNames; map sizes are bounded by maxProperties.
+_DROPPED_KEYS = {"title", "$defs", "propertyNames"}
 
 
 def _resolve(node: Any, defs: dict[str, Any]) -> Any:
@@ -59,10 +60,6 @@ def _structural(node: dict[str, Any]) -> dict[str, Any]:
         props = node.get("properties")
         if props:
             node["properties"] = {k: _structural(v) for k, v in props.items()}
-            # An absent parent would hide its children's defaults from the apiserver.
-            for child in node["properties"].values():
-                if child.get("type") == "object" and "properties" in child:
-                    child.setdefault("default", {})
         extra = node.get("additionalProperties")
         if extra is True or extra == {}:
             node.pop("additionalProperties")
@@ -71,8 +68,6 @@ def _structural(node: dict[str, Any]) -> dict[str, Any]:
             node["additionalProperties"] = _structural(extra)
         elif extra is False:
             node.pop("additionalProperties")
-        if "default" in node and node["default"] != {}:
-            node["default"] = {}
     if node.get("type") == "array" and "items" in node:
         items = node["items"]
         node["items"] = (
@@ -90,9 +85,23 @@ def _model_schema(model: type[spec.CamelModel]) -> dict[str, Any]:
     return _structural(_resolve(raw, raw.get("$defs", {})))
 
 
+def _object_defaults(node: dict[str, Any], value: dict[str, Any]) -> None:
+    """Give each nested object the model's whole default, so an absent parent still gets its
+    children's defaults; the apiserver checks each default against the CEL rules, so it must
+    be complete. Optional objects (None in the model) are absent from `value` and stay absent."""
+    for key, child in node.get("properties", {}).items():
+        child_value = value.get(key)
+        if child.get("type") == "object" and "properties" in child and isinstance(child_value, dict):
+            child["default"] = child_value
+            _object_defaults(child, child_value)
+
+
 def openapi_schema() -> dict[str, Any]:
     spec_schema = _model_schema(spec.AutoGLMDeploymentSpec)
-    spec_schema["default"] = {}
+    _object_defaults(
+        spec_schema,
+        spec.AutoGLMDeploymentSpec().model_dump(by_alias=True, mode="json", exclude_none=True),
+    )
     status_schema = _model_schema(spec.AutoGLMDeploymentStatus)
     status_schema.pop("default", None)
     status_schema["x-kubernetes-preserve-unknown-fields"] = True
@@ -105,6 +114,8 @@ def openapi_schema() -> dict[str, Any]:
             "spec": spec_schema,
             "status": status_schema,
         },
+        # No default for spec: an Adaptive deployment needs at least a Prometheus URL.
+        "required": ["spec"],
     }
 
 

@@ -100,7 +100,7 @@ class EngineOptions(CamelModel):
     startup_timeout_seconds: int = Field(
         default=900, ge=60, le=7200, description="How long a model load may take before restart."
     )
-    extra_args: list[str] = Field(
+    extra_args: list[Annotated[str, Field(max_length=512)]] = Field(
         default_factory=list,
         max_length=64,
         description="More `vllm serve` flags; the ones the operator manages are refused.",
@@ -201,8 +201,8 @@ class ResourceSettings(CamelModel):
             "resources.requests may not name a GPU: use gpusPerReplica",
         ),
     )
-    requests: dict[str, IntOrString] | None = None
-    limits: dict[str, IntOrString] | None = None
+    requests: dict[str, IntOrString] | None = Field(default=None, max_length=32)
+    limits: dict[str, IntOrString] | None = Field(default=None, max_length=32)
 
 
 class SchedulingSettings(CamelModel):
@@ -311,6 +311,26 @@ class Decision(CamelModel):
     metrics: MetricSample = Field(default_factory=MetricSample)
 
 
+class ReplicaFlip(CamelModel):
+    """When the adaptive loop last flipped one pod: the per-replica cooldown reads it."""
+
+    pod: str
+    time: str
+    mode: str
+
+
+class AdaptiveLoopState(CamelModel):
+    """What the adaptive loop must remember across passes and operator restarts."""
+
+    high_since: str | None = Field(
+        default=None, description="Since when load has stayed above a high threshold."
+    )
+    low_since: str | None = Field(
+        default=None, description="Since when load has stayed below every low threshold."
+    )
+    last_flips: list[ReplicaFlip] = Field(default_factory=list, max_length=256)
+
+
 class AutoGLMDeploymentStatus(CamelModel):
     model_config = ConfigDict(extra="allow")
 
@@ -328,3 +348,4 @@ class AutoGLMDeploymentStatus(CamelModel):
     )
     last_decision: Decision | None = None
     decision_history: list[Decision] = Field(default_factory=list, max_length=10)
+    adaptive_state: AdaptiveLoopState | None = None

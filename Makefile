@@ -1,0 +1,66 @@
+# Every command a contributor or CI needs. `make test` runs every tier CI runs.
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST := $(PY) -m pytest
+export AUTOGLM_CACHE ?= $(HOME)/.cache/autoglm
+
+.PHONY: help deps venv binaries crd lint test test-unit test-cluster test-e2e bench demo \
+        cluster-up cluster-down images clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
+
+deps:  ## system packages (Debian): Prometheus and openssl
+	bash hack/install-deps.sh
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[operator,runtime,dev]'
+	touch $@
+
+venv: $(VENV)/.installed  ## the Python environment with every extra but vllm
+
+binaries:  ## build etcd, kube-*, kubectl, kwok and helm from source (cached by version)
+	bash hack/k8s-bin.sh
+
+crd: venv  ## regenerate crds/ (and the chart's copy) from the spec model
+	$(PY) -m autoglm_operator.cli crd > crds/autoglm.io_autoglmdeployments.yaml
+	@if [ -x hack/sync-chart-crd.sh ]; then bash hack/sync-chart-crd.sh; fi
+
+lint: venv  ## ruff, mypy and the import contracts
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+test-unit: venv  ## pure code, middleware and servers on loopback; no cluster
+	$(PYTEST) -m "not cluster and not e2e and not bench"
+
+test-cluster: venv binaries  ## the real control plane with kwok GPU nodes
+	$(PYTEST) -m cluster
+
+test-e2e: venv binaries  ## control plane + Prometheus + sim runtimes + load
+	$(PYTEST) -m e2e
+
+test: lint test-unit test-cluster test-e2e  ## every tier CI runs
+
+bench: venv binaries  ## benchmarks: tables on stdout, JSON and PNG under out/bench/
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b; done
+
+demo: deps venv binaries  ## local cluster, operator, Prometheus, sim runtimes and live mode flips
+	$(PY) hack/demo.py
+
+cluster-up: venv binaries  ## start the local control plane and leave it running
+	$(PY) hack/localcluster.py up
+
+cluster-down:  ## stop what cluster-up started
+	python3 hack/localcluster.py down
+
+images:  ## build the operator and runtime images (needs a Docker engine)
+	docker build -f images/operator.Dockerfile -t autoglm-operator:dev .
+	docker build -f images/runtime.Dockerfile -t autoglm-runtime:dev .
+
+clean:
+	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache

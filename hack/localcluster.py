@@ -1,0 +1,426 @@
+"""A real Kubernetes control plane on loopback, for tests and the demo.
+
+etcd, kube-apiserver (TLS, token auth, RBAC, ServiceAccount admission), kube-controller-manager,
+kube-scheduler and kwok (fake GPU nodes that run pods without containers), all built from
+upstream source by hack/k8s-bin.sh. Every process runs in its own process group and is stopped
+by `stop()`; nothing outlives the fixture or the `down` command.
+
+    python hack/localcluster.py up      # start, print the kubeconfig path, return
+    python hack/localcluster.py down    # stop what `up` started
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HACK = Path(__file__).resolve().parent
+REPO = HACK.parent
+STATE_DIR = Path(os.environ.get("AUTOGLM_CLUSTER_DIR", "/tmp/autoglm-cluster"))
+SERVICE_CIDR = "10.96.0.0/16"
+# Pod IPs kwok hands out. A loopback range lets a local runner bind each pod's IP (the demo and
+# end-to-end tests); EndpointSlices refuse loopback addresses, so Services then have no endpoints.
+DEFAULT_POD_CIDR = "10.244.0.1/16"
+LOOPBACK_POD_CIDR = "127.42.0.1/16"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+class KubectlError(subprocess.CalledProcessError):
+    def __str__(self) -> str:
+        return f"{super().__str__()}\n{self.stderr}"
+
+
+def log(message: str) -> None:
+    print(f"[localcluster] {message}", file=sys.stderr, flush=True)
+
+
+def ensure_binaries() -> Path:
+    """Build (once) and return the directory holding etcd, kube-*, kubectl, kwok and helm."""
+    override = os.environ.get("AUTOGLM_BIN_DIR")
+    if override:
+        return Path(override)
+    result = subprocess.run(
+        ["bash", str(HACK / "k8s-bin.sh")], check=True, stdout=subprocess.PIPE, text=True
+    )
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def _write_pki(pki: Path) -> None:
+    """A CA, an apiserver serving cert for loopback and the in-cluster names, a SA key pair."""
+    pki.mkdir(parents=True, exist_ok=True)
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650",
+             "-keyout", str(pki / "ca.key"), "-out", str(pki / "ca.crt"), "-subj", "/CN=autoglm-local-ca")  # fmt: skip
+    ext = pki / "apiserver.ext"
+    ext.write_text(
+        "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,"
+        "DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\n"
+        "extendedKeyUsage=serverAuth\n"
+    )
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(pki / "apiserver.key"),
+             "-out", str(pki / "apiserver.csr"), "-subj", "/CN=kube-apiserver")  # fmt: skip
+    _openssl("x509", "-req", "-in", str(pki / "apiserver.csr"), "-CA", str(pki / "ca.crt"),
+             "-CAkey", str(pki / "ca.key"), "-CAcreateserial", "-days", "3650",
+             "-extfile", str(ext), "-out", str(pki / "apiserver.crt"))  # fmt: skip
+    _openssl("genrsa", "-out", str(pki / "sa.key"), "2048")
+    _openssl("rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
+
+
+@dataclass
+class LocalCluster:
+    """The control plane's processes and the files clients need to reach it."""
+
+    workdir: Path
+    bin_dir: Path
+    pod_cidr: str = DEFAULT_POD_CIDR
+    api_port: int = 0
+    etcd_port: int = 0
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def kubeconfig(self) -> str:
+        return str(self.workdir / "kubeconfig")
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.api_port}"
+
+    @property
+    def ca_file(self) -> str:
+        return str(self.workdir / "pki" / "ca.crt")
+
+    @property
+    def admin_token(self) -> str:
+        return (self.workdir / "admin-token").read_text().strip()
+
+    @property
+    def env(self) -> dict[str, str]:
+        path = f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+        return {**os.environ, "KUBECONFIG": self.kubeconfig, "PATH": path}
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> LocalCluster:
+        started = time.monotonic()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        _write_pki(self.workdir / "pki")
+        token = secrets.token_hex(24)
+        (self.workdir / "admin-token").write_text(token)
+        (self.workdir / "tokens.csv").write_text(f'{token},admin,admin,"system:masters"\n')
+        self.api_port, self.etcd_port = free_port(), free_port()
+        self._write_kubeconfig(token)
+        try:
+            self._start_etcd()
+            self._start_apiserver()
+            self._start_controllers()
+            self._start_kwok()
+        except BaseException:
+            self.stop()
+            raise
+        log(f"control plane up in {time.monotonic() - started:.1f}s at {self.server}")
+        return self
+
+    def stop(self) -> None:
+        # Reverse start order, so nothing restarts what was just stopped.
+        for name in reversed(list(self.processes)):
+            proc = self.processes.pop(name)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        logfile = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
+        proc = subprocess.Popen(
+            argv, stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.workdir
+        )
+        logfile.close()
+        self.processes[name] = proc
+        return proc
+
+    def _wait(self, name: str, ready: callable, timeout: float = 60) -> None:  # type: ignore[valid-type]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            proc = self.processes[name]
+            if proc.poll() is not None:
+                tail = (self.workdir / f"{name}.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
+            with contextlib.suppress(Exception):
+                if ready():
+                    return
+            time.sleep(0.2)
+        tail = (self.workdir / f"{name}.log").read_text(errors="replace")[-3000:]
+        raise TimeoutError(f"{name} not ready after {timeout}s:\n{tail}")
+
+    def _start_etcd(self) -> None:
+        peer = free_port()
+        self._spawn("etcd", [
+            str(self.bin_dir / "etcd"), "--name", "local", "--data-dir", str(self.workdir / "etcd"),
+            "--listen-client-urls", f"http://127.0.0.1:{self.etcd_port}",
+            "--advertise-client-urls", f"http://127.0.0.1:{self.etcd_port}",
+            "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-cluster", f"local=http://127.0.0.1:{peer}",
+            "--unsafe-no-fsync", "--log-level", "warn",
+        ])  # fmt: skip
+        self._wait("etcd", lambda: _http_ok(f"http://127.0.0.1:{self.etcd_port}/health"))
+
+    def _start_apiserver(self) -> None:
+        pki = self.workdir / "pki"
+        self._spawn("kube-apiserver", [
+            str(self.bin_dir / "kube-apiserver"),
+            "--etcd-servers", f"http://127.0.0.1:{self.etcd_port}",
+            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+            "--secure-port", str(self.api_port),
+            "--tls-cert-file", str(pki / "apiserver.crt"),
+            "--tls-private-key-file", str(pki / "apiserver.key"),
+            "--client-ca-file", str(pki / "ca.crt"),
+            "--token-auth-file", str(self.workdir / "tokens.csv"),
+            "--authorization-mode", "Node,RBAC",
+            "--service-cluster-ip-range", SERVICE_CIDR,
+            "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+            "--service-account-key-file", str(pki / "sa.pub"),
+            "--service-account-signing-key-file", str(pki / "sa.key"),
+            "--allow-privileged=true",
+            "--profiling=false", "--v", "1",
+        ])  # fmt: skip
+        self._wait("kube-apiserver", self._apiserver_ready, timeout=90)
+
+    def _apiserver_ready(self) -> bool:
+        out = self.kubectl("get", "--raw", "/readyz", check=False)
+        return out.returncode == 0 and out.stdout.strip() == "ok"
+
+    def _start_controllers(self) -> None:
+        pki = self.workdir / "pki"
+        self._spawn("kube-controller-manager", [
+            str(self.bin_dir / "kube-controller-manager"),
+            "--kubeconfig", self.kubeconfig, "--bind-address", "127.0.0.1",
+            "--secure-port", str(free_port()),
+            "--service-account-private-key-file", str(pki / "sa.key"),
+            "--root-ca-file", str(pki / "ca.crt"),
+            "--service-cluster-ip-range", SERVICE_CIDR,
+            "--leader-elect=false", "--v", "1",
+        ])  # fmt: skip
+        self._spawn("kube-scheduler", [
+            str(self.bin_dir / "kube-scheduler"),
+            "--kubeconfig", self.kubeconfig, "--bind-address", "127.0.0.1",
+            "--secure-port", str(free_port()), "--leader-elect=false", "--v", "1",
+        ])  # fmt: skip
+        # The ServiceAccount controller creating "default" proves the controller-manager works.
+        self._wait(
+            "kube-controller-manager",
+            lambda: self.kubectl("get", "serviceaccount", "default", check=False).returncode == 0,
+        )
+
+    def _start_kwok(self) -> None:
+        self._spawn("kwok", [
+            str(self.bin_dir / "kwok"), "--kubeconfig", self.kubeconfig,
+            "--config", str(HACK / "kwok-stages.yaml"),
+            "--manage-all-nodes=false",
+            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            "--manage-nodes-with-label-selector=",
+            "--disregard-status-with-annotation-selector=kwok.x-k8s.io/status=custom",
+            "--disregard-status-with-label-selector=",
+            "--cidr", self.pod_cidr, "--node-ip", "10.0.0.1",
+            "--node-lease-duration-seconds", "40",
+            "--server-address", f"127.0.0.1:{free_port()}",
+        ])  # fmt: skip
+        time.sleep(0.5)
+        if self.processes["kwok"].poll() is not None:
+            raise RuntimeError((self.workdir / "kwok.log").read_text()[-3000:])
+
+    def _write_kubeconfig(self, token: str) -> None:
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {"name": "local", "cluster": {"server": self.server, "certificate-authority": self.ca_file}}
+            ],
+            "users": [{"name": "admin", "user": {"token": token}}],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
+            "current-context": "local",
+        }
+        Path(self.kubeconfig).write_text(json.dumps(config, indent=2))
+
+    # -- helpers tests and the demo use ----------------------------------------------------------
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [str(self.bin_dir / "kubectl"), *args],
+            input=input, capture_output=True, text=True, env=self.env, timeout=timeout,
+        )  # fmt: skip
+        if check and result.returncode != 0:
+            raise KubectlError(result.returncode, ["kubectl", *args], result.stdout, result.stderr)
+        return result
+
+    def get_json(self, *args: str) -> dict[str, Any]:
+        """`kubectl get ... -o json`, parsed."""
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)  # type: ignore[no-any-return]
+
+    def apply(
+        self, manifest: dict[str, Any], namespace: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """`kubectl apply` one object given as a dict."""
+        args = ["apply", "-f", "-"] + (["-n", namespace] if namespace else [])
+        return self.kubectl(*args, input=json.dumps(manifest), check=check)
+
+    def add_gpu_node(self, name: str, gpus: int = 8, labels: dict[str, str] | None = None) -> None:
+        """A fake node that kwok keeps Ready, with `gpus` allocatable nvidia.com/gpu."""
+        capacity = {"cpu": "64", "memory": "512Gi", "pods": "110", GPU_RESOURCE: str(gpus)}
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "annotations": {"kwok.x-k8s.io/node": "fake"},
+                "labels": {
+                    "kubernetes.io/hostname": name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    "type": "kwok",
+                    "nvidia.com/gpu.present": "true",
+                    "nvidia.com/gpu.product": "NVIDIA-GeForce-RTX-4090",
+                    "nvidia.com/gpu.count": str(gpus),
+                    **(labels or {}),
+                },
+            },
+            "spec": {},
+            "status": {"capacity": capacity, "allocatable": capacity},
+        }
+        self.kubectl("apply", "-f", "-", input=json.dumps(node))
+        self.kubectl("wait", "--for=condition=Ready", f"node/{name}", "--timeout=60s")
+
+    def delete_node(self, name: str) -> None:
+        self.kubectl("delete", "node", name, "--ignore-not-found", "--wait=true")
+
+
+def _http_ok(url: str) -> bool:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=1) as response:  # noqa: S310 - loopback only
+        return bool(response.status == 200)
+
+
+@contextlib.contextmanager
+def running_cluster(
+    gpu_nodes: int = 2, pod_cidr: str = DEFAULT_POD_CIDR, workdir: Path | None = None
+) -> Iterator[LocalCluster]:
+    """Start a cluster with `gpu_nodes` fake 8-GPU nodes; stop it and remove its files after."""
+    bin_dir = ensure_binaries()
+    own_dir = workdir is None
+    path = workdir or Path(tempfile.mkdtemp(prefix="autoglm-cluster-"))
+    cluster = LocalCluster(workdir=path, bin_dir=bin_dir, pod_cidr=pod_cidr)
+    try:
+        cluster.start()
+        for index in range(gpu_nodes):
+            cluster.add_gpu_node(f"gpu-node-{index}")
+        yield cluster
+    finally:
+        cluster.stop()
+        if own_dir and not os.environ.get("AUTOGLM_KEEP_CLUSTER_FILES"):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+# -- command line: `make cluster-up` / `make cluster-down` --------------------------------------
+
+
+def _up(args: argparse.Namespace) -> None:
+    if (STATE_DIR / "pids.json").exists():
+        sys.exit(f"a cluster is already up (state in {STATE_DIR}); run `make cluster-down` first")
+    shutil.rmtree(STATE_DIR, ignore_errors=True)
+    cluster = LocalCluster(workdir=STATE_DIR, bin_dir=ensure_binaries(), pod_cidr=args.pod_cidr)
+    cluster.start()
+    try:
+        for index in range(args.gpu_nodes):
+            cluster.add_gpu_node(f"gpu-node-{index}", gpus=args.gpus)
+    except BaseException:
+        cluster.stop()
+        raise
+    pids = {name: proc.pid for name, proc in cluster.processes.items()}
+    (STATE_DIR / "pids.json").write_text(json.dumps(pids))
+    print(f"export KUBECONFIG={cluster.kubeconfig}")
+    print(f"export PATH={cluster.bin_dir}:$PATH")
+
+
+def _down(_: argparse.Namespace) -> None:
+    pids_file = STATE_DIR / "pids.json"
+    if not pids_file.exists():
+        log("no cluster is up")
+        return
+    pids: dict[str, int] = json.loads(pids_file.read_text())
+    for name, pid in reversed(list(pids.items())):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+            log(f"stopped {name}")
+    deadline = time.monotonic() + 15
+    for pid in pids.values():
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.1)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    shutil.rmtree(STATE_DIR, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start the control plane and fake GPU nodes, then return")
+    up.add_argument("--gpu-nodes", type=int, default=2)
+    up.add_argument("--gpus", type=int, default=8, help="nvidia.com/gpu per node")
+    up.add_argument("--pod-cidr", default=DEFAULT_POD_CIDR)
+    up.set_defaults(func=_up)
+    down = sub.add_parser("down", help="stop everything `up` started")
+    down.set_defaults(func=_down)
+    sub.add_parser("bin-dir", help="build the binaries if needed and print their directory")
+    args = parser.parse_args(argv)
+    if args.command == "bin-dir":
+        print(ensure_binaries())
+        return
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

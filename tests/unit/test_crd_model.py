@@ -1,0 +1,91 @@
+"""The CRD in crds/ is generated from the pydantic spec model; these keep the two one thing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from autoglm_operator import spec
+from autoglm_operator.crd import build_crd, render_crd_yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CRD_FILE = REPO / "crds" / "autoglm.io_autoglmdeployments.yaml"
+
+
+def _walk(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    found = [(path, node)] if isinstance(node, dict) else []
+    if isinstance(node, dict):
+        for key, child in node.get("properties", {}).items():
+            found += _walk(child, f"{path}.{key}")
+        if isinstance(node.get("items"), dict):
+            found += _walk(node["items"], f"{path}[]")
+        if isinstance(node.get("additionalProperties"), dict):
+            found += _walk(node["additionalProperties"], f"{path}{{}}")
+    return found
+
+
+def test_committed_crd_is_generated_from_the_model() -> None:
+    assert CRD_FILE.read_text() == render_crd_yaml(), "run `make crd` and commit the result"
+
+
+def test_schema_is_structural() -> None:
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    for path, node in _walk(schema):
+        assert not {"anyOf", "oneOf", "allOf", "$ref", "title"} & node.keys(), path
+        assert (
+            "type" in node
+            or node.get("x-kubernetes-int-or-string")
+            or node.get("x-kubernetes-preserve-unknown-fields")
+        ), f"{path} has no type"
+
+
+def _model_fields(model: type[spec.CamelModel]) -> set[str]:
+    return {field.alias or name for name, field in model.model_fields.items()}
+
+
+def test_every_model_field_is_in_the_crd_and_back() -> None:
+    props = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+    assert set(props["spec"]["properties"]) == _model_fields(spec.AutoGLMDeploymentSpec)
+    adaptive = props["spec"]["properties"]["adaptive"]["properties"]
+    assert set(adaptive) == _model_fields(spec.AdaptiveSettings)
+    streaming = props["spec"]["properties"]["profiles"]["properties"]["streaming"]["properties"]
+    assert set(streaming) == _model_fields(spec.ModeProfiles.model_fields["streaming"].annotation)  # type: ignore[arg-type]
+    assert set(props["status"]["properties"]) == _model_fields(spec.AutoGLMDeploymentStatus)
+
+
+def test_model_defaults_are_the_crd_defaults() -> None:
+    """Every default in the CRD equals the model's, so code and apiserver fill in the same."""
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    defaults = spec.AutoGLMDeploymentSpec().model_dump(by_alias=True, mode="json", exclude_none=True)
+    checked = 0
+    for path, node in _walk(schema["properties"]["spec"]):
+        if "default" not in node or not path or "[]" in path or "{}" in path:
+            continue
+        value: Any = defaults
+        for key in path.strip(".").split("."):
+            value = None if value is None else value.get(key)
+        if value is None:  # beneath an optional object the user has not set
+            continue
+        assert node["default"] == value, path
+        checked += 1
+    assert checked > 40
+
+
+def test_subresources_and_printer_columns() -> None:
+    version = build_crd()["spec"]["versions"][0]
+    assert version["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
+        "Ready", "Streaming", "Batching", "Policy", "Endpoint", "Age",
+    ]  # fmt: skip
+
+
+def test_example_is_a_valid_spec() -> None:
+    example = yaml.safe_load((REPO / "examples" / "autoglm.yaml").read_text())
+    parsed = spec.AutoGLMDeploymentSpec.model_validate(example["spec"])
+    assert parsed.replicas == 2
+    assert parsed.gpus_per_replica == 2 and parsed.max_model_len == 2048
