@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from localcluster import LocalCluster, running_cluster
+from localcluster import LOOPBACK_POD_CIDR, LocalCluster, running_cluster
 
 REPO = Path(__file__).resolve().parent.parent
 CRD_FILE = REPO / "crds" / "autoglm.io_autoglmdeployments.yaml"
@@ -20,7 +20,8 @@ CRD_FILE = REPO / "crds" / "autoglm.io_autoglmdeployments.yaml"
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[LocalCluster]:
-    with running_cluster(gpu_nodes=2) as local:
+    # Loopback pod IPs let the end-to-end tier run a sim runtime at each pod's own address.
+    with running_cluster(gpu_nodes=2, pod_cidr=LOOPBACK_POD_CIDR) as local:
         yield local
 
 

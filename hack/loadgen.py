@@ -1,0 +1,116 @@
+"""A bounded open-loop load generator using the official `openai` client.
+
+Requests start on a schedule (QPS as a function of time), stream their answer, and record
+time-to-first-token, total latency and failures. Bounded in count and time; loopback only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import openai
+
+PROMPTS = [
+    "Open the settings app and turn on dark mode.",
+    "Find the cheapest flight from Beijing to Shanghai tomorrow morning.",
+    "Reply to the last message from Mom saying I will be late.",
+    "Describe what is on this screen and which button starts a new chat.",
+]
+
+
+@dataclass
+class RequestResult:
+    started: float
+    ttft: float | None
+    latency: float | None
+    error: str | None = None
+    target: str = ""
+
+
+@dataclass
+class LoadReport:
+    results: list[RequestResult] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[RequestResult]:
+        return [r for r in self.results if r.error is not None]
+
+    def window(self, start: float, end: float) -> list[RequestResult]:
+        return [r for r in self.results if start <= r.started < end]
+
+
+async def one_request(client: openai.AsyncOpenAI, model: str, max_tokens: int) -> RequestResult:
+    started = time.monotonic()
+    first: float | None = None
+    try:
+        stream = await client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": random.choice(PROMPTS)}],
+            max_tokens=max_tokens,
+            stream=True,
+        )
+        async for chunk in stream:
+            if first is None and chunk.choices and (chunk.choices[0].delta.content or ""):
+                first = time.monotonic()
+        done = time.monotonic()
+        return RequestResult(started, (first or done) - started, done - started)
+    except Exception as exc:  # a failed request is data, not a crash
+        return RequestResult(started, None, None, error=f"{type(exc).__name__}: {exc}")
+
+
+async def run_load(
+    base_urls: Sequence[str] | Callable[[], Sequence[str]],
+    qps_at: Callable[[float], float],
+    duration: float,
+    model: str = "autoglm-phone-9b",
+    max_tokens: int = 64,
+    max_requests: int = 20000,
+    report: LoadReport | None = None,
+) -> LoadReport:
+    """Send requests for `duration` seconds at `qps_at(elapsed)` spread over `base_urls`
+    (a list, or a callable returning the current list, e.g. each ready replica)."""
+    report = report or LoadReport()
+    clients: dict[str, openai.AsyncOpenAI] = {}
+    tasks: set[asyncio.Task[None]] = set()
+    start = time.monotonic()
+    sent = 0
+    credit = 0.0
+    last = start
+
+    async def send(url: str) -> None:
+        result = await one_request(clients[url], model, max_tokens)
+        result.target = url
+        report.results.append(result)
+
+    while (now := time.monotonic()) - start < duration and sent < max_requests:
+        credit += qps_at(now - start) * (now - last)
+        last = now
+        urls = list(base_urls() if callable(base_urls) else base_urls)
+        while credit >= 1 and urls and sent < max_requests:
+            url = urls[sent % len(urls)]
+            if url not in clients:
+                clients[url] = openai.AsyncOpenAI(
+                    base_url=url, api_key="EMPTY", max_retries=0, timeout=120
+                )
+            task = asyncio.create_task(send(url))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            sent += 1
+            credit -= 1
+        await asyncio.sleep(0.02)
+    if tasks:
+        await asyncio.wait(tasks, timeout=180)
+    for c in clients.values():
+        await c.close()
+    return report
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

@@ -1,0 +1,258 @@
+"""A tiny kubelet for kwok pods: runs a `sim` runtime for each AutoGLM serving pod.
+
+kwok marks pods Running without running anything. With a loopback pod CIDR each pod's IP is a
+127.x address, so this runner starts `autoglm-runtime sim` bound to that IP, with the pod's
+ConfigMap, Secret and downward-API volumes written to a local folder and the pod's env pointed
+at them, the way the kubelet would mount them. A pod that is deleted gets SIGTERM (the runtime
+drains); a label change rewrites the downward-API labels file.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config, watch  # type: ignore[import-untyped]
+from localcluster import LocalCluster, log
+
+SELECTOR = "app.kubernetes.io/name=autoglm"
+RUNTIME_PORT = 8000
+
+
+@dataclass
+class RunningPod:
+    uid: str
+    name: str
+    namespace: str
+    ip: str
+    folder: Path
+    process: subprocess.Popen[bytes]
+    labels_file: Path | None
+    instance: str
+
+
+def _downward_labels(labels: dict[str, str]) -> str:
+    def quote(value: str) -> str:
+        return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+    return "".join(f'{key}="{quote(value)}"\n' for key, value in sorted(labels.items()))
+
+
+class PodRunner:
+    def __init__(self, cluster: LocalCluster, workdir: Path, time_factor: float = 1.0,
+                 sim_args: list[str] | None = None, targets_file: Path | None = None) -> None:  # fmt: skip
+        self.cluster = cluster
+        self.targets_file = targets_file
+        self.workdir = workdir
+        self.time_factor = time_factor
+        self.sim_args = sim_args or []
+        self.pods: dict[str, RunningPod] = {}
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        api_client = config.new_client_from_config(config_file=cluster.kubeconfig)
+        self.core = client.CoreV1Api(api_client)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> PodRunner:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._thread = threading.Thread(target=self._watch_forever, name="podrunner", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            pods = list(self.pods.values())
+            self.pods.clear()
+        for pod in pods:
+            self._terminate(pod)
+        for pod in pods:
+            self._reap(pod, timeout=15)
+
+    def __enter__(self) -> PodRunner:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def runtime_url(self, pod_name: str) -> str | None:
+        with self._lock:
+            for pod in self.pods.values():
+                if pod.name == pod_name:
+                    return f"http://{pod.ip}:{RUNTIME_PORT}"
+        return None
+
+    # -- the watch -------------------------------------------------------------------------------
+
+    def _watch_forever(self) -> None:
+        while not self._stop.is_set():
+            try:
+                listing = self.core.list_pod_for_all_namespaces(label_selector=SELECTOR)
+                seen = set()
+                for pod in listing.items:
+                    seen.add(pod.metadata.uid)
+                    self._sync(pod)
+                with self._lock:
+                    gone = [uid for uid in self.pods if uid not in seen]
+                for uid in gone:
+                    self._remove(uid)
+                stream = watch.Watch().stream(
+                    self.core.list_pod_for_all_namespaces, label_selector=SELECTOR,
+                    resource_version=listing.metadata.resource_version, timeout_seconds=30,
+                )  # fmt: skip
+                for event in stream:
+                    if self._stop.is_set():
+                        return
+                    pod = event["object"]
+                    if event["type"] == "DELETED":
+                        self._remove(pod.metadata.uid)
+                    else:
+                        self._sync(pod)
+            except Exception as exc:  # the apiserver may restart under us: list again
+                if not self._stop.is_set():
+                    log(f"podrunner: watch failed ({exc}); retrying")
+                    time.sleep(1)
+
+    def _sync(self, pod: Any) -> None:
+        uid = pod.metadata.uid
+        if pod.metadata.deletion_timestamp is not None:
+            self._remove(uid)
+            return
+        with self._lock:
+            running = self.pods.get(uid)
+        if running is not None:
+            if running.labels_file is not None:
+                running.labels_file.write_text(_downward_labels(pod.metadata.labels or {}))
+            return
+        if not pod.status.pod_ip or pod.status.phase != "Running":
+            return
+        started = self._launch(pod)
+        with self._lock:
+            self.pods[uid] = started
+        self._write_targets()
+
+    def _write_targets(self) -> None:
+        """Prometheus file-based discovery: one target per running pod, labelled like a
+        PodMonitor would label it."""
+        if self.targets_file is None:
+            return
+        with self._lock:
+            groups = [
+                {"targets": [f"{pod.ip}:{RUNTIME_PORT}"],
+                 "labels": {"namespace": pod.namespace, "pod": pod.name,
+                            "autoglm_deployment": pod.instance}}
+                for pod in self.pods.values()
+            ]  # fmt: skip
+        tmp = self.targets_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(groups))
+        tmp.replace(self.targets_file)  # atomic: Prometheus never reads half a file
+
+    def _remove(self, uid: str) -> None:
+        with self._lock:
+            pod = self.pods.pop(uid, None)
+        if pod is not None:
+            self._write_targets()
+            log(f"podrunner: stopping sim for {pod.namespace}/{pod.name}")
+            self._terminate(pod)
+            threading.Thread(target=self._reap, args=(pod, 60), daemon=True).start()
+
+    # -- materializing a pod ---------------------------------------------------------------------
+
+    def _launch(self, pod: Any) -> RunningPod:
+        folder = self.workdir / pod.metadata.namespace / pod.metadata.name
+        folder.mkdir(parents=True, exist_ok=True)
+        container = pod.spec.containers[0]
+        volumes = {v.name: v for v in pod.spec.volumes or []}
+        mounts: dict[str, Path] = {}
+        labels_file: Path | None = None
+        for mount in container.volume_mounts or []:
+            volume = volumes.get(mount.name)
+            local = folder / mount.mount_path.lstrip("/")
+            if volume is None:
+                continue
+            if volume.config_map is not None:
+                data = self.core.read_namespaced_config_map(
+                    volume.config_map.name, pod.metadata.namespace
+                ).data or {}
+                self._write_items(local, {k: v.encode() for k, v in data.items()})
+            elif volume.secret is not None:
+                secret = self.core.read_namespaced_secret(
+                    volume.secret.secret_name, pod.metadata.namespace
+                ).data or {}
+                self._write_items(local, {k: base64.b64decode(v) for k, v in secret.items()})
+            elif volume.downward_api is not None:
+                local.mkdir(parents=True, exist_ok=True)
+                for item in volume.downward_api.items or []:
+                    if item.field_ref and item.field_ref.field_path == "metadata.labels":
+                        labels_file = local / item.path
+                        labels_file.write_text(_downward_labels(pod.metadata.labels or {}))
+            else:
+                continue
+            mounts[mount.mount_path] = local
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOGLM_")}
+        for var in container.env or []:
+            if var.value is not None:
+                env[var.name] = self._rewrite(var.value, mounts)
+            elif var.value_from is not None and var.value_from.secret_key_ref is not None:
+                ref = var.value_from.secret_key_ref
+                data = self.core.read_namespaced_secret(ref.name, pod.metadata.namespace).data
+                env[var.name] = base64.b64decode(data[ref.key]).decode()
+        # The runtime's default file locations, as mounted in the pod.
+        for var, default in (("AUTOGLM_CONFIG_FILE", "/etc/autoglm/config.json"),
+                             ("AUTOGLM_LABELS_FILE", "/etc/podinfo/labels")):  # fmt: skip
+            env.setdefault(var, self._rewrite(default, mounts))
+        argv = [
+            str(Path(sys.executable).with_name("autoglm-runtime")), "sim",
+            "--host", pod.status.pod_ip, "--port", str(RUNTIME_PORT),
+            "--time-factor", str(self.time_factor), *self.sim_args,
+        ]  # fmt: skip
+        logfile = open(folder / "runtime.log", "ab")  # noqa: SIM115 - owned by the child
+        process = subprocess.Popen(
+            argv, env=env, stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        logfile.close()
+        log(f"podrunner: started sim for {pod.metadata.namespace}/{pod.metadata.name} "
+            f"at {pod.status.pod_ip}:{RUNTIME_PORT}")  # fmt: skip
+        instance = (pod.metadata.labels or {}).get("app.kubernetes.io/instance", "")
+        return RunningPod(pod.metadata.uid, pod.metadata.name, pod.metadata.namespace,
+                          pod.status.pod_ip, folder, process, labels_file, instance)  # fmt: skip
+
+    @staticmethod
+    def _write_items(folder: Path, items: dict[str, bytes]) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        for key, value in items.items():
+            (folder / key).write_bytes(value)
+
+    @staticmethod
+    def _rewrite(value: str, mounts: dict[str, Path]) -> str:
+        for mount_path, local in sorted(mounts.items(), key=lambda m: -len(m[0])):
+            if value == mount_path or value.startswith(mount_path.rstrip("/") + "/"):
+                return str(local) + value[len(mount_path.rstrip("/")):]
+        return value
+
+    @staticmethod
+    def _terminate(pod: RunningPod) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pod.process.pid, signal.SIGTERM)
+
+    @staticmethod
+    def _reap(pod: RunningPod, timeout: float) -> None:
+        try:
+            pod.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pod.process.pid, signal.SIGKILL)
+            pod.process.wait()
