@@ -3,7 +3,8 @@ SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PYTEST := $(PY) -m pytest
+# Tests find etcd, kube-*, kubectl, kwok and helm here; hack/k8s-bin.sh builds them once.
+PYTEST := AUTOGLM_BIN_DIR=$$(bash hack/k8s-bin.sh) $(PY) -m pytest
 export AUTOGLM_CACHE ?= $(HOME)/.cache/autoglm
 
 .PHONY: help deps venv binaries crd lint test test-unit test-cluster test-e2e bench demo \
@@ -28,14 +29,14 @@ binaries:  ## build etcd, kube-*, kubectl, kwok and helm from source (cached by 
 
 crd: venv  ## regenerate crds/ (and the chart's copy) from the spec model
 	$(PY) -m autoglm_operator.cli crd > crds/autoglm.io_autoglmdeployments.yaml
-	@if [ -x hack/sync-chart-crd.sh ]; then bash hack/sync-chart-crd.sh; fi
+	bash hack/sync-chart-crd.sh
 
 lint: venv  ## ruff, mypy and the import contracts
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-test-unit: venv  ## pure code, middleware and servers on loopback; no cluster
+test-unit: venv binaries  ## pure code, middleware and servers on loopback; no cluster
 	$(PYTEST) -m "not cluster and not e2e and not bench"
 
 test-cluster: venv binaries  ## the real control plane with kwok GPU nodes
@@ -59,8 +60,8 @@ cluster-down:  ## stop what cluster-up started
 	python3 hack/localcluster.py down
 
 images:  ## build the operator and runtime images (needs a Docker engine)
-	docker build -f images/operator.Dockerfile -t autoglm-operator:dev .
-	docker build -f images/runtime.Dockerfile -t autoglm-runtime:dev .
+	docker build -f images/operator.Dockerfile -t ghcr.io/autoglm/autoglm-operator:0.1.0 .
+	docker build -f images/runtime.Dockerfile -t ghcr.io/autoglm/autoglm-runtime:0.1.0 .
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache
