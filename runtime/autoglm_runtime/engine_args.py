@@ -71,7 +71,8 @@ def build_vllm_argv(settings: EngineSettings) -> list[str]:
         "--enable-chunked-prefill",
         "--scheduling-policy", "priority",
         "--gpu-memory-utilization", f"{settings.gpu_memory_utilization_percent / 100:.2f}",
-        "--enable-prefix-caching" if settings.enable_prefix_caching else "--no-enable-prefix-caching",
+        ("--enable-prefix-caching" if settings.enable_prefix_caching
+         else "--no-enable-prefix-caching"),
         "--shutdown-timeout", str(settings.shutdown_timeout_seconds),
         "--middleware", MIDDLEWARE_IMPORT_PATH,
     ]  # fmt: skip

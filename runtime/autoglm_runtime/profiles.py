@@ -11,6 +11,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict
 
 MODE_LABEL = "autoglm.io/mode"
 MODE_PATH = "/autoglm/v1/mode"
@@ -35,7 +36,8 @@ MaxConcurrency = Annotated[
     int, Field(ge=1, le=1024, description="Requests running in the engine at once; the rest wait.")
 ]
 MaxQueue = Annotated[
-    int, Field(ge=0, le=10000, description="Requests allowed to wait; beyond this the answer is 429.")
+    int,
+    Field(ge=0, le=10000, description="Requests allowed to wait; beyond this the answer is 429."),
 ]
 QueueTimeoutSeconds = Annotated[
     int, Field(ge=1, le=3600, description="Longest wait for admission before the answer is 503.")
@@ -64,7 +66,7 @@ PrioritizeStreams = Annotated[
     Field(description="Give stream=true requests a better vLLM priority than non-streamed ones."),
 ]
 
-_BATCH_RULE = {
+_BATCH_RULE: JsonDict = {
     "rule": "self.batchSize == 1 || self.batchWindowMillis > 0",
     "message": "batchSize above 1 needs batchWindowMillis above 0 (the window bounds the wait)",
 }

@@ -1,0 +1,155 @@
+"""The container entrypoint: run `vllm serve` with our middleware and drain it on SIGTERM.
+
+The launcher is PID 1 of the serving container. On SIGTERM it first drains the child through the
+middleware's drain endpoint (readiness fails, new requests get 503, admitted ones finish), waits
+until nothing is in flight or the grace period ends, and only then passes the signal on, so
+vLLM's own shutdown finds an idle engine. A second signal is forwarded at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from types import FrameType
+
+from autoglm_runtime.config import ConfigError, RuntimeSettings, load_runtime_config
+from autoglm_runtime.engine_args import build_vllm_argv
+from autoglm_runtime.profiles import DRAIN_PATH, MODE_PATH
+
+log = logging.getLogger("autoglm_runtime.launcher")
+
+NOT_INSTALLED = (
+    "vLLM is not installed here, so `autoglm-runtime serve` cannot start the engine. "
+    "Install the `vllm` extra on a machine with a GPU, or run the CPU engine that serves the "
+    "same API: `autoglm-runtime sim --host 127.0.0.1 --port 8000`."
+)
+
+
+class VLLMNotInstalled(RuntimeError):
+    pass
+
+
+def vllm_command() -> list[str]:
+    """How to invoke `vllm`: its console script, else the module, else an error."""
+    found = shutil.which("vllm")
+    if found:
+        return [found]
+    if importlib.util.find_spec("vllm") is not None:
+        return [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+    raise VLLMNotInstalled(NOT_INSTALLED)
+
+
+def serve_argv(settings: RuntimeSettings, passthrough: Sequence[str]) -> list[str]:
+    """The args after `vllm serve`: given ones verbatim, else built from the config."""
+    if passthrough:
+        return list(passthrough)
+    config = load_runtime_config(settings)
+    if config.engine is None:
+        raise ConfigError(
+            f"no model to serve: set AUTOGLM_MODEL, put an `engine` object in "
+            f"{settings.config_file}, or pass vLLM args after `--`"
+        )
+    return build_vllm_argv(config.engine)
+
+
+def port_of(argv: Sequence[str], default: int = 8000) -> int:
+    for index, arg in enumerate(argv):
+        if arg == "--port" and index + 1 < len(argv):
+            with contextlib.suppress(ValueError):
+                return int(argv[index + 1])
+        elif arg.startswith("--port="):
+            with contextlib.suppress(ValueError):
+                return int(arg.split("=", 1)[1])
+    return default
+
+
+class Launcher:
+    def __init__(self, command: list[str], port: int, grace_seconds: float) -> None:
+        self.command = command
+        self.port = port
+        self.grace_seconds = grace_seconds
+        self.drain_token = secrets.token_urlsafe(32)
+        self.process: subprocess.Popen[bytes] | None = None
+        self._signalled = threading.Event()
+        self._drainer: threading.Thread | None = None
+
+    def run(self) -> int:
+        env = {**os.environ, "AUTOGLM_DRAIN_TOKEN": self.drain_token}
+        log.info("Starting %s", " ".join(self.command))
+        self.process = subprocess.Popen(self.command, env=env)
+        previous = {
+            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
+        }
+        try:
+            code = self.process.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        # A child killed by a signal reports -N; shells and kubelet expect 128+N.
+        return 128 - code if code < 0 else code
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if self._signalled.is_set():
+            self._forward(signum)  # second signal: no more patience
+            return
+        self._signalled.set()
+        self._drainer = threading.Thread(target=self._drain_then_forward, args=(signum,),
+                                         daemon=True)
+        self._drainer.start()
+
+    def _forward(self, signum: int) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signum)
+
+    def _drain_then_forward(self, signum: int) -> None:
+        try:
+            if self._request("POST", DRAIN_PATH) is None:
+                # Not serving yet (still loading) or no middleware: nothing to drain.
+                self._forward(signum)
+                return
+            deadline = time.monotonic() + self.grace_seconds
+            while time.monotonic() < deadline:
+                state = self._request("GET", MODE_PATH)
+                if state is not None and state.get("inflight") == 0 and state.get("queued") == 0:
+                    log.info("Drained: nothing in flight; forwarding signal %d", signum)
+                    break
+                time.sleep(0.2)
+            else:
+                log.warning("Grace period of %g s ended; forwarding signal %d",
+                            self.grace_seconds, signum)
+        except Exception:
+            log.exception("draining failed; stopping the engine anyway")
+        self._forward(signum)
+
+    def _request(self, method: str, path: str) -> dict[str, object] | None:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}",
+            method=method,
+            headers={"Authorization": f"Bearer {self.drain_token}"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=2) as response:
+                data = json.loads(response.read())
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            log.warning("%s %s failed: %s", method, path, exc)
+            return None
+        return data if isinstance(data, dict) else None
+
+
+def serve(settings: RuntimeSettings, passthrough: Sequence[str]) -> int:
+    argv = serve_argv(settings, passthrough)
+    command = [*vllm_command(), "serve", *argv]
+    return Launcher(command, port_of(argv), settings.drain_grace_seconds).run()

@@ -1,0 +1,431 @@
+"""ModeMiddleware: the live mode of a replica, as pure ASGI inside vLLM's own API server.
+
+vLLM 0.33 loads it with `app.add_middleware(ModeMiddleware)` (no arguments), so it configures
+itself from the environment when no settings are passed. It adds no network hop: admission,
+priority, the batch window and SSE coalescing all happen in the server's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+import weakref
+from collections.abc import Awaitable, Callable, MutableMapping
+from datetime import UTC, datetime
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from autoglm_runtime.admission import AdmissionController, Rejected, Ticket
+from autoglm_runtime.config import (
+    RuntimeConfig,
+    RuntimeSettings,
+    load_runtime_config,
+    read_admin_token,
+)
+from autoglm_runtime.metrics import nvml_source, runtime_metrics
+from autoglm_runtime.profiles import DRAIN_PATH, MODE_PATH, Mode
+from autoglm_runtime.requests import (
+    ADMITTED_PATHS,
+    REWRITTEN_PATHS,
+    SESSION_HEADER,
+    RequestError,
+    RequestRules,
+    error_body,
+    parse_json_object,
+    prepare,
+)
+from autoglm_runtime.sse import SSECoalescer
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+log = logging.getLogger("autoglm_runtime.middleware")
+
+HEALTH_PATHS = frozenset({"/health", "/ping"})
+_ADMIN_BODY_LIMIT = 64 * 1024
+# Every live middleware, so a process-level SIGTERM handler (the sim's) can drain them.
+_instances: weakref.WeakSet[ModeMiddleware] = weakref.WeakSet()
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class ModeMiddleware:
+    def __init__(
+        self,
+        app: ASGIApp,
+        settings: RuntimeSettings | None = None,
+        *,
+        config: RuntimeConfig | None = None,
+        registry: CollectorRegistry = REGISTRY,
+    ) -> None:
+        self.app = app
+        self.settings = settings if settings is not None else RuntimeSettings()
+        self.config = config if config is not None else load_runtime_config(self.settings)
+        self.rules = RequestRules(
+            served_model_name=self.config.served_model_name,
+            max_model_len=self.config.max_model_len,
+            default_max_tokens=self.config.default_max_tokens,
+            max_chars_per_token=self.config.max_chars_per_token,
+        )
+        self.mode = self.config.initial_mode
+        self.since = datetime.now(UTC)
+        self.switches = 0
+        self.draining = False
+        self.controller = AdmissionController(self.config.profiles.for_mode(self.mode))
+        self.registry = registry
+        self.metrics = runtime_metrics(registry)
+        self.metrics.queued.set_function(lambda: self.controller.queued)
+        self.metrics.inflight.set_function(lambda: self.controller.inflight)
+        self.metrics.draining.set_function(lambda: int(self.draining))
+        if self.config.gpu_metrics and self.metrics.gpu.source is None:
+            self.metrics.gpu.source = nvml_source()
+        self._set_mode_gauge()
+        _instances.add(self)
+        log.info("Started in %s mode", self.mode.value)
+
+    # --- the mode -------------------------------------------------------------------------
+
+    def _set_mode_gauge(self) -> None:
+        for mode in Mode:
+            self.metrics.mode.labels(mode.value).set(1 if mode is self.mode else 0)
+
+    def switch(self, mode: Mode) -> bool:
+        """Apply a mode now; admitted requests keep going, new ones follow the new profile."""
+        if mode is self.mode:
+            return False
+        previous, self.mode = self.mode, mode
+        self.controller.set_profile(self.config.profiles.for_mode(mode))
+        self.since = datetime.now(UTC)
+        self.switches += 1
+        self.metrics.switches.inc()
+        self._set_mode_gauge()
+        log.info("Switched mode from %s to %s", previous.value, mode.value)
+        return True
+
+    def start_draining(self) -> None:
+        if not self.draining:
+            log.info("Started draining: %d in flight, %d queued",
+                     self.controller.inflight, self.controller.queued)
+        self.draining = True
+        self.controller.start_draining()
+
+    async def drain(self, grace_seconds: float) -> bool:
+        """Refuse new work and wait for the admitted; True if all finished within the grace."""
+        self.start_draining()
+        return await self.controller.wait_idle(grace_seconds)
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode.value,
+            "since": self.since.isoformat().replace("+00:00", "Z"),
+            "switches": self.switches,
+            "inflight": self.controller.inflight,
+            "queued": self.controller.queued,
+            "draining": self.draining,
+            "profile": self.controller.profile.model_dump(by_alias=True),
+        }
+
+    # --- ASGI -----------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        root = scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root):]  # vLLM's --root-path: match on the app's own paths
+        method = scope["method"]
+        if path == MODE_PATH:
+            await self._mode_endpoint(scope, receive, send)
+        elif path == DRAIN_PATH:
+            await self._drain_endpoint(scope, receive, send)
+        elif path in HEALTH_PATHS and self.draining:
+            await _respond(send, 503, error_body("The replica is draining.", 503))
+        elif method == "POST" and path in ADMITTED_PATHS:
+            await self._admitted(scope, receive, send, path)
+        else:
+            await self.app(scope, receive, send)
+
+    async def _admitted(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
+        if self.draining:
+            self.metrics.rejected.labels("draining").inc()
+            await _respond(
+                send, 503, error_body("The replica is draining; retry another replica.", 503),
+                {"retry-after": "1"},
+            )
+            return
+        profile = self.controller.profile
+        stream = False
+        session_id = _header(scope, SESSION_HEADER.encode())
+        watch: Receive | None = None
+        if path in REWRITTEN_PATHS:
+            try:
+                raw = await _read_body(scope, receive, self.config.max_body_bytes)
+                prepared = prepare(
+                    path, parse_json_object(raw), self.rules,
+                    prioritize_streams=profile.prioritize_streams,
+                    header_session_id=session_id,
+                )
+            except _BodyTooLarge:
+                self.metrics.rejected.labels("bad_request").inc()
+                await _respond(send, 400, error_body(
+                    f"The request body is larger than {self.config.max_body_bytes} bytes.", 400
+                ), close=True)
+                return
+            except RequestError as exc:
+                self.metrics.rejected.labels("bad_request").inc()
+                await _respond(send, exc.status, error_body(exc.message, exc.status, exc.param))
+                return
+            stream = prepared.stream
+            session_id = prepared.session_id
+            body = json.dumps(prepared.body).encode()
+            scope = _with_content_length(scope, len(body))
+            # The body is read, so the next receive() only returns on disconnect: watch it.
+            watch = receive
+            receive = _replay(body, receive)
+            priority = int(prepared.body.get("priority", 0))
+        else:
+            priority = 0
+
+        start = time.monotonic()
+        try:
+            ticket = await self._acquire(priority, watch)
+        except Rejected as exc:
+            self.metrics.rejected.labels(exc.reason).inc()
+            headers = {"retry-after": str(exc.retry_after)} if exc.retry_after else {}
+            await _respond(send, exc.status, error_body(exc.message, exc.status), headers)
+            return
+        if ticket is None:
+            self.metrics.rejected.labels("client_gone").inc()
+            return  # the client left while queued: nobody to answer
+        self.metrics.admitted.inc()
+        self.metrics.queue_wait.observe(time.monotonic() - start)
+        # The profile in force at admission shapes the response, even after a later switch.
+        coalesce = self.controller.profile.stream_coalesce_chunks if stream else 1
+        try:
+            await self.app(scope, receive, _wrap_send(send, session_id, coalesce))
+        finally:
+            self._release(ticket)
+
+    def _release(self, ticket: Ticket) -> None:
+        self.controller.release(ticket)
+
+    async def _acquire(self, priority: int, watch: Receive | None) -> Ticket | None:
+        """Admission; while queued, a client that disconnects gives up its place (None)."""
+        if watch is None or self.controller.has_free_slot():
+            return await self.controller.acquire(priority)
+        acquiring = asyncio.ensure_future(self.controller.acquire(priority))
+        watching = asyncio.ensure_future(watch())
+        try:
+            await asyncio.wait({acquiring, watching}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            watching.cancel()
+            acquiring.cancel()
+            with contextlib.suppress(BaseException):
+                self.controller.release(await acquiring)
+            raise
+        gone = (watching.done() and watching.exception() is None
+                and watching.result().get("type") == "http.disconnect")
+        if not watching.done():
+            watching.cancel()
+        if not gone:
+            return await acquiring
+        acquiring.cancel()
+        try:
+            ticket = await acquiring
+        except (asyncio.CancelledError, Rejected):
+            return None
+        self.controller.release(ticket)  # admitted in the same tick as the disconnect
+        return None
+
+    # --- admin ----------------------------------------------------------------------------
+
+    def _authorize(self, scope: Scope, allow_drain_token: bool) -> tuple[int, str] | None:
+        """None when allowed, else (status, message)."""
+        admin = read_admin_token(self.settings)
+        drain = self.settings.drain_token.get_secret_value() if self.settings.drain_token else None
+        presented = _bearer(scope)
+        if presented is not None:
+            if admin and hmac.compare_digest(presented.encode(), admin.encode()):
+                return None
+            if allow_drain_token and drain and hmac.compare_digest(
+                presented.encode(), drain.encode()
+            ):
+                return None
+        if admin is None and not (allow_drain_token and drain):
+            return 503, (
+                "The admin endpoint is disabled: no admin token is configured "
+                "(set AUTOGLM_ADMIN_TOKEN or AUTOGLM_ADMIN_TOKEN_FILE)."
+            )
+        return 401, "A valid `Authorization: Bearer <token>` header is required."
+
+    async def _mode_endpoint(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method = scope["method"]
+        if method not in ("GET", "PUT"):
+            await _respond(send, 405, error_body("Use GET or PUT.", 405), {"allow": "GET, PUT"})
+            return
+        denied = self._authorize(scope, allow_drain_token=method == "GET")
+        if denied:
+            await _respond(send, denied[0], _auth_error(*denied), _auth_headers(denied[0]))
+            return
+        if method == "PUT":
+            try:
+                data = parse_json_object(await _read_body(scope, receive, _ADMIN_BODY_LIMIT))
+                mode = Mode(str(data.get("mode")))
+            except _BodyTooLarge:
+                await _respond(send, 400, error_body("The body is too large.", 400), close=True)
+                return
+            except RequestError as exc:
+                await _respond(send, 400, error_body(exc.message, 400, exc.param))
+                return
+            except ValueError:
+                valid = ", ".join(f'"{m.value}"' for m in Mode)
+                await _respond(send, 400, error_body(
+                    f"Unknown mode {json.dumps(data.get('mode'))}; use one of {valid}.", 400,
+                    "mode",
+                ))
+                return
+            self.switch(mode)
+        await _respond(send, 200, json.dumps(self.state()).encode())
+
+    async def _drain_endpoint(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] != "POST":
+            await _respond(send, 405, error_body("Use POST.", 405), {"allow": "POST"})
+            return
+        denied = self._authorize(scope, allow_drain_token=True)
+        if denied:
+            await _respond(send, denied[0], _auth_error(*denied), _auth_headers(denied[0]))
+            return
+        self.start_draining()
+        await _respond(send, 202, json.dumps(self.state()).encode())
+
+
+async def drain_all(grace_seconds: float) -> bool:
+    """Drain every middleware in this process (the sim's SIGTERM path)."""
+    results = await asyncio.gather(*(m.drain(grace_seconds) for m in list(_instances)))
+    return all(results)
+
+
+def live_instances() -> list[ModeMiddleware]:
+    return list(_instances)
+
+
+# --- ASGI helpers -------------------------------------------------------------------------
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+def _bearer(scope: Scope) -> str | None:
+    value = _header(scope, b"authorization")
+    if value is None:
+        return None
+    scheme, _, token = value.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def _auth_error(status: int, message: str) -> bytes:
+    err_type = "authentication_error" if status == 401 else "service_unavailable"
+    return error_body(message, status, err_type=err_type)
+
+
+def _auth_headers(status: int) -> dict[str, str]:
+    return {"www-authenticate": "Bearer"} if status == 401 else {}
+
+
+async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    declared = _header(scope, b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _BodyTooLarge
+    chunks = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunks += message.get("body", b"")
+        if len(chunks) > limit:
+            raise _BodyTooLarge
+        if not message.get("more_body", False):
+            break
+    return bytes(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()  # later calls wait for the disconnect, as the app expects
+
+    return replay
+
+
+def _with_content_length(scope: Scope, length: int) -> Scope:
+    headers = [
+        (k, v) for k, v in scope.get("headers", ())
+        if k.lower() not in (b"content-length", b"transfer-encoding")
+    ]
+    headers.append((b"content-length", str(length).encode()))
+    return {**scope, "headers": headers}
+
+
+def _wrap_send(send: Send, session_id: str | None, coalesce: int) -> Send:
+    if session_id is None and coalesce <= 1:
+        return send
+    coalescer: SSECoalescer | None = None
+
+    async def wrapped(message: Message) -> None:
+        nonlocal coalescer
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers", ()))
+            if session_id is not None:
+                headers.append((SESSION_HEADER.encode(), session_id.encode("latin-1", "replace")))
+            content_type = next((v for k, v in headers if k.lower() == b"content-type"), b"")
+            if coalesce > 1 and content_type.startswith(b"text/event-stream"):
+                coalescer = SSECoalescer(coalesce)
+            message = {**message, "headers": headers}
+        elif message["type"] == "http.response.body" and coalescer is not None:
+            more = message.get("more_body", False)
+            out = coalescer.feed(message.get("body", b""))
+            if not more:
+                out += coalescer.finish()
+            elif not out:
+                return
+            message = {**message, "body": out}
+        await send(message)
+
+    return wrapped
+
+
+async def _respond(
+    send: Send,
+    status: int,
+    body: bytes,
+    headers: dict[str, str] | None = None,
+    close: bool = False,
+) -> None:
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+    if close:
+        # The unread rest of an oversized body must not be parsed as the next request.
+        raw.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})

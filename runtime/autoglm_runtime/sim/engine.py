@@ -1,0 +1,258 @@
+"""The sim's scheduler: continuous batching with chunked prefill, priorities and a KV budget.
+
+One asyncio task runs engine steps back to back (see `model.py` for the step-time equation).
+Waiting requests are ordered by (priority, arrival), as vLLM's `--scheduling-policy priority`;
+a step admits them while `max_num_seqs` and the KV budget allow. When decode growth would
+overflow the KV budget the newest lowest-priority sequence is preempted and recomputed later,
+as vLLM does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from autoglm_runtime.sim.metrics import SimMetrics
+from autoglm_runtime.sim.model import LatencyModel, MemoryModel
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    kv_cache_tokens: int = 65536
+    time_factor: float = 1.0
+    latency: LatencyModel = field(default_factory=LatencyModel)
+    memory: MemoryModel = field(default_factory=MemoryModel)
+
+
+@dataclass(eq=False)
+class SimRequest:
+    """One sequence; the handler reads its tokens from `tokens` (None marks the end)."""
+
+    priority: int
+    prompt_tokens: int
+    images: int
+    target_tokens: int
+    finish_reason: str
+    arrival: float
+    tokens: asyncio.Queue[int | None] = field(default_factory=asyncio.Queue)
+    seq: int = 0
+    prompt_total: int = 0  # prompt plus tokens to recompute after a preemption
+    prefilled: int = 0
+    generated: int = 0
+    vision_done: bool = False
+    cancelled: bool = False
+    finished: bool = False
+    submitted_at: float = 0.0
+    scheduled_at: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+
+    def __lt__(self, other: SimRequest) -> bool:
+        return (self.priority, self.seq) < (other.priority, other.seq)
+
+
+class SimEngine:
+    def __init__(self, config: EngineConfig, metrics: SimMetrics) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.waiting: list[SimRequest] = []
+        self.running: list[SimRequest] = []
+        self._seq = itertools.count()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.steps = 0
+        self.last_prefill_tokens = 0
+        self.peak_memory_bytes = config.memory.used_bytes(0, 0)
+        self._labels = metrics.labels
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="sim-engine")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for request in [*self.running, *self.waiting]:
+            self._finish(request, "abort")
+
+    # --- requests ---------------------------------------------------------------------------
+
+    def submit(self, request: SimRequest) -> None:
+        request.seq = next(self._seq)
+        request.prompt_total = request.prompt_tokens
+        request.submitted_at = time.monotonic()
+        heapq.heappush(self.waiting, request)
+        self._wake.set()
+        self._update_gauges()
+
+    def abort(self, request: SimRequest) -> None:
+        """The client went away: stop spending steps on it."""
+        request.cancelled = True
+        self._wake.set()
+
+    @property
+    def kv_used(self) -> int:
+        return sum(r.prefilled + r.generated for r in self.running)
+
+    def memory_used_bytes(self) -> int:
+        return self.config.memory.used_bytes(len(self.running), self.last_prefill_tokens)
+
+    def gpu_memory(self) -> list[tuple[int, int, int]]:
+        return self.config.memory.per_gpu(self.memory_used_bytes())
+
+    # --- the step loop ----------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        deadline = time.monotonic()
+        while True:
+            if not self.running and not self.waiting:
+                self._wake.clear()
+                await self._wake.wait()
+                deadline = time.monotonic()
+            decoding, plan, images = self._schedule()
+            if not decoding and not plan:
+                # Everything left was cancelled or cannot fit; wait for a change.
+                self._wake.clear()
+                if self.running or self.waiting:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), timeout=0.05 * self._scale())
+                continue
+            prefill_tokens = sum(chunk for _, chunk in plan)
+            self.last_prefill_tokens = prefill_tokens
+            self.peak_memory_bytes = max(self.peak_memory_bytes, self.memory_used_bytes())
+            seconds = self.config.latency.step_seconds(len(decoding), prefill_tokens, images)
+            now = time.monotonic()
+            duration = seconds * self._scale()
+            # Absolute deadlines keep sleep overshoot from accumulating; lag of one step is
+            # caught up, more is forgiven so a stalled loop does not burst.
+            deadline = max(deadline, now - duration) + duration
+            await asyncio.sleep(max(0.0, deadline - now))
+            self._apply(decoding, plan, prefill_tokens)
+
+    def _scale(self) -> float:
+        return self.config.time_factor
+
+    def _schedule(self) -> tuple[list[SimRequest], list[tuple[SimRequest, int]], int]:
+        for request in [r for r in self.running if r.cancelled]:
+            self._finish(request, "abort")
+        budget = self.config.max_num_batched_tokens
+        decoding = [r for r in self.running if r.prefilled >= r.prompt_total]
+        budget -= len(decoding)
+        # Decode grows every sequence by one token; preempt until that fits the budget.
+        while decoding and self.kv_used + len(decoding) > self.config.kv_cache_tokens:
+            victim = max(self.running)  # worst priority, newest
+            self._preempt(victim)
+            if victim in decoding:
+                decoding.remove(victim)
+                budget += 1
+        plan: list[tuple[SimRequest, int]] = []
+        for request in self.running:
+            remaining = request.prompt_total - request.prefilled
+            if remaining > 0 and budget > 0:
+                chunk = min(budget, remaining)
+                plan.append((request, chunk))
+                budget -= chunk
+        kv_free = self.config.kv_cache_tokens - self.kv_used - len(decoding)
+        while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
+            head = self.waiting[0]
+            if head.cancelled:
+                heapq.heappop(self.waiting)
+                self._finish(head, "abort")
+                continue
+            if head.prompt_total + 1 > kv_free:
+                break  # vLLM's priority scheduler also waits rather than skipping the head
+            heapq.heappop(self.waiting)
+            head.scheduled_at = head.scheduled_at or time.monotonic()
+            self.running.append(head)
+            chunk = min(budget, head.prompt_total)
+            plan.append((head, chunk))
+            budget -= chunk
+            kv_free -= head.prompt_total + 1
+        images = sum(r.images for r, _ in plan if not r.vision_done)
+        self._update_gauges()
+        return decoding, plan, images
+
+    def _apply(
+        self, decoding: list[SimRequest], plan: list[tuple[SimRequest, int]], prefilled: int
+    ) -> None:
+        self.steps += 1
+        now = time.monotonic()
+        generated = 0
+        for request in decoding:
+            if request.finished:
+                continue  # preempted or aborted during the step
+            self._emit(request, now)
+            generated += 1
+        for request, chunk in plan:
+            if request.finished or request not in self.running:
+                continue
+            request.vision_done = True
+            request.prefilled += chunk
+            if request.prefilled >= request.prompt_total:
+                self._emit(request, now)
+                generated += 1
+        labels = self._labels
+        self.metrics.prompt_tokens.labels(*labels).inc(prefilled)
+        self.metrics.generation_tokens.labels(*labels).inc(generated)
+        self.metrics.iteration_tokens.labels(*labels).observe(prefilled + generated)
+        self._update_gauges()
+
+    def _emit(self, request: SimRequest, now: float) -> None:
+        if request.cancelled:
+            self._finish(request, "abort")
+            return
+        request.generated += 1
+        labels = self._labels
+        if request.first_token_at is None:
+            request.first_token_at = now
+            self.metrics.ttft.labels(*labels).observe(now - request.arrival)
+        elif request.last_token_at is not None:
+            self.metrics.itl.labels(*labels).observe(now - request.last_token_at)
+        request.last_token_at = now
+        request.tokens.put_nowait(request.generated)
+        if request.generated >= request.target_tokens:
+            self._finish(request, request.finish_reason)
+
+    def _preempt(self, request: SimRequest) -> None:
+        self.running.remove(request)
+        # Recompute: the prompt and what was generated so far are prefilled again.
+        request.prompt_total = request.prompt_tokens + request.generated
+        request.prefilled = 0
+        heapq.heappush(self.waiting, request)
+        self.metrics.preemptions.labels(*self._labels).inc()
+
+    def _finish(self, request: SimRequest, reason: str) -> None:
+        if request.finished:
+            return
+        request.finished = True
+        if request in self.running:
+            self.running.remove(request)
+        now = time.monotonic()
+        labels = self._labels
+        self.metrics.success.labels(*labels, reason).inc()
+        self.metrics.e2e.labels(*labels).observe(now - request.arrival)
+        self.metrics.prompt_tokens_request.labels(*labels).observe(request.prompt_tokens)
+        self.metrics.generation_tokens_request.labels(*labels).observe(request.generated)
+        scheduled = request.scheduled_at
+        if scheduled is not None:
+            self.metrics.queue_time.labels(*labels).observe(scheduled - request.submitted_at)
+            self.metrics.inference_time.labels(*labels).observe(now - scheduled)
+            first = request.first_token_at or now
+            self.metrics.prefill_time.labels(*labels).observe(first - scheduled)
+            self.metrics.decode_time.labels(*labels).observe(now - first)
+        request.tokens.put_nowait(None)
+
+    def _update_gauges(self) -> None:
+        labels = self._labels
+        self.metrics.running.labels(*labels).set(len(self.running))
+        self.metrics.waiting.labels(*labels).set(sum(1 for r in self.waiting if not r.finished))
+        self.metrics.kv_usage.labels(*labels).set(self.kv_used / self.config.kv_cache_tokens)

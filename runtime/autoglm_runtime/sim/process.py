@@ -1,0 +1,93 @@
+"""Start `autoglm-runtime sim` as a child process on a free loopback port (tests, benchmarks)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class SimProcess:
+    """A sim in its own process, so its CPU use and signals are separate from the caller's."""
+
+    def __init__(
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        log_path: Path | None = None,
+        wait_healthy: bool = True,
+    ) -> None:
+        self.port = free_port()
+        self.args = args
+        self.env = {**os.environ, **(env or {})}
+        self.log_path = log_path
+        self.wait_healthy = wait_healthy
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> SimProcess:
+        out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "autoglm_runtime.cli", "sim", "--host", "127.0.0.1",
+             "--port", str(self.port), *self.args],
+            env=self.env, stdout=out, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"sim exited with {self.process.returncode} at start")
+            try:
+                with urllib.request.urlopen(self.base_url + "/health", timeout=1) as response:
+                    if response.status == 200 or not self.wait_healthy:
+                        return self
+            except urllib.error.HTTPError:
+                if not self.wait_healthy:
+                    return self  # listening; 503 while the model loads
+            except OSError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise TimeoutError(f"sim on port {self.port} not healthy within {timeout} s")
+
+    def terminate(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def __enter__(self) -> SimProcess:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,65 @@
+"""A stand-in tokenizer and a deterministic text generator for the sim.
+
+Counting: every run of up to 8 non-space characters is one token, every message adds 4 template
+tokens, every image `IMAGE_TOKENS`. Good enough to exercise context limits; not a real tokenizer.
+Generation is seeded by the prompt so the same request gets the same answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+
+from autoglm_runtime.sim.model import IMAGE_TOKENS
+
+MAX_CHARS_PER_TOKEN = 8
+_TOKEN = re.compile(rf"\S{{1,{MAX_CHARS_PER_TOKEN}}}")
+MESSAGE_OVERHEAD_TOKENS = 4
+
+_WORDS_TEXT = (
+    "tap swipe screen button open app settings search back home scroll type confirm the a "
+    "to on in of and with next page item list menu icon text field result wait done check"
+)
+_THOUGHTS_TEXT = (
+    "the user wants to find the right screen first so I should look at the current state "
+    "then choose the element that matches and act on it carefully"
+)
+_WORDS = _WORDS_TEXT.split()
+_THOUGHTS = _THOUGHTS_TEXT.split()
+
+
+def count_text_tokens(text: str) -> int:
+    return len(_TOKEN.findall(text))
+
+
+def natural_length(seed: str, low: int = 24, high: int = 200) -> int:
+    """How long the 'model' would answer before its end-of-sequence token."""
+    return low + _rng(seed).randrange(high - low + 1)
+
+
+def _rng(seed: str) -> random.Random:
+    return random.Random(hashlib.sha256(seed.encode()).digest())
+
+
+def generate(seed: str, count: int, reasoning: int) -> list[tuple[str, str]]:
+    """`count` tokens as (kind, text); the first `reasoning` are 'reasoning', then 'content'."""
+    rng = _rng(seed)
+    out: list[tuple[str, str]] = []
+    for index in range(count):
+        if index < reasoning:
+            out.append(("reasoning", _THOUGHTS[index % len(_THOUGHTS)] + " "))
+        else:
+            word = rng.choice(_WORDS)
+            out.append(("content", word if index == count - 1 else word + " "))
+    return out
+
+
+__all__ = [
+    "IMAGE_TOKENS",
+    "MAX_CHARS_PER_TOKEN",
+    "MESSAGE_OVERHEAD_TOKENS",
+    "count_text_tokens",
+    "generate",
+    "natural_length",
+]

@@ -1,0 +1,84 @@
+"""`autoglm-runtime serve` as PID-1 would run it: a stand-in `vllm` on PATH runs the sim.
+
+Checks what only a real process tree shows: the launcher drains the child through the
+middleware on SIGTERM before forwarding the signal, and exits with the child's status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from autoglm_runtime.sim.process import free_port
+
+pytestmark = pytest.mark.timeout(90)
+
+FAKE_VLLM = """#!{python}
+# Stands in for `vllm serve <model> --port N ...`: runs the sim on that port instead.
+import sys
+from autoglm_runtime.cli import main
+args = sys.argv[1:]
+assert args[0] == "serve", args
+port = args[args.index("--port") + 1]
+sys.exit(main(["sim", "--port", port, "--time-factor", "0.25"]))
+"""
+
+
+async def test_launcher_drains_before_forwarding(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "vllm"
+    fake.write_text(FAKE_VLLM.format(python=sys.executable))
+    fake.chmod(0o755)
+    port = free_port()
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+           "AUTOGLM_CONFIG_FILE": str(tmp_path / "none.json"),
+           "AUTOGLM_LABELS_FILE": str(tmp_path / "labels"),
+           "AUTOGLM_DRAIN_GRACE_SECONDS": "30"}
+    env.pop("AUTOGLM_ADMIN_TOKEN", None)  # the launcher's own drain token must suffice
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "autoglm_runtime.cli", "serve", "--",
+         "/models/autoglm", "--port", str(port)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+            for _ in range(200):
+                try:
+                    if (await http.get("/health")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                await asyncio.sleep(0.1)
+            body = {"model": "autoglm-phone-9b", "max_tokens": 150, "ignore_eos": True,
+                    "messages": [{"role": "user", "content": "long task"}]}
+            running = asyncio.create_task(http.post("/v1/chat/completions", json=body))
+            await asyncio.sleep(0.5)
+            launcher.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 5
+            while (await http.get("/health")).status_code != 503:
+                assert time.monotonic() < deadline, "health never went 503"
+                await asyncio.sleep(0.05)
+            assert (await http.post("/v1/chat/completions", json=body)).status_code == 503
+            response = await running
+        assert response.status_code == 200
+        assert response.json()["usage"]["completion_tokens"] == 150
+        code = await asyncio.to_thread(launcher.wait, 30)
+        output = launcher.stdout.read().decode() if launcher.stdout else ""
+        assert code == 0, output
+        assert "Started draining" in output
+        # The launcher saw the engine idle through the drain endpoint before it signalled.
+        assert "Drained: nothing in flight; forwarding signal 15" in output
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()

@@ -1,0 +1,86 @@
+"""Mode switches under load and draining on SIGTERM, on real sim processes."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import httpx
+import openai
+import pytest
+from sim_kit import MODEL, StartSim, admin_headers, log_of
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def stream_one(aclient: openai.AsyncOpenAI, index: int, tokens: int,
+                     arrivals: list[float]) -> tuple[int, str | None]:
+    """Stream a response; returns (content chunks, finish_reason) and logs chunk times."""
+    stream = await aclient.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": f"stream {index}"}],
+        max_tokens=tokens, stream=True, extra_body={"ignore_eos": True},
+    )
+    chunks, finish = 0, None
+    async for chunk in stream:
+        for choice in chunk.choices:
+            if choice.delta.content:
+                chunks += 1
+                arrivals.append(time.monotonic())
+            finish = choice.finish_reason or finish
+    return chunks, finish
+
+
+async def test_switch_under_load_drops_nothing(start_sim: StartSim) -> None:
+    sim = start_sim("--time-factor", "0.25")
+    mode_url = sim.base_url + "/autoglm/v1/mode"
+    arrivals: list[float] = []
+    async with (
+        openai.AsyncOpenAI(base_url=sim.base_url + "/v1", api_key="EMPTY",
+                           max_retries=0, timeout=60) as aclient,
+        httpx.AsyncClient(headers=admin_headers()) as admin,
+    ):
+        streams = [asyncio.create_task(stream_one(aclient, i, 80, arrivals)) for i in range(12)]
+        while len(arrivals) < 12:  # every stream is producing tokens
+            await asyncio.sleep(0.02)
+        switched_at = time.monotonic()
+        state = (await admin.put(mode_url, json={"mode": "batching"})).json()
+        assert state["mode"] == "batching" and state["inflight"] == 12
+        # New requests follow the new mode while the old streams continue.
+        late = [asyncio.create_task(stream_one(aclient, 100 + i, 20, [])) for i in range(4)]
+        await asyncio.sleep(0.2)
+        back = (await admin.put(mode_url, json={"mode": "streaming"})).json()
+        assert back["switches"] == 2
+        results = await asyncio.gather(*streams, *late)
+    assert results[:12] == [(80, "length")] * 12
+    assert results[12:] == [(20, "length")] * 4
+    assert sum(1 for t in arrivals if t > switched_at) > 12 * 40  # kept streaming after the flip
+    metrics = httpx.get(sim.base_url + "/metrics").text
+    assert "autoglm_mode_switches_total 2.0" in metrics
+    assert 'autoglm_requests_rejected_total{reason="queue_timeout"} 0.0' in metrics
+
+
+async def test_sigterm_drains_then_exits(start_sim: StartSim) -> None:
+    sim = start_sim("--time-factor", "0.25")
+    assert sim.process is not None
+    arrivals: list[float] = []
+    async with (
+        openai.AsyncOpenAI(base_url=sim.base_url + "/v1", api_key="EMPTY",
+                           max_retries=0, timeout=60) as aclient,
+        httpx.AsyncClient(base_url=sim.base_url) as http,
+    ):
+        admitted = [asyncio.create_task(stream_one(aclient, i, 120, arrivals)) for i in range(8)]
+        while len(arrivals) < 8:
+            await asyncio.sleep(0.02)
+        sim.process.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.1)
+        assert (await http.get("/health")).status_code == 503
+        refused = await http.post("/v1/chat/completions", json={
+            "model": MODEL, "messages": [{"role": "user", "content": "late"}]})
+        assert refused.status_code == 503
+        assert refused.json()["error"]["message"]
+        results = await asyncio.gather(*admitted)
+    assert results == [(120, "length")] * 8  # every admitted request completed
+    code = await asyncio.to_thread(sim.process.wait, 30)
+    assert code == 0, log_of(sim)
+    assert "Drained (all done)" in log_of(sim)

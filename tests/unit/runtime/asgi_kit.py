@@ -1,0 +1,54 @@
+"""Helpers for the ASGI-level middleware tests: a fake engine app and admin headers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, MutableMapping
+from typing import Any
+
+TOKEN = "test-admin-token"
+
+
+class FakeEngine:
+    """Echoes the request body it received; streams `events` SSE events for stream=true."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.release = asyncio.Event()
+        self.release.set()
+        self.events = 6
+        self.sends: list[int] = []  # body bytes per send, to see coalescing
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            return
+        if scope["path"] == "/health":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        message = await receive()
+        body = json.loads(message["body"] or b"{}")
+        self.bodies.append(body)
+        await self.release.wait()
+        if body.get("stream"):
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream")]})
+            for i in range(self.events):
+                chunk = b'data: {"i": %d}\n\n' % i
+                self.sends.append(len(chunk))
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n",
+                        "more_body": False})
+            return
+        payload = json.dumps({"echo": body}).encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": payload})
+
+
+MakeClient = Callable[..., Any]
+
+
+def auth(token: str = TOKEN) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}

@@ -1,0 +1,41 @@
+"""ASGI-level fixtures: the middleware around a fake engine app, no sockets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from asgi_kit import TOKEN, FakeEngine, MakeClient
+from prometheus_client import CollectorRegistry
+
+from autoglm_runtime.config import RuntimeSettings
+from autoglm_runtime.middleware import ModeMiddleware
+
+
+@pytest.fixture
+def engine() -> FakeEngine:
+    return FakeEngine()
+
+
+@pytest.fixture
+def make_client(tmp_path: Path, engine: FakeEngine) -> MakeClient:
+    """Build (middleware, client) with a fresh registry and optional config/labels/token."""
+    def make(config: dict[str, Any] | None = None, labels: str | None = None,
+             token: str | None = TOKEN, **kwargs: Any) -> tuple[ModeMiddleware, httpx.AsyncClient]:
+        config_file = tmp_path / "config.json"
+        config_file.write_text(json.dumps(config or {}))
+        labels_file = tmp_path / "labels"
+        labels_file.write_text(labels or "")
+        settings = RuntimeSettings(config_file=config_file, labels_file=labels_file,
+                                   admin_token=token, gpu_metrics=False, **kwargs)
+        middleware = ModeMiddleware(engine, settings, registry=CollectorRegistry())
+        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=middleware),
+                                   base_url="http://test")
+        return middleware, client
+
+    return make
+
+

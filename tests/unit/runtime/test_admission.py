@@ -1,0 +1,151 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from autoglm_runtime.admission import (
+    AdmissionController,
+    Draining,
+    QueueFull,
+    QueueTimeout,
+    Ticket,
+)
+from autoglm_runtime.profiles import ModeProfile
+
+
+def profile(**kwargs: int) -> ModeProfile:
+    values = {"max_concurrency": 2, "max_queue": 2, "queue_timeout_seconds": 5}
+    values.update(kwargs)
+    return ModeProfile(**values)
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_cap_then_fifo_queue() -> None:
+    ctrl = AdmissionController(profile())
+    first, second = await ctrl.acquire(), await ctrl.acquire()
+    order: list[str] = []
+
+    async def wait(name: str) -> Ticket:
+        ticket = await ctrl.acquire()
+        order.append(name)
+        return ticket
+
+    waiters = [asyncio.create_task(wait("a")), asyncio.create_task(wait("b"))]
+    await settle()
+    assert (ctrl.inflight, ctrl.queued) == (2, 2)
+    with pytest.raises(QueueFull) as full:
+        await ctrl.acquire()
+    assert full.value.status == 429 and full.value.retry_after is not None
+    assert full.value.retry_after >= 1
+    ctrl.release(first)
+    ctrl.release(second)
+    tickets = await asyncio.gather(*waiters)
+    assert order == ["a", "b"]
+    for ticket in tickets:
+        ctrl.release(ticket)
+        ctrl.release(ticket)  # twice is harmless
+    assert (ctrl.inflight, ctrl.queued) == (0, 0)
+
+
+async def test_lower_priority_value_goes_first() -> None:
+    ctrl = AdmissionController(profile(max_concurrency=1, max_queue=5))
+    held = await ctrl.acquire()
+    order: list[int] = []
+
+    async def wait(priority: int) -> None:
+        ticket = await ctrl.acquire(priority)
+        order.append(priority)
+        ctrl.release(ticket)
+
+    tasks = [asyncio.create_task(wait(p)) for p in (1, 1, 0)]
+    await settle()
+    ctrl.release(held)
+    await asyncio.gather(*tasks)
+    assert order == [0, 1, 1]
+
+
+async def test_queue_timeout_is_503_and_frees_the_place() -> None:
+    ctrl = AdmissionController(profile(max_concurrency=1, queue_timeout_seconds=1))
+    held = await ctrl.acquire()
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(QueueTimeout) as timeout:
+        await ctrl.acquire()
+    assert timeout.value.status == 503
+    assert 0.9 < loop.time() - start < 2
+    assert ctrl.queued == 0
+    ctrl.release(held)
+    assert ctrl.inflight == 0
+
+
+async def test_cancelled_waiter_leaks_nothing() -> None:
+    ctrl = AdmissionController(profile(max_concurrency=1))
+    held = await ctrl.acquire()
+    task = asyncio.create_task(ctrl.acquire())
+    await settle()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert ctrl.queued == 0
+    ctrl.release(held)
+    assert ctrl.inflight == 0
+    ctrl.release(await ctrl.acquire())
+
+
+async def test_raising_the_cap_admits_waiters_lowering_keeps_running() -> None:
+    ctrl = AdmissionController(profile(max_concurrency=1, max_queue=4))
+    held = await ctrl.acquire()
+    tasks = [asyncio.create_task(ctrl.acquire()) for _ in range(3)]
+    await settle()
+    assert ctrl.queued == 3
+    ctrl.set_profile(profile(max_concurrency=4, max_queue=4))
+    tickets = await asyncio.gather(*tasks)
+    assert (ctrl.inflight, ctrl.queued) == (4, 0)
+    ctrl.set_profile(profile(max_concurrency=1))
+    assert ctrl.inflight == 4  # nothing admitted is dropped
+    for ticket in [held, *tickets]:
+        ctrl.release(ticket)
+    assert ctrl.inflight == 0
+
+
+async def test_batch_window_releases_when_full() -> None:
+    ctrl = AdmissionController(profile(max_concurrency=8, batch_window_millis=5000, batch_size=3))
+    tasks = [asyncio.create_task(ctrl.acquire()) for _ in range(2)]
+    await settle()
+    assert not any(t.done() for t in tasks)  # held: the group is not full
+    tasks.append(asyncio.create_task(ctrl.acquire()))
+    tickets = await asyncio.wait_for(asyncio.gather(*tasks), 1)
+    assert len(tickets) == 3
+
+
+async def test_batch_window_releases_on_time() -> None:
+    ctrl = AdmissionController(profile(max_concurrency=8, batch_window_millis=100, batch_size=4))
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    ticket = await ctrl.acquire()
+    assert 0.09 < loop.time() - start < 0.5
+    ctrl.release(ticket)
+
+
+async def test_switching_off_the_window_releases_the_group() -> None:
+    ctrl = AdmissionController(profile(max_concurrency=8, batch_window_millis=5000, batch_size=4))
+    task = asyncio.create_task(ctrl.acquire())
+    await settle()
+    ctrl.set_profile(profile(max_concurrency=8))
+    assert isinstance(await asyncio.wait_for(task, 1), Ticket)
+
+
+async def test_draining_refuses_new_and_waits_for_admitted() -> None:
+    ctrl = AdmissionController(profile())
+    ticket = await ctrl.acquire()
+    ctrl.start_draining()
+    with pytest.raises(Draining):
+        await ctrl.acquire()
+    assert await ctrl.wait_idle(0.05) is False
+    asyncio.get_running_loop().call_later(0.05, ctrl.release, ticket)
+    assert await ctrl.wait_idle(2) is True

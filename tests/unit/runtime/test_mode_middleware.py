@@ -1,0 +1,225 @@
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+from asgi_kit import FakeEngine, MakeClient, auth
+
+from autoglm_runtime.profiles import DRAIN_PATH, MODE_PATH
+
+CHAT = "/v1/chat/completions"
+
+
+def chat(**extra: Any) -> dict[str, Any]:
+    return {"model": "autoglm-phone-9b", "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+def sample(middleware: Any, name: str, labels: dict[str, str] | None = None) -> float:
+    value = middleware.registry.get_sample_value(name, labels or {})
+    return 0.0 if value is None else value
+
+
+async def test_rewrites_the_body(make_client: MakeClient, engine: FakeEngine) -> None:
+    _, client = make_client()
+    response = await client.post(CHAT, json=chat(enable_thinking=True, return_reasoning=False,
+                                                 session_id="conv-7"))
+    assert response.status_code == 200
+    assert response.headers["x-autoglm-session-id"] == "conv-7"
+    sent = engine.bodies[-1]
+    assert sent["max_tokens"] == 512
+    assert sent["chat_template_kwargs"] == {"enable_thinking": True}
+    assert sent["include_reasoning"] is False
+    assert sent["priority"] == 1  # streaming mode, not streamed
+
+
+async def test_bad_input_is_an_openai_400(make_client: MakeClient, engine: FakeEngine) -> None:
+    middleware, client = make_client(max_body_bytes=2048)
+    cases = [
+        client.post(CHAT, content=b"{oops", headers={"content-type": "application/json"}),
+        client.post(CHAT, json=chat(model="other")),
+        client.post(CHAT, json=chat(max_tokens=-5)),
+        client.post(CHAT, json=chat(max_tokens=100000)),
+        client.post(CHAT, json=chat(messages=[{"role": "user", "content": "x" * 4000}])),
+    ]
+    for response in await asyncio.gather(*cases):
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error" and error["message"]
+        assert set(error) == {"message", "type", "param", "code"}
+    assert engine.bodies == []
+    assert sample(middleware, "autoglm_requests_rejected_total", {"reason": "bad_request"}) == 5
+
+
+async def test_prompt_over_context(make_client: MakeClient) -> None:
+    _, client = make_client({"maxModelLen": 128, "defaultMaxTokens": 16})
+    long = chat(messages=[{"role": "user", "content": "y" * (128 * 32 + 1)}])
+    response = await client.post(CHAT, json=long)
+    assert response.status_code == 400
+    assert "maximum context length is 128" in response.json()["error"]["message"]
+
+
+async def test_queue_full_is_429_then_timeout_503(make_client: MakeClient,
+                                                  engine: FakeEngine) -> None:
+    profiles = {"streaming": {"maxConcurrency": 1, "maxQueue": 1, "queueTimeoutSeconds": 1}}
+    middleware, client = make_client({"profiles": profiles})
+    engine.release.clear()
+    running = asyncio.create_task(client.post(CHAT, json=chat()))
+    await asyncio.sleep(0.05)
+    waiting = asyncio.create_task(client.post(CHAT, json=chat()))
+    await asyncio.sleep(0.05)
+    full = await client.post(CHAT, json=chat())
+    assert full.status_code == 429
+    assert int(full.headers["retry-after"]) >= 1
+    assert (await waiting).status_code == 503  # waited past queueTimeoutSeconds
+    engine.release.set()
+    assert (await running).status_code == 200
+    assert sample(middleware, "autoglm_requests_rejected_total", {"reason": "queue_full"}) == 1
+    assert sample(middleware, "autoglm_requests_rejected_total", {"reason": "queue_timeout"}) == 1
+    assert sample(middleware, "autoglm_requests_admitted_total") == 1
+    assert sample(middleware, "autoglm_queue_wait_seconds_count") == 1
+
+
+async def test_admin_needs_the_token(make_client: MakeClient) -> None:
+    _, client = make_client()
+    assert (await client.get(MODE_PATH)).status_code == 401
+    wrong = await client.put(MODE_PATH, json={"mode": "batching"}, headers=auth("nope"))
+    assert wrong.status_code == 401 and wrong.headers["www-authenticate"] == "Bearer"
+    assert (await client.post(DRAIN_PATH, headers=auth("nope"))).status_code == 401
+    bad = await client.put(MODE_PATH, json={"mode": "turbo"}, headers=auth())
+    assert bad.status_code == 400 and "turbo" in bad.json()["error"]["message"]
+    assert (await client.put(MODE_PATH, content=b"{", headers=auth())).status_code == 400
+    assert (await client.delete(MODE_PATH, headers=auth())).status_code == 405
+
+
+async def test_admin_without_a_configured_token_refuses(make_client: MakeClient) -> None:
+    _, client = make_client(token=None)
+    for response in (await client.get(MODE_PATH, headers=auth()),
+                     await client.put(MODE_PATH, json={"mode": "batching"}, headers=auth(""))):
+        assert response.status_code == 503
+        assert "AUTOGLM_ADMIN_TOKEN" in response.json()["error"]["message"]
+
+
+async def test_drain_token_only_drains(make_client: MakeClient) -> None:
+    _, client = make_client(drain_token="launcher-only")
+    put = await client.put(MODE_PATH, json={"mode": "batching"}, headers=auth("launcher-only"))
+    assert put.status_code == 401
+    assert (await client.get(MODE_PATH, headers=auth("launcher-only"))).status_code == 200
+    assert (await client.post(DRAIN_PATH, headers=auth("launcher-only"))).status_code == 202
+
+
+async def test_switch_mode(make_client: MakeClient, engine: FakeEngine) -> None:
+    middleware, client = make_client()
+    state = (await client.get(MODE_PATH, headers=auth())).json()
+    assert state["mode"] == "streaming" and state["switches"] == 0
+    assert set(state) >= {"mode", "since", "switches", "inflight", "queued", "draining"}
+    switched = (await client.put(MODE_PATH, json={"mode": "batching"}, headers=auth())).json()
+    assert switched["mode"] == "batching" and switched["switches"] == 1
+    again = (await client.put(MODE_PATH, json={"mode": "batching"}, headers=auth())).json()
+    assert again["switches"] == 1 and again["since"] == switched["since"]
+    assert sample(middleware, "autoglm_mode", {"mode": "batching"}) == 1
+    assert sample(middleware, "autoglm_mode", {"mode": "streaming"}) == 0
+    assert sample(middleware, "autoglm_mode_switches_total") == 1
+    await client.post(CHAT, json=chat(stream=True))
+    assert engine.bodies[-1]["priority"] == 0  # batching: no stream preference
+
+
+async def test_mode_from_labels(make_client: MakeClient) -> None:
+    _, client = make_client(labels='autoglm.io/mode="batching"\n')
+    assert (await client.get(MODE_PATH, headers=auth())).json()["mode"] == "batching"
+
+
+async def test_batching_coalesces_sse(make_client: MakeClient, engine: FakeEngine) -> None:
+    sent: list[bytes] = []
+    middleware, _ = make_client({"initialMode": "batching"})
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": httpx.Request(
+            "POST", "http://t", json=chat(stream=True)).read(), "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            sent.append(message.get("body", b""))
+
+    scope = {"type": "http", "method": "POST", "path": CHAT, "headers": [],
+             "query_string": b""}
+    await middleware(scope, receive, send)
+    body = b"".join(sent)
+    assert body.count(b"data: ") == engine.events + 1
+    assert body.endswith(b"data: [DONE]\n\n")
+    assert len([s for s in sent if s]) == 2  # 6 events + DONE in groups of 4
+
+
+async def test_drain_gates_health_and_new_requests(make_client: MakeClient,
+                                                   engine: FakeEngine) -> None:
+    middleware, client = make_client()
+    assert (await client.get("/health")).status_code == 200
+    engine.release.clear()
+    running = asyncio.create_task(client.post(CHAT, json=chat()))
+    await asyncio.sleep(0.05)
+    drained = await client.post(DRAIN_PATH, headers=auth())
+    assert drained.status_code == 202 and drained.json()["draining"] is True
+    assert drained.json()["inflight"] == 1
+    assert (await client.get("/health")).status_code == 503
+    refused = await client.post(CHAT, json=chat())
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    engine.release.set()
+    assert (await running).status_code == 200
+    assert await middleware.drain(1) is True
+
+
+async def test_non_admitted_paths_pass_through(make_client: MakeClient) -> None:
+    _, client = make_client()
+    response = await client.get("/health")
+    assert response.status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/v1/completions"])
+async def test_completions_are_admitted(make_client: MakeClient, engine: FakeEngine,
+                                        path: str) -> None:
+    _, client = make_client()
+    response = await client.post(path, json={"prompt": "hello"})
+    assert response.status_code == 200
+    assert engine.bodies[-1]["max_tokens"] == 512
+
+
+async def test_a_client_leaving_the_queue_frees_its_place(make_client: MakeClient,
+                                                          engine: FakeEngine) -> None:
+    profiles = {"streaming": {"maxConcurrency": 1, "maxQueue": 4, "queueTimeoutSeconds": 30}}
+    middleware, _ = make_client({"profiles": profiles})
+    engine.release.clear()
+    body = httpx.Request("POST", "http://t", json=chat()).read()
+
+    def call(gone: asyncio.Event) -> Any:
+        first = True
+
+        async def receive() -> dict[str, Any]:
+            nonlocal first
+            if first:
+                first = False
+                return {"type": "http.request", "body": body, "more_body": False}
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            pass
+
+        scope = {"type": "http", "method": "POST", "path": CHAT, "headers": [],
+                 "query_string": b""}
+        return asyncio.create_task(middleware(scope, receive, send))
+
+    stay, leave = asyncio.Event(), asyncio.Event()
+    running = call(stay)
+    await asyncio.sleep(0.05)
+    queued = call(leave)
+    await asyncio.sleep(0.05)
+    assert middleware.controller.queued == 1
+    leave.set()
+    await asyncio.wait_for(queued, 1)
+    assert middleware.controller.queued == 0
+    assert sample(middleware, "autoglm_requests_rejected_total", {"reason": "client_gone"}) == 1
+    engine.release.set()
+    stay.set()
+    await asyncio.wait_for(running, 1)
+    assert len(engine.bodies) == 1 and middleware.controller.inflight == 0

@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from autoglm_runtime import cli, launcher
+from autoglm_runtime.config import ConfigError, RuntimeSettings
+from autoglm_runtime.engine_args import MIDDLEWARE_IMPORT_PATH
+
+
+def settings(tmp_path: Path, **kwargs: object) -> RuntimeSettings:
+    return RuntimeSettings(config_file=tmp_path / "none.json", labels_file=tmp_path / "none",
+                           **kwargs)  # type: ignore[arg-type]
+
+
+def test_passthrough_wins(tmp_path: Path) -> None:
+    assert launcher.serve_argv(settings(tmp_path), ["m", "--port", "9"]) == ["m", "--port", "9"]
+
+
+def test_built_from_config(tmp_path: Path) -> None:
+    argv = launcher.serve_argv(settings(tmp_path, model="/models/phone"), [])
+    assert argv[0] == "/models/phone"
+    assert argv[argv.index("--middleware") + 1] == MIDDLEWARE_IMPORT_PATH
+    assert argv[argv.index("--served-model-name") + 1] == "autoglm-phone-9b"
+    assert launcher.port_of(argv) == 8000
+
+
+def test_no_model_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="AUTOGLM_MODEL"):
+        launcher.serve_argv(settings(tmp_path), [])
+
+
+@pytest.mark.parametrize("argv, port", [
+    (["--port", "9000"], 9000), (["--port=9001"], 9001), (["--port", "x"], 8000), ([], 8000)])
+def test_port_of(argv: list[str], port: int) -> None:
+    assert launcher.port_of(argv) == port
+
+
+def test_missing_vllm_points_at_sim(monkeypatch: pytest.MonkeyPatch,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(launcher.shutil, "which", lambda _: None)
+    monkeypatch.setattr(launcher.importlib.util, "find_spec", lambda _: None)
+    assert cli.main(["serve", "--", "/models/x"]) == 127
+    err = capsys.readouterr().err
+    assert "vLLM is not installed" in err and "autoglm-runtime sim" in err
+
+
+def test_dry_run_prints_the_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("AUTOGLM_MODEL", "/models/y")
+    monkeypatch.setenv("AUTOGLM_CONFIG_FILE", str(tmp_path / "none.json"))
+    assert cli.main(["serve", "--dry-run"]) == 0
+    command = json.loads(capsys.readouterr().out)
+    assert command[:3] == ["vllm", "serve", "/models/y"]
+
+
+def test_config_error_exit_code(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    broken = tmp_path / "c.json"
+    broken.write_text("{")
+    monkeypatch.setenv("AUTOGLM_CONFIG_FILE", str(broken))
+    monkeypatch.delenv("AUTOGLM_MODEL", raising=False)
+    assert cli.main(["serve", "--dry-run"]) == 2
+    assert "not valid JSON" in capsys.readouterr().err
+
+
+def test_launcher_returns_the_child_status(tmp_path: Path) -> None:
+    code = launcher.Launcher([sys.executable, "-c", "raise SystemExit(3)"], 1, 1).run()
+    assert code == 3

@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+import asyncio
+import time
+
+from autoglm_runtime.sim.engine import EngineConfig, SimEngine, SimRequest
+from autoglm_runtime.sim.metrics import SimMetrics
+from autoglm_runtime.sim.model import LatencyModel, MemoryModel
+
+FAST = 0.01  # 100x real time
+
+
+def make(**kwargs: object) -> SimEngine:
+    config = EngineConfig(time_factor=FAST, **kwargs)  # type: ignore[arg-type]
+    return SimEngine(config, SimMetrics.create("m", 2048))
+
+
+def request(target: int = 5, prompt: int = 10, priority: int = 0) -> SimRequest:
+    return SimRequest(priority=priority, prompt_tokens=prompt, images=0, target_tokens=target,
+                      finish_reason="length", arrival=time.monotonic())
+
+
+async def collect(r: SimRequest) -> list[int]:
+    out = []
+    while (token := await r.tokens.get()) is not None:
+        out.append(token)
+    return out
+
+
+def metric(engine: SimEngine, name: str, **labels: str) -> float:
+    value = engine.metrics.registry.get_sample_value(
+        name, {"model_name": "m", "engine": "0", **labels})
+    return value or 0.0
+
+
+async def test_one_step_per_token_after_prefill() -> None:
+    engine = make()
+    engine.start()
+    r = request(target=6)
+    engine.submit(r)
+    assert await collect(r) == [1, 2, 3, 4, 5, 6]
+    assert engine.steps == 6  # the prefill step gives the first token
+    assert metric(engine, "vllm:request_success_total", finished_reason="length") == 1
+    assert metric(engine, "vllm:generation_tokens_total") == 6
+    assert metric(engine, "vllm:prompt_tokens_total") == 10
+    await engine.stop()
+
+
+async def test_max_num_seqs_limits_running() -> None:
+    engine = make(max_num_seqs=2)
+    requests = [request(target=10**6) for _ in range(4)]
+    for r in requests:
+        engine.submit(r)
+    engine.start()
+    await asyncio.sleep(0.02)
+    assert len(engine.running) == 2 and len(engine.waiting) == 2
+    assert metric(engine, "vllm:num_requests_running") == 2
+    assert metric(engine, "vllm:num_requests_waiting") == 2
+    for r in requests:
+        engine.abort(r)
+    await asyncio.wait_for(asyncio.gather(*(collect(r) for r in requests)), 5)
+    await engine.stop()
+
+
+async def test_priority_orders_the_waiting() -> None:
+    engine = make(max_num_seqs=1)
+    first = request(target=3)
+    engine.submit(first)
+    low, high = request(target=3, priority=5), request(target=3, priority=0)
+    engine.submit(low)
+    engine.submit(high)
+    engine.start()
+    await asyncio.gather(collect(first), collect(low), collect(high))
+    assert first.first_token_at and high.first_token_at and low.first_token_at
+    assert high.first_token_at < low.first_token_at
+    await engine.stop()
+
+
+async def test_kv_budget_preempts_and_recomputes() -> None:
+    engine = make(kv_cache_tokens=100)
+    a, b = request(target=40, prompt=40), request(target=40, prompt=40, priority=1)
+    engine.submit(a)
+    engine.submit(b)
+    engine.start()
+    tokens = await asyncio.gather(collect(a), collect(b))
+    assert tokens == [list(range(1, 41))] * 2  # nothing lost or repeated
+    assert metric(engine, "vllm:num_preemptions_total") >= 1
+    assert a.finished and b.finished
+    await engine.stop()
+
+
+async def test_abort_frees_the_slot() -> None:
+    engine = make(max_num_seqs=1)
+    stuck, next_one = request(target=10**6), request(target=2)
+    engine.submit(stuck)
+    engine.submit(next_one)
+    engine.start()
+    await asyncio.sleep(0.02)
+    engine.abort(stuck)
+    assert await asyncio.wait_for(collect(next_one), 2) == [1, 2]
+    assert metric(engine, "vllm:request_success_total", finished_reason="abort") == 1
+    await engine.stop()
+
+
+def test_latency_model_equations() -> None:
+    model = LatencyModel()
+    assert model.step_seconds(0, 0, 0) == model.t0
+    assert model.step_seconds(8, 320, 1) > model.step_seconds(8, 0, 0)
+    assert model.step_seconds(64, 0, 0) > model.step_seconds(8, 0, 0)  # bigger batch, slower step
+    memory = MemoryModel()
+    assert memory.used_bytes(64, 2048) > memory.used_bytes(8, 0) > memory.used_bytes(0, 0)
+    assert memory.used_bytes(10**6, 10**6) == memory.gpus * memory.gpu_total_bytes
+    assert [g for g, _, _ in memory.per_gpu(10)] == [0, 1]
