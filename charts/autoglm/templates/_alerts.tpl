@@ -1,0 +1,69 @@
+{{/* The alert rules, shared by the PrometheusRule and the plain-Prometheus rules file.
+Runtime series carry namespace, pod and autoglm_deployment (see podmonitor.yaml and
+prometheus-config.yaml); the operator's series carry the AutoGLMDeployment's namespace and name (scraped with
+honor_labels, so its namespace is not replaced by the operator pod's). */}}
+{{- define "autoglm.alertGroups" -}}
+{{- $r := .Values.monitoring.prometheusRule -}}
+- name: autoglm.alerts
+  rules:
+    - alert: AutoGLMReplicasNotReady
+      expr: |
+        max by (namespace, name) (autoglm_operator_replicas)
+          - max by (namespace, name) (autoglm_operator_ready_replicas) > 0
+      for: {{ $r.replicasNotReadyFor }}
+      labels:
+        severity: warning
+      annotations:
+        summary: AutoGLMDeployment {{ "{{ $labels.namespace }}/{{ $labels.name }}" }} has replicas that are not ready.
+        description: >-
+          {{ "{{ $value }}" }} replica(s) have not been ready for {{ $r.replicasNotReadyFor }}. `kubectl -n
+          {{ "{{ $labels.namespace }}" }} describe agd {{ "{{ $labels.name }}" }}`: the Degraded condition names
+          the cause (InsufficientGPU, image pull, crash loop).
+    - alert: AutoGLMRuntimeMetricsDown
+      expr: |
+        max by (namespace, autoglm_deployment, pod) (up{autoglm_deployment!=""}) == 0
+      for: {{ $r.metricsUnavailableFor }}
+      labels:
+        severity: warning
+      annotations:
+        summary: Prometheus cannot scrape serving pod {{ "{{ $labels.namespace }}/{{ $labels.pod }}" }}.
+        description: >-
+          The adaptive loop holds this replica's mode while its metrics are missing. Check that
+          the pod is running and that /metrics on port 8000 answers.
+    - alert: AutoGLMMetricsUnavailable
+      expr: |
+        max by (namespace, name) (autoglm_operator_metrics_available) == 0
+      for: {{ $r.metricsUnavailableFor }}
+      labels:
+        severity: warning
+      annotations:
+        summary: The operator cannot read Prometheus for {{ "{{ $labels.namespace }}/{{ $labels.name }}" }}.
+        description: >-
+          Adaptive mode flips are on hold. The MetricsAvailable condition of the
+          AutoGLMDeployment gives the reason (PrometheusUnreachable, QueryError, NoData).
+    - alert: AutoGLMModeFlapping
+      expr: |
+        max by (namespace, autoglm_deployment, pod) (
+          increase(autoglm_mode_switches_total[{{ $r.flappingWindow }}])
+        ) > {{ $r.maxModeSwitches }}
+      labels:
+        severity: warning
+      annotations:
+        summary: Serving pod {{ "{{ $labels.namespace }}/{{ $labels.pod }}" }} switched mode {{ "{{ $value | humanize }}" }} times in {{ $r.flappingWindow }}.
+        description: >-
+          The adaptive thresholds are too close together for this traffic: widen the gap between
+          the high and low thresholds, or lengthen the stabilization windows or the cooldown.
+    - alert: AutoGLMRequestsRejected
+      expr: |
+        sum by (namespace, autoglm_deployment) (
+          rate(autoglm_requests_rejected_total{reason=~"queue_full|queue_timeout"}[5m])
+        ) > 0
+      for: 10m
+      labels:
+        severity: info
+      annotations:
+        summary: AutoGLMDeployment {{ "{{ $labels.namespace }}/{{ $labels.autoglm_deployment }}" }} turns requests away ({{ "{{ $value | humanize }}" }}/s).
+        description: >-
+          The admission queues are full or time out: add replicas (kubectl scale agd) or raise the
+          batching profile's maxConcurrency and maxQueue.
+{{- end -}}

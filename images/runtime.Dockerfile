@@ -1,0 +1,36 @@
+# syntax=docker/dockerfile:1
+# The serving image: the official vLLM OpenAI server at the pinned release, plus autoglm-runtime
+# (the launcher, the mode middleware `vllm serve --middleware` loads, and the `sim` CPU engine).
+# Build from the repository root (images/runtime.Dockerfile.dockerignore limits the context):
+#   docker build -f images/runtime.Dockerfile -t ghcr.io/autoglm/autoglm-runtime:0.1.0 .
+# The tag must match PINNED_VLLM_VERSION in runtime/autoglm_runtime/engine_args.py; a unit test
+# keeps them equal. Pin by digest for releases: --build-arg VLLM_IMAGE=vllm/vllm-openai:v0.33.0@sha256:...
+ARG VLLM_IMAGE=vllm/vllm-openai:v0.33.0
+FROM ${VLLM_IMAGE}
+
+COPY pyproject.toml README.md /tmp/autoglm/
+COPY operator/ /tmp/autoglm/operator/
+COPY runtime/ /tmp/autoglm/runtime/
+
+# Install into vLLM's own (system) Python with the uv the image ships, and move nothing vLLM
+# pinned: every package already installed is a constraint (direct-URL lines cannot be).
+RUN set -eux; \
+    uv pip freeze --system | grep -v ' @ ' > /tmp/vllm-constraints.txt; \
+    uv pip install --system --no-cache --constraint /tmp/vllm-constraints.txt "/tmp/autoglm[runtime]"; \
+    rm -rf /tmp/autoglm /tmp/vllm-constraints.txt; \
+    autoglm-runtime --help > /dev/null
+
+# The operator runs serving pods as uid 1000 (RUN_AS_USER in operator/autoglm_operator/
+# builders.py; Ubuntu 24.04 names it "ubuntu"). vLLM, torch and triton keep JIT caches under
+# $HOME, so HOME is a directory that uid (and group 0, for arbitrary-uid platforms) can write.
+ENV HOME=/home/autoglm \
+    XDG_CACHE_HOME=/home/autoglm/.cache \
+    PYTHONUNBUFFERED=1
+RUN install -d -o 1000 -g 0 -m 0775 /home/autoglm /home/autoglm/.cache
+USER 1000:0
+WORKDIR /home/autoglm
+EXPOSE 8000
+# The operator sets the command (`autoglm-runtime serve -- <vllm argv>`); this default serves
+# the model with the built-in defaults, and `docker run IMAGE sim` starts the CPU engine.
+ENTRYPOINT ["autoglm-runtime"]
+CMD ["serve"]

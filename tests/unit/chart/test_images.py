@@ -1,0 +1,196 @@
+"""The Dockerfiles cannot be built here (no Docker engine), so what can be checked by reading is
+checked against the code: pinned bases, the extras installed, entrypoints that exist, non-root
+users that match what the chart and the operator run the pods as, and build contexts that
+hold every file the COPY lines need."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import tomllib
+from fnmatch import fnmatch
+from pathlib import Path
+
+import pytest
+import yaml
+from chartkit import CHART, REPO, one, render
+
+from autoglm_operator import builders, cli
+from autoglm_operator import spec as crd
+from autoglm_runtime.engine_args import PINNED_VLLM_VERSION
+
+IMAGES = REPO / "images"
+OPERATOR = IMAGES / "operator.Dockerfile"
+RUNTIME = IMAGES / "runtime.Dockerfile"
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def _instructions(dockerfile: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", "\n".join(
+        line for line in dockerfile.read_text().splitlines() if not line.lstrip().startswith("#")
+    ))  # fmt: skip
+    out = []
+    for line in text.splitlines():
+        if line.strip():
+            keyword, _, rest = line.strip().partition(" ")
+            out.append((keyword.upper(), rest.strip()))
+    return out
+
+
+def _arg_default(dockerfile: Path, name: str) -> str:
+    for keyword, rest in _instructions(dockerfile):
+        if keyword == "ARG" and rest.startswith(f"{name}="):
+            return rest.split("=", 1)[1]
+    raise AssertionError(f"{dockerfile.name} has no ARG {name}")
+
+
+def _last(dockerfile: Path, keyword: str) -> str:
+    values = [rest for k, rest in _instructions(dockerfile) if k == keyword]
+    assert values, f"{dockerfile.name} has no {keyword}"
+    return values[-1]
+
+
+def test_runtime_image_is_the_pinned_vllm_release() -> None:
+    assert _arg_default(RUNTIME, "VLLM_IMAGE") == f"vllm/vllm-openai:v{PINNED_VLLM_VERSION}"
+    froms = [rest for k, rest in _instructions(RUNTIME) if k == "FROM"]
+    assert froms == ["${VLLM_IMAGE}"]
+
+
+def test_operator_image_is_a_pinned_slim_python_the_package_supports() -> None:
+    image = _arg_default(OPERATOR, "PYTHON_IMAGE")
+    match = re.fullmatch(r"python:(3)\.(\d+)\.(\d+)-slim-(\w+)", image)
+    assert match, f"{image}: pin major.minor.patch and a slim Debian release"
+    minimum = re.fullmatch(r">=(\d+)\.(\d+)", PYPROJECT["project"]["requires-python"])
+    assert minimum and (3, int(match.group(2))) >= (int(minimum.group(1)), int(minimum.group(2)))
+
+
+@pytest.mark.parametrize(("dockerfile", "extra"), [(OPERATOR, "operator"), (RUNTIME, "runtime")])
+def test_image_installs_the_package_with_its_extra(dockerfile: Path, extra: str) -> None:
+    runs = " ".join(rest for k, rest in _instructions(dockerfile) if k == "RUN")
+    assert re.search(rf"install .*\[{extra}\]", runs), (
+        f"{dockerfile.name} does not install [{extra}]"
+    )
+    assert extra in PYPROJECT["project"]["optional-dependencies"]
+
+
+@pytest.mark.parametrize("dockerfile", [OPERATOR, RUNTIME])
+def test_image_runs_as_a_numeric_non_root_user(dockerfile: Path) -> None:
+    user = _last(dockerfile, "USER")
+    uid = user.split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, f"{dockerfile.name}: USER {user}"
+
+
+def test_runtime_user_is_the_uid_the_operator_runs_serving_pods_as() -> None:
+    assert _last(RUNTIME, "USER").split(":")[0] == str(builders.RUN_AS_USER)
+    pod = builders.pod_template("phone", crd.AutoGLMDeploymentSpec())
+    assert pod["spec"]["securityContext"]["runAsUser"] == builders.RUN_AS_USER
+
+
+def test_operator_user_is_the_uid_the_chart_runs_it_as() -> None:
+    deployment = one(render(), "Deployment", "agl-autoglm")
+    security = deployment["spec"]["template"]["spec"]["securityContext"]
+    assert _last(OPERATOR, "USER") == f"{security['runAsUser']}:{security['runAsGroup']}"
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "script"), [(OPERATOR, "autoglm-operator"), (RUNTIME, "autoglm-runtime")]
+)
+def test_entrypoint_is_the_packages_console_script(dockerfile: Path, script: str) -> None:
+    import json
+
+    assert json.loads(_last(dockerfile, "ENTRYPOINT")) == [script]
+    assert script in PYPROJECT["project"]["scripts"]
+
+
+def test_runtime_command_matches_what_the_operator_runs() -> None:
+    import json
+
+    container = builders.pod_template("phone", crd.AutoGLMDeploymentSpec())["spec"]["containers"][0]
+    entrypoint = json.loads(_last(RUNTIME, "ENTRYPOINT"))
+    assert container["command"][: len(entrypoint)] == entrypoint
+    assert container["command"][1] == json.loads(_last(RUNTIME, "CMD"))[0] == "serve"
+    assert container["ports"][0]["containerPort"] == int(_last(RUNTIME, "EXPOSE"))
+
+
+def test_operator_default_command_and_chart_args_parse_with_the_real_cli() -> None:
+    import json
+
+    cmd = json.loads(_last(OPERATOR, "CMD"))
+    args = cli.build_parser().parse_args(cmd)
+    assert args.command == "run" and args.all_namespaces
+    container = one(render(), "Deployment", "agl-autoglm")["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    # The kubelet expands $(POD_NAME) from the container's env before the CLI sees it.
+    chart_args = [a.replace("$(POD_NAME)", "agl-autoglm-0") for a in container["args"]]
+    parsed = cli.build_parser().parse_args(chart_args)
+    assert parsed.all_namespaces and parsed.leader_election and parsed.identity == "agl-autoglm-0"
+    assert parsed.liveness == "http://0.0.0.0:8080/healthz"
+    values = {
+        "operator.scope": "Namespace",
+        "operator.watchNamespaces": ["a", "b"],
+        "operator.logLevel": "verbose",
+    }
+    namespaced = one(render(values), "Deployment", "agl-autoglm")["spec"]["template"]["spec"]
+    namespaced = namespaced["containers"][0]["args"]
+    parsed = cli.build_parser().parse_args(namespaced)
+    assert parsed.namespace == ["a", "b"] and not parsed.all_namespaces and parsed.verbose
+
+
+def test_chart_metrics_port_env_is_the_one_the_operator_reads() -> None:
+    from autoglm_operator.operator_metrics import DEFAULT_PORT, PORT_ENV
+
+    container = one(render(), "Deployment", "agl-autoglm")["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env[PORT_ENV] == str(DEFAULT_PORT)
+
+
+def test_versions_agree_across_package_chart_and_images() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == PYPROJECT["project"]["version"]
+    assert f"ghcr.io/autoglm/autoglm-runtime:{chart['appVersion']}" == crd.DEFAULT_IMAGE
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["image"]["repository"] == "ghcr.io/autoglm/autoglm-operator"
+
+
+def _ignored(path: str, patterns: list[str]) -> bool:
+    """Docker's rule: the last matching pattern wins; `!` re-includes."""
+    ignored = False
+    for pattern in patterns:
+        negate = pattern.startswith("!")
+        pat = pattern[1:] if negate else pattern
+        pat = pat.rstrip("/")
+        if fnmatch(path, pat) or fnmatch(path, pat + "/*") or fnmatch(path, pat.replace("**/", "")):
+            ignored = not negate
+    return ignored
+
+
+@pytest.mark.parametrize("dockerfile", [OPERATOR, RUNTIME])
+def test_build_context_holds_every_file_the_copy_lines_need(dockerfile: Path) -> None:
+    ignore = dockerfile.with_name(dockerfile.name + ".dockerignore")
+    patterns = [
+        line.strip() for line in ignore.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]  # fmt: skip
+    sources = []
+    for keyword, rest in _instructions(dockerfile):
+        if keyword == "COPY" and "--from=" not in rest:
+            *srcs, _dest = shlex.split(rest)
+            sources += [s.rstrip("/") for s in srcs]
+    assert sources, f"{dockerfile.name} copies nothing from the context"
+    for source in sources:
+        assert not _ignored(source, patterns), f"{source} is excluded by {ignore.name}"
+        matches = list(REPO.glob(source))
+        assert matches, f"{source} does not exist in the repository"
+        if (REPO / source).is_dir():
+            # Package sources must not be filtered out file by file.
+            for file in (REPO / source).rglob("*.py"):
+                rel = file.relative_to(REPO).as_posix()
+                if "__pycache__" not in rel:
+                    assert not _ignored(rel, patterns), f"{rel} is excluded by {ignore.name}"
+    # And the bulky things stay out.
+    for heavy in (".venv", ".git", "tests", "charts"):
+        assert _ignored(heavy, patterns), f"{heavy} would be sent to the builder"
