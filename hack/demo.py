@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
 import json
 import os
@@ -25,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from localcluster import LOOPBACK_POD_CIDR, LocalCluster, free_port, running_cluster
+
 from loadgen import LoadReport, percentile, run_load
+from localcluster import LOOPBACK_POD_CIDR, LocalCluster, free_port, running_cluster
 from localprom import LocalPrometheus
 from podrunner import PodRunner
 
@@ -125,7 +125,9 @@ def service_account_kubeconfig(cluster: LocalCluster, workdir: Path) -> Path:
     return path
 
 
-def start_operator(cluster: LocalCluster, kubeconfig: Path, workdir: Path) -> subprocess.Popen[bytes]:
+def start_operator(
+    cluster: LocalCluster, kubeconfig: Path, workdir: Path
+) -> subprocess.Popen[bytes]:
     env = {
         **cluster.env,
         "KUBECONFIG": str(kubeconfig),
@@ -159,11 +161,15 @@ def wait_ready(cluster: LocalCluster, replicas: int, timeout: float = 120) -> No
         if status.get("readyReplicas") == replicas:
             return
         time.sleep(1)
-    raise TimeoutError(f"{NAME} not Ready after {timeout}s: kubectl describe agd -n {DEMO_NAMESPACE}")
+    raise TimeoutError(
+        f"{NAME} not Ready after {timeout}s: kubectl describe agd -n {DEMO_NAMESPACE}"
+    )
 
 
 def pod_modes(cluster: LocalCluster) -> dict[str, str]:
-    pods = cluster.get_json("pods", "-n", DEMO_NAMESPACE, "-l", f"app.kubernetes.io/instance={NAME}")
+    pods = cluster.get_json(
+        "pods", "-n", DEMO_NAMESPACE, "-l", f"app.kubernetes.io/instance={NAME}"
+    )
     return {
         p["metadata"]["name"]: p["metadata"].get("labels", {}).get("autoglm.io/mode", "?")
         for p in pods["items"]
@@ -208,7 +214,8 @@ async def watch_and_show(
                 timeline.decisions.append({**decision, "t": t})
                 print(
                     f"    >>> flip: batching replicas {decision['fromBatching']} -> "
-                    f"{decision['toBatching']} ({decision['reason']}): {decision.get('message', '')}",
+                    f"{decision['toBatching']} ({decision['reason']}): "
+                    f"{decision.get('message', '')}",
                     flush=True,
                 )
         await asyncio.sleep(2)
@@ -269,9 +276,7 @@ def run(args: argparse.Namespace) -> int:
         helm(cluster, "install", RELEASE, str(CHART), "-n", SYSTEM_NAMESPACE, "--create-namespace",
              "--set", "operator.replicas=0")  # fmt: skip
         step("Starting the operator with the chart's ServiceAccount and RBAC")
-        operator = start_operator(
-            cluster, service_account_kubeconfig(cluster, workdir), workdir
-        )
+        operator = start_operator(cluster, service_account_kubeconfig(cluster, workdir), workdir)
         stack.callback(stop_process, operator)
 
         step(f"kubectl apply -f examples/autoglm.yaml ({args.replicas} replicas, demo timings)")
@@ -303,14 +308,21 @@ def run(args: argparse.Namespace) -> int:
         down = sum(1 for d in timeline.decisions if d["toBatching"] < d["fromBatching"])
         chart = REPO / "out" / "demo" / "autoglm-demo.png"
         write_chart(timeline, chart)
-        (chart.with_suffix(".json")).write_text(json.dumps(
-            {"samples": [s.__dict__ for s in timeline.samples], "decisions": timeline.decisions,
-             "requests": len(report.results), "failed": len(report.failures)}, indent=1))  # fmt: skip
-        print(f"flips to batching: {up}, back to streaming: {down}, "
-              f"requests: {len(report.results)}, failed: {len(report.failures)}")  # fmt: skip
+        summary = {
+            "samples": [s.__dict__ for s in timeline.samples],
+            "decisions": timeline.decisions,
+            "requests": len(report.results),
+            "failed": len(report.failures),
+        }
+        chart.with_suffix(".json").write_text(json.dumps(summary, indent=1))
+        print(
+            f"flips to batching: {up}, back to streaming: {down}, "
+            f"requests: {len(report.results)}, failed: {len(report.failures)}"
+        )
         print(f"chart: {chart}")
-        events = cluster.kubectl("get", "events", "-n", DEMO_NAMESPACE,
-                                 "--field-selector", f"involvedObject.name={NAME}").stdout  # fmt: skip
+        events = cluster.kubectl(
+            "get", "events", "-n", DEMO_NAMESPACE, "--field-selector", f"involvedObject.name={NAME}"
+        ).stdout
         print(events)
         return 0 if up and down and not report.failures else 1
 

@@ -73,7 +73,8 @@ def _write_pki(pki: Path) -> None:
     """A CA, an apiserver serving cert for loopback and the in-cluster names, a SA key pair."""
     pki.mkdir(parents=True, exist_ok=True)
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650",
-             "-keyout", str(pki / "ca.key"), "-out", str(pki / "ca.crt"), "-subj", "/CN=autoglm-local-ca")  # fmt: skip
+             "-keyout", str(pki / "ca.key"), "-out", str(pki / "ca.crt"),
+             "-subj", "/CN=autoglm-local-ca")  # fmt: skip
     ext = pki / "apiserver.ext"
     ext.write_text(
         "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,"
@@ -267,7 +268,10 @@ class LocalCluster:
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [
-                {"name": "local", "cluster": {"server": self.server, "certificate-authority": self.ca_file}}
+                {
+                    "name": "local",
+                    "cluster": {"server": self.server, "certificate-authority": self.ca_file},
+                }
             ],
             "users": [{"name": "admin", "user": {"token": token}}],
             "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
@@ -332,7 +336,7 @@ class LocalCluster:
 def _http_ok(url: str) -> bool:
     import urllib.request
 
-    with urllib.request.urlopen(url, timeout=1) as response:  # noqa: S310 - loopback only
+    with urllib.request.urlopen(url, timeout=1) as response:
         return bool(response.status == 200)
 
 
@@ -405,7 +409,9 @@ def _alive(pid: int) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start the control plane and fake GPU nodes, then return")
     up.add_argument("--gpu-nodes", type=int, default=2)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config, watch  # type: ignore[import-untyped]
+
 from localcluster import LocalCluster, log
 
 SELECTOR = "app.kubernetes.io/name=autoglm"
@@ -49,8 +50,14 @@ def _downward_labels(labels: dict[str, str]) -> str:
 
 
 class PodRunner:
-    def __init__(self, cluster: LocalCluster, workdir: Path, time_factor: float = 1.0,
-                 sim_args: list[str] | None = None, targets_file: Path | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cluster: LocalCluster,
+        workdir: Path,
+        time_factor: float = 1.0,
+        sim_args: list[str] | None = None,
+        targets_file: Path | None = None,
+    ) -> None:
         self.cluster = cluster
         self.targets_file = targets_file
         self.workdir = workdir
@@ -183,14 +190,20 @@ class PodRunner:
             if volume is None:
                 continue
             if volume.config_map is not None:
-                data = self.core.read_namespaced_config_map(
-                    volume.config_map.name, pod.metadata.namespace
-                ).data or {}
+                data = (
+                    self.core.read_namespaced_config_map(
+                        volume.config_map.name, pod.metadata.namespace
+                    ).data
+                    or {}
+                )
                 self._write_items(local, {k: v.encode() for k, v in data.items()})
             elif volume.secret is not None:
-                secret = self.core.read_namespaced_secret(
-                    volume.secret.secret_name, pod.metadata.namespace
-                ).data or {}
+                secret = (
+                    self.core.read_namespaced_secret(
+                        volume.secret.secret_name, pod.metadata.namespace
+                    ).data
+                    or {}
+                )
                 self._write_items(local, {k: base64.b64decode(v) for k, v in secret.items()})
             elif volume.downward_api is not None:
                 local.mkdir(parents=True, exist_ok=True)
@@ -240,7 +253,7 @@ class PodRunner:
     def _rewrite(value: str, mounts: dict[str, Path]) -> str:
         for mount_path, local in sorted(mounts.items(), key=lambda m: -len(m[0])):
             if value == mount_path or value.startswith(mount_path.rstrip("/") + "/"):
-                return str(local) + value[len(mount_path.rstrip("/")):]
+                return str(local) + value[len(mount_path.rstrip("/")) :]
         return value
 
     @staticmethod

@@ -152,8 +152,9 @@ def _literal_flags(tree: ast.Module) -> set[str]:
             continue
         if node.func.attr != "add_argument":
             continue
-        names = [a.value for a in node.args
-                 if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        names = [
+            a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+        ]
         boolean = any(
             kw.arg == "action" and "BooleanOptionalAction" in ast.unparse(kw.value)
             for kw in node.keywords
@@ -192,16 +193,27 @@ def reasoning_parsers(version: str | None = None) -> frozenset[str]:
     for node in ast.walk(init):
         if isinstance(node, ast.Assign | ast.AnnAssign):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(isinstance(t, ast.Name) and t.id == "_REASONING_PARSERS_TO_REGISTER"
-                   for t in targets) and isinstance(node.value, ast.Dict):
-                names |= {k.value for k in node.value.keys
-                          if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+            if any(
+                isinstance(t, ast.Name) and t.id == "_REASONING_PARSERS_TO_REGISTER"
+                for t in targets
+            ) and isinstance(node.value, ast.Dict):
+                names |= {
+                    k.value
+                    for k in node.value.keys
+                    if isinstance(k, ast.Constant) and isinstance(k.value, str)
+                }
     for path in root.rglob("*.py"):
         for node in ast.walk(_parse(path)):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr == "register_module"):
-                names |= {a.value for a in node.args
-                          if isinstance(a, ast.Constant) and isinstance(a.value, str)}
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "register_module"
+            ):
+                names |= {
+                    a.value
+                    for a in node.args
+                    if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                }
     return frozenset(names)
 
 
@@ -210,8 +222,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", default=None)
     parser.add_argument("--reasoning-parsers", action="store_true")
     args = parser.parse_args(argv)
-    found = reasoning_parsers(args.version) if args.reasoning_parsers else vllm_serve_flags(
-        args.version)
+    found = (
+        reasoning_parsers(args.version)
+        if args.reasoning_parsers
+        else vllm_serve_flags(args.version)
+    )
     print("\n".join(sorted(found)))
     return 0
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from localcluster import LOOPBACK_POD_CIDR, LocalCluster, running_cluster
 
 REPO = Path(__file__).resolve().parent.parent

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 import pytest
+
 from localcluster import LocalCluster
 
 pytestmark = pytest.mark.cluster
@@ -43,7 +44,9 @@ def test_fake_gpu_nodes_are_ready(cluster: LocalCluster) -> None:
 
 def test_pod_asking_for_two_gpus_runs(cluster: LocalCluster, namespace: str) -> None:
     cluster.apply(_gpu_pod("two-gpus", 2), namespace)
-    cluster.kubectl("wait", "--for=condition=Ready", "pod/two-gpus", "-n", namespace, "--timeout=60s")
+    cluster.kubectl(
+        "wait", "--for=condition=Ready", "pod/two-gpus", "-n", namespace, "--timeout=60s"
+    )
     pod = cluster.get_json("pod", "two-gpus", "-n", namespace)
     assert pod["spec"]["nodeName"].startswith("gpu-node-")
     assert pod["status"]["podIP"]

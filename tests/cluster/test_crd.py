@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from autoglm_operator.spec import AutoGLMDeploymentSpec
 from localcluster import LocalCluster
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from autoglm_operator import spec
 from autoglm_operator.crd import build_crd, render_crd_yaml
 
@@ -57,7 +58,9 @@ def test_every_model_field_is_in_the_crd_and_back() -> None:
 def test_model_defaults_are_the_crd_defaults() -> None:
     """Every default in the CRD equals the model's, so code and apiserver fill in the same."""
     schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    defaults = spec.AutoGLMDeploymentSpec().model_dump(by_alias=True, mode="json", exclude_none=True)
+    defaults = spec.AutoGLMDeploymentSpec().model_dump(
+        by_alias=True, mode="json", exclude_none=True
+    )
     checked = 0
     for path, node in _walk(schema["properties"]["spec"]):
         if "default" not in node or not path or "[]" in path or "{}" in path:
