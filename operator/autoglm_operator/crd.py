@@ -91,7 +91,11 @@ def _object_defaults(node: dict[str, Any], value: dict[str, Any]) -> None:
     be complete. Optional objects (None in the model) are absent from `value` and stay absent."""
     for key, child in node.get("properties", {}).items():
         child_value = value.get(key)
-        if child.get("type") == "object" and "properties" in child and isinstance(child_value, dict):
+        if (
+            child.get("type") == "object"
+            and "properties" in child
+            and isinstance(child_value, dict)
+        ):
             child["default"] = child_value
             _object_defaults(child, child_value)
 

@@ -1,0 +1,451 @@
+"""Pure builders: an AutoGLMDeployment spec in, the plain-dict manifests of its children out.
+
+No I/O here (an import-linter contract keeps kopf and the Kubernetes client out). Every object
+carries the same labels and a controller owner reference, so deleting the AutoGLMDeployment
+deletes everything below it. The vLLM argv comes from the runtime's `build_vllm_argv`, the one
+place that spells vLLM flags.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import posixpath
+from dataclasses import dataclass
+from typing import Any
+
+from autoglm_operator import spec as crd
+from autoglm_runtime.engine_args import EngineSettings, build_vllm_argv
+from autoglm_runtime.profiles import DRAIN_PATH, MODE_LABEL, Mode
+
+Manifest = dict[str, Any]
+
+NAME_LABEL = "app.kubernetes.io/name"
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+APP_NAME = "autoglm"
+MANAGER = "autoglm-operator"
+# The pod template's digest: pods carry it, so out-of-date pods are found without a diff.
+TEMPLATE_HASH_ANNOTATION = "autoglm.io/template-hash"
+
+CONTAINER_NAME = "runtime"
+HTTP_PORT = 8000
+CONFIG_DIR = "/etc/autoglm"
+CONFIG_KEY = "config.json"
+ADMIN_DIR = "/etc/autoglm/admin"
+ADMIN_TOKEN_KEY = "token"
+PODINFO_DIR = "/etc/podinfo"
+DEFAULT_MAX_TOKENS = 512
+# After the drain call: time for endpoint controllers to drop the pod before SIGTERM arrives.
+PRESTOP_SLEEP_SECONDS = 5
+STARTUP_PROBE_PERIOD_SECONDS = 10
+RUN_AS_USER = 1000
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The AutoGLMDeployment the children belong to."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": crd.API_VERSION,
+            "kind": crd.KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+# -- names and labels ------------------------------------------------------------------------
+
+
+def service_name(name: str, mode: Mode | None = None) -> str:
+    return name if mode is None else f"{name}-{mode.value}"
+
+
+def config_map_name(name: str) -> str:
+    return f"{name}-config"
+
+
+def admin_secret_name(name: str) -> str:
+    return f"{name}-admin"
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    """The Deployment's selector: stable for the object's life, and never the mode label."""
+    return {NAME_LABEL: APP_NAME, INSTANCE_LABEL: name}
+
+
+def common_labels(name: str) -> dict[str, str]:
+    return {**selector_labels(name), MANAGED_BY_LABEL: MANAGER}
+
+
+def selector_string(name: str) -> str:
+    """status.selector for the scale subresource (what HPA and `kubectl scale` read)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(name).items()))
+
+
+def endpoint_url(name: str, namespace: str, spec: crd.AutoGLMDeploymentSpec) -> str:
+    return f"http://{service_name(name)}.{namespace}.svc:{spec.service.port}/v1"
+
+
+def initial_mode(spec: crd.AutoGLMDeploymentSpec) -> Mode:
+    """The mode a new pod starts in: batching only when the policy pins batching."""
+    return Mode.BATCHING if spec.mode_policy == crd.ModePolicy.BATCHING else Mode.STREAMING
+
+
+def _metadata(owner: Owner, name: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": common_labels(owner.name),
+        "ownerReferences": [owner.reference()],
+        **extra,
+    }
+
+
+def digest(obj: Any) -> str:
+    """A short stable hash of any JSON-able value."""
+    canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+# -- the engine ------------------------------------------------------------------------------
+
+
+def model_path(spec: crd.AutoGLMDeploymentSpec) -> str:
+    """What vLLM loads: a path under the mounted volume, or a model id when none is mounted."""
+    model = spec.model
+    if model.pvc_name or model.host_path:
+        if model.source.startswith("/"):
+            return model.source
+        return posixpath.join(model.mount_path, model.source)
+    return model.source
+
+
+def engine_settings(spec: crd.AutoGLMDeploymentSpec) -> EngineSettings:
+    engine = spec.engine
+    return EngineSettings(
+        model=model_path(spec),
+        served_model_name=spec.model.served_name,
+        port=HTTP_PORT,
+        tensor_parallel_size=spec.gpus_per_replica,
+        dtype=spec.dtype,
+        max_model_len=spec.max_model_len,
+        max_num_seqs=spec.profiles.envelope_max_num_seqs,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+        gpu_memory_utilization_percent=engine.gpu_memory_utilization_percent,
+        enable_prefix_caching=engine.enable_prefix_caching,
+        shutdown_timeout_seconds=engine.shutdown_timeout_seconds,
+        reasoning_parser=engine.reasoning_parser,
+        extra_args=tuple(engine.extra_args),
+    )
+
+
+def runtime_config(spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
+    """The runtime's config file (the ConfigMap): live settings, read without a restart."""
+    return {
+        "profiles": spec.profiles.model_dump(by_alias=True, mode="json"),
+        "servedModelName": spec.model.served_name,
+        "maxModelLen": spec.max_model_len,
+        "defaultMaxTokens": min(DEFAULT_MAX_TOKENS, spec.max_model_len),
+        "initialMode": initial_mode(spec).value,
+    }
+
+
+def termination_grace_seconds(spec: crd.AutoGLMDeploymentSpec) -> int:
+    """preStop drain and sleep, then vLLM's own shutdown timeout, then a margin to exit."""
+    return PRESTOP_SLEEP_SECONDS + spec.engine.shutdown_timeout_seconds + 15
+
+
+def _prestop_command() -> list[str]:
+    # Ask the runtime to drain (readiness turns 503, no new work), then give endpoints time to
+    # notice before the kubelet's SIGTERM; a failed call must not block the shutdown.
+    script = (
+        "import pathlib,time,urllib.request\n"
+        "try:\n"
+        f" t=pathlib.Path('{ADMIN_DIR}/{ADMIN_TOKEN_KEY}').read_text().strip()\n"
+        f" r=urllib.request.Request('http://127.0.0.1:{HTTP_PORT}{DRAIN_PATH}',"
+        "method='POST',headers={'Authorization':'Bearer '+t})\n"
+        " urllib.request.urlopen(r,timeout=5).close()\n"
+        "except Exception:\n"
+        " pass\n"
+        f"time.sleep({PRESTOP_SLEEP_SECONDS})\n"
+    )
+    return ["python3", "-c", script]
+
+
+def _resources(spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
+    gpus = str(spec.gpus_per_replica)
+    requests = {k: str(v) for k, v in (spec.resources.requests or {}).items()}
+    limits = {k: str(v) for k, v in (spec.resources.limits or {}).items()}
+    requests[spec.gpu_resource_name] = gpus
+    limits[spec.gpu_resource_name] = gpus
+    return {"requests": requests, "limits": limits}
+
+
+def _volumes(name: str, spec: crd.AutoGLMDeploymentSpec) -> list[dict[str, Any]]:
+    model = spec.model
+    if model.pvc_name:
+        model_volume: dict[str, Any] = {
+            "persistentVolumeClaim": {"claimName": model.pvc_name, "readOnly": True}
+        }
+    elif model.host_path:
+        model_volume = {"hostPath": {"path": model.host_path, "type": "Directory"}}
+    else:
+        # No weights volume: vLLM downloads into this cache (HF_HOME) once per pod.
+        model_volume = {"emptyDir": {}}
+    return [
+        # Tensor-parallel workers exchange tensors through shared memory.
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        {"name": "model", **model_volume},
+        {
+            "name": "config",
+            "configMap": {
+                "name": config_map_name(name),
+                "items": [{"key": CONFIG_KEY, "path": CONFIG_KEY}],
+            },
+        },
+        {
+            "name": "admin",
+            "secret": {
+                "secretName": admin_secret_name(name),
+                "items": [{"key": ADMIN_TOKEN_KEY, "path": ADMIN_TOKEN_KEY}],
+                "defaultMode": 0o440,
+            },
+        },
+        {
+            "name": "podinfo",
+            "downwardAPI": {
+                "items": [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]
+            },
+        },
+    ]
+
+
+def _env(spec: crd.AutoGLMDeploymentSpec) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
+        {"name": "AUTOGLM_CONFIG_FILE", "value": f"{CONFIG_DIR}/{CONFIG_KEY}"},
+        {"name": "AUTOGLM_ADMIN_TOKEN_FILE", "value": f"{ADMIN_DIR}/{ADMIN_TOKEN_KEY}"},
+        {"name": "AUTOGLM_LABELS_FILE", "value": f"{PODINFO_DIR}/labels"},
+        {"name": "AUTOGLM_DRAIN_GRACE_SECONDS", "value": str(spec.engine.shutdown_timeout_seconds)},
+        {"name": "AUTOGLM_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "HF_HOME", "value": spec.model.mount_path},
+    ]
+    if spec.api_key_secret_ref is not None:
+        # vLLM's own variable: clients must send this key on the /v1 routes.
+        ref = spec.api_key_secret_ref
+        env.append(
+            {
+                "name": "VLLM_API_KEY",
+                "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
+            }
+        )
+    return env
+
+
+def _container(spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
+    http_probe = {"path": "/health", "port": "http", "scheme": "HTTP"}
+    startup_failures = -(-spec.engine.startup_timeout_seconds // STARTUP_PROBE_PERIOD_SECONDS)
+    model_read_only = bool(spec.model.pvc_name or spec.model.host_path)
+    return {
+        "name": CONTAINER_NAME,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["autoglm-runtime", "serve", "--"],
+        "args": build_vllm_argv(engine_settings(spec)),
+        "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
+        "env": _env(spec),
+        "resources": _resources(spec),
+        "volumeMounts": [
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "model", "mountPath": spec.model.mount_path}
+            | ({"readOnly": True} if model_read_only else {}),
+            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "admin", "mountPath": ADMIN_DIR, "readOnly": True},
+            {"name": "podinfo", "mountPath": PODINFO_DIR, "readOnly": True},
+        ],
+        # A model load takes minutes: the startup probe holds liveness off until /health answers.
+        "startupProbe": {
+            "httpGet": http_probe,
+            "periodSeconds": STARTUP_PROBE_PERIOD_SECONDS,
+            "timeoutSeconds": 5,
+            "failureThreshold": startup_failures,
+        },
+        # /health turns 503 while draining: readiness drops the pod from the Services.
+        "readinessProbe": {
+            "httpGet": http_probe,
+            "periodSeconds": 5,
+            "timeoutSeconds": 3,
+            "failureThreshold": 2,
+            "successThreshold": 1,
+        },
+        # A draining pod must not be killed for its 503, so liveness only checks the socket.
+        "livenessProbe": {
+            "tcpSocket": {"port": "http"},
+            "periodSeconds": 15,
+            "timeoutSeconds": 5,
+            "failureThreshold": 4,
+        },
+        "lifecycle": {"preStop": {"exec": {"command": _prestop_command()}}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+
+
+def pod_template(name: str, spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
+    """The pod template, with its own digest as an annotation (pods inherit it)."""
+    scheduling = spec.scheduling
+    pod_spec: dict[str, Any] = {
+        "containers": [_container(spec)],
+        "volumes": _volumes(name, spec),
+        "terminationGracePeriodSeconds": termination_grace_seconds(spec),
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER,
+            "fsGroup": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        # GPU nodes are commonly tainted with the GPU resource name; the pods belong there.
+        "tolerations": [
+            {"key": spec.gpu_resource_name, "operator": "Exists", "effect": "NoSchedule"},
+            *(scheduling.tolerations or []),
+        ],
+    }
+    if scheduling.node_selector:
+        pod_spec["nodeSelector"] = dict(scheduling.node_selector)
+    if scheduling.affinity:
+        pod_spec["affinity"] = scheduling.affinity
+    if scheduling.priority_class_name:
+        pod_spec["priorityClassName"] = scheduling.priority_class_name
+    # No mode label here: the operator labels each pod, so a flip never changes the template.
+    template = {
+        "metadata": {
+            "labels": {**common_labels(name), COMPONENT_LABEL: "server"},
+            "annotations": {},
+        },
+        "spec": pod_spec,
+    }
+    template["metadata"]["annotations"][TEMPLATE_HASH_ANNOTATION] = digest(template)
+    return template
+
+
+def template_hash(template: dict[str, Any]) -> str | None:
+    annotations = template.get("metadata", {}).get("annotations") or {}
+    value = annotations.get(TEMPLATE_HASH_ANNOTATION)
+    return str(value) if value is not None else None
+
+
+# -- the children ----------------------------------------------------------------------------
+
+
+def rolling_strategy(*, surge: bool) -> dict[str, Any]:
+    """Make-before-break (one extra pod, none down) when GPUs allow, else one down at a time."""
+    if surge:
+        return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+
+
+def deployment(owner: Owner, spec: crd.AutoGLMDeploymentSpec, *, surge: bool = True) -> Manifest:
+    template = pod_template(owner.name, spec)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(owner, owner.name),
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": selector_labels(owner.name)},
+            "strategy": rolling_strategy(surge=surge),
+            "revisionHistoryLimit": 3,
+            # The model load is part of every rollout step.
+            "progressDeadlineSeconds": spec.engine.startup_timeout_seconds + 300,
+            "template": template,
+        },
+    }
+
+
+def service(owner: Owner, spec: crd.AutoGLMDeploymentSpec, mode: Mode | None = None) -> Manifest:
+    """`<name>` selects every ready replica; `<name>-<mode>` only those in that mode."""
+    port: dict[str, Any] = {
+        "name": "http",
+        "port": spec.service.port,
+        "targetPort": "http",
+        "protocol": "TCP",
+    }
+    selector = selector_labels(owner.name)
+    metadata = _metadata(owner, service_name(owner.name, mode))
+    service_spec: dict[str, Any] = {"type": "ClusterIP"}
+    if mode is None:
+        service_spec["type"] = spec.service.type
+        if spec.service.node_port is not None:
+            port["nodePort"] = spec.service.node_port
+        if spec.service.annotations:
+            metadata["annotations"] = dict(spec.service.annotations)
+    else:
+        selector = {**selector, MODE_LABEL: mode.value}
+    service_spec.update({"selector": selector, "ports": [port]})
+    return {"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": service_spec}
+
+
+def pod_disruption_budget(owner: Owner) -> Manifest:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(owner, owner.name),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": selector_labels(owner.name)},
+            # A pod that never became ready protects nothing: let a drain evict it.
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
+def config_map(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> Manifest:
+    body = json.dumps(runtime_config(spec), sort_keys=True, indent=2) + "\n"
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(owner, config_map_name(owner.name)),
+        "data": {CONFIG_KEY: body},
+    }
+
+
+def admin_secret(owner: Owner, token: str) -> Manifest:
+    """The admin token: generated once by the caller and kept, never rebuilt on a pass."""
+    encoded = base64.b64encode(token.encode()).decode()
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(owner, admin_secret_name(owner.name)),
+        "type": "Opaque",
+        "data": {ADMIN_TOKEN_KEY: encoded},
+    }
+
+
+def children(
+    owner: Owner, spec: crd.AutoGLMDeploymentSpec, *, surge: bool = True
+) -> list[Manifest]:
+    """Every child except the admin Secret (whose token is not a function of the spec)."""
+    return [
+        config_map(owner, spec),
+        deployment(owner, spec, surge=surge),
+        service(owner, spec),
+        service(owner, spec, Mode.STREAMING),
+        service(owner, spec, Mode.BATCHING),
+        pod_disruption_budget(owner),
+    ]

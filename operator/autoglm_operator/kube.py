@@ -1,0 +1,244 @@
+"""The one module that talks to the Kubernetes API.
+
+Writes are idempotent: children go through server-side apply (PATCH with
+`application/apply-patch+yaml`, one field manager, forced), so applying the same manifest twice
+changes nothing and a hand edit of an owned field is taken back; `create` treats AlreadyExists
+as success and `delete`/`get` treat NotFound as success/None. Errors are classified once, here:
+`ApiError.temporary` says whether retrying can help.
+
+The client is the official `kubernetes` package (synchronous); the async callers run its calls
+in worker threads (`asyncio.to_thread`). Events go through kopf's own poster.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
+
+from autoglm_operator import spec as crd
+
+FIELD_MANAGER = "autoglm-operator"
+STATUS_FIELD_MANAGER = "autoglm-operator-status"
+REQUEST_TIMEOUT_SECONDS = 30
+USER_AGENT = "autoglm-operator"
+
+log = logging.getLogger(__name__)
+
+# kind -> (API path prefix, plural)
+_RESOURCES = {
+    "Deployment": ("/apis/apps/v1", "deployments"),
+    "Service": ("/api/v1", "services"),
+    "ConfigMap": ("/api/v1", "configmaps"),
+    "Secret": ("/api/v1", "secrets"),
+    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
+    "Pod": ("/api/v1", "pods"),
+    "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
+    crd.KIND: (f"/apis/{crd.API_VERSION}", crd.PLURAL),
+}
+
+
+@dataclass
+class ApiError(Exception):
+    """A failed API call, classified."""
+
+    status: int
+    reason: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.reason}: {self.message}"
+
+    @property
+    def temporary(self) -> bool:
+        # Throttling, server trouble, lost connections and conflicts may pass; the rest will not.
+        return self.status in (0, 408, 409, 429) or self.status >= 500
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def already_exists(self) -> bool:
+        return self.status == 409 and self.reason == "AlreadyExists"
+
+
+def _error(exc: Exception) -> ApiError:
+    if isinstance(exc, ApiException):
+        try:
+            body = json.loads(exc.body or "{}")
+        except (TypeError, ValueError):
+            body = {}
+        return ApiError(
+            status=int(exc.status or 0),
+            reason=str(body.get("reason") or exc.reason or ""),
+            message=str(body.get("message") or exc.body or ""),
+        )
+    return ApiError(status=0, reason="ConnectionError", message=str(exc))
+
+
+def path_for(kind: str, namespace: str, name: str | None = None, subresource: str = "") -> str:
+    prefix, plural = _RESOURCES[kind]
+    path = f"{prefix}/namespaces/{namespace}/{plural}"
+    if name is not None:
+        path += f"/{name}"
+    if subresource:
+        path += f"/{subresource}"
+    return path
+
+
+class Kube:
+    """A thin, counted JSON client over the kubernetes package's transport."""
+
+    def __init__(
+        self, api_client: client.ApiClient | None = None, user_agent: str = USER_AGENT
+    ) -> None:
+        self._api = api_client or client.ApiClient()
+        # Names the caller in apiserver audit logs (and in the tests' call counts).
+        self._api.user_agent = user_agent
+        self._lock = threading.Lock()
+        self.calls: Counter[str] = Counter()
+
+    @classmethod
+    def from_environment(cls, user_agent: str = USER_AGENT) -> Kube:
+        """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG)."""
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        return cls(user_agent=user_agent)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: list[tuple[str, str]] | None = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        with self._lock:
+            self.calls[method] += 1
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        try:
+            method_, url, headers_, body_, post = self._api.param_serialize(
+                method=method,
+                resource_path=path,
+                query_params=query or [],
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            response = self._api.call_api(
+                method_, url, header_params=headers_, body=body_, post_params=post,
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+            )  # fmt: skip
+            response.read()
+        except (ApiException, HTTPError, OSError) as exc:
+            raise _error(exc) from exc
+        if not 200 <= int(response.status) < 300:
+            raise _error(ApiException(http_resp=response))
+        data = response.data
+        return json.loads(data) if data else {}
+
+    # -- objects -------------------------------------------------------------------------------
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.request("GET", path_for(kind, namespace, name))
+        except ApiError as err:
+            if err.not_found:
+                return None
+            raise
+
+    def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply: create or bring every field this manager owns to `manifest`."""
+        meta = manifest["metadata"]
+        return self.request(
+            "PATCH",
+            path_for(manifest["kind"], meta["namespace"], meta["name"]),
+            body=manifest,
+            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            content_type="application/apply-patch+yaml",
+        )
+
+    def create(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        """Create; None when it already exists (someone else's create won, which is fine)."""
+        meta = manifest["metadata"]
+        try:
+            return self.request(
+                "POST",
+                path_for(manifest["kind"], meta["namespace"]),
+                body=manifest,
+                query=[("fieldManager", FIELD_MANAGER)],
+            )
+        except ApiError as err:
+            if err.already_exists:
+                return None
+            raise
+
+    def replace(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        meta = manifest["metadata"]
+        return self.request(
+            "PUT",
+            path_for(manifest["kind"], meta["namespace"], meta["name"]),
+            body=manifest,
+            query=[("fieldManager", FIELD_MANAGER)],
+        )
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        try:
+            self.request("DELETE", path_for(kind, namespace, name))
+        except ApiError as err:
+            if not err.not_found:
+                raise
+
+    def merge_patch(
+        self, kind: str, namespace: str, name: str, patch: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """JSON merge patch; None when the object is gone."""
+        try:
+            return self.request(
+                "PATCH",
+                path_for(kind, namespace, name),
+                body=patch,
+                query=[("fieldManager", FIELD_MANAGER)],
+                content_type="application/merge-patch+json",
+            )
+        except ApiError as err:
+            if err.not_found:
+                return None
+            raise
+
+    def apply_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply of the AutoGLMDeployment status this manager owns.
+
+        Conditions are a list-map keyed by type, so other writers' conditions (the adaptive
+        loop's) survive: each manager owns only the entries it applies.
+        """
+        body = {
+            "apiVersion": crd.API_VERSION,
+            "kind": crd.KIND,
+            "metadata": {"name": name, "namespace": namespace},
+            "status": status,
+        }
+        return self.request(
+            "PATCH",
+            path_for(crd.KIND, namespace, name, "status"),
+            body=body,
+            query=[("fieldManager", STATUS_FIELD_MANAGER), ("force", "true")],
+            content_type="application/apply-patch+yaml",
+        )
+
+
+def event(body: Any, *, warning: bool = False, reason: str, message: str) -> None:
+    """A Kubernetes Event on the AutoGLMDeployment, through kopf's poster (never blocks)."""
+    kopf.event(body, type="Warning" if warning else "Normal", reason=reason, message=message)

@@ -1,0 +1,219 @@
+"""Pure: compare desired children with what the cluster holds and say what to write.
+
+A child is in sync when every field the operator sets has the same value in the live object
+(the apiserver adds defaults and status, which do not count), or when the live object is exactly
+the version the operator's last write produced (so a value the apiserver normalizes differently
+cannot make the operator write in a loop).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from autoglm_operator import builders
+from autoglm_operator import spec as crd
+from autoglm_operator import status as status_
+
+Key = tuple[str, str]  # (kind, name)
+
+_SUFFIXES = {
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
+    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+}  # fmt: skip
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+|[a-zA-Z]{0,2})$")
+
+
+def quantity(value: Any) -> Decimal | None:
+    """A Kubernetes quantity as a number ("1Gi", "500m", 2), or None when it is not one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return Decimal(str(value))
+    match = _QUANTITY.match(str(value))
+    if not match:
+        return None
+    number, suffix = match.groups()
+    try:
+        if suffix and suffix[0] in "eE":
+            return Decimal(number + suffix)
+        if suffix and suffix not in _SUFFIXES:
+            return None
+        return Decimal(number) * Decimal(str(_SUFFIXES[suffix]) if suffix else 1)
+    except InvalidOperation:
+        return None
+
+
+def contains(actual: Any, desired: Any, *, path: tuple[str, ...] = ()) -> bool:
+    """Whether `actual` holds every value `desired` sets (lists must match item by item)."""
+    if isinstance(desired, dict):
+        if not isinstance(actual, dict):
+            return False
+        return all(
+            contains(actual[key], value, path=(*path, key))
+            if key in actual
+            else _omitted_zero(value)
+            for key, value in desired.items()
+        )
+    if isinstance(desired, list):
+        if not isinstance(actual, list) or len(actual) != len(desired):
+            return False
+        return all(contains(a, d, path=path) for a, d in zip(actual, desired, strict=True))
+    if actual == desired:
+        return True
+    # Resource quantities come back canonicalized ("1000m" -> "1").
+    if len(path) >= 2 and path[-2] in ("requests", "limits"):
+        left, right = quantity(actual), quantity(desired)
+        return left is not None and left == right
+    return False
+
+
+# How long a write may take to come back through the watch before it counts as lost.
+WATCH_GRACE_SECONDS = 10.0
+
+
+def _omitted_zero(value: Any) -> bool:
+    """The API leaves out zero values of optional fields (`readOnly: false` is not echoed)."""
+    return value is False or value is None or value in ("", 0) or value == {} or value == []
+
+
+@dataclass(frozen=True)
+class Written:
+    """What the operator's last write of one child produced, and what it was based on."""
+
+    digest: str
+    resource_version: str
+    based_on: str  # the resourceVersion the operator saw when it wrote ("" when absent)
+    at: float  # monotonic time of the write
+
+
+@dataclass(frozen=True)
+class Action:
+    verb: str  # "create" or "update"
+    manifest: dict[str, Any]
+    reason: str
+
+    @property
+    def key(self) -> Key:
+        return key_of(self.manifest)
+
+
+def key_of(manifest: dict[str, Any]) -> Key:
+    return str(manifest["kind"]), str(manifest["metadata"]["name"])
+
+
+def _rv(obj: dict[str, Any] | None) -> str:
+    return str(((obj or {}).get("metadata") or {}).get("resourceVersion") or "")
+
+
+def in_sync(
+    actual: dict[str, Any] | None,
+    desired: dict[str, Any],
+    written: Written | None,
+    now: float,
+) -> bool:
+    """Whether no write is needed for this child now."""
+    if written is not None and written.digest == builders.digest(desired):
+        if actual is not None and _rv(actual) == written.resource_version:
+            return True  # exactly what our write produced
+        if _rv(actual) == written.based_on and now - written.at < WATCH_GRACE_SECONDS:
+            return True  # the watch has not delivered our write yet
+    return actual is not None and contains(actual, desired)
+
+
+def has_pending(written: dict[Key, Written], now: float) -> bool:
+    """A recent write still inside its grace time: the next pass must look again."""
+    return any(now - w.at < WATCH_GRACE_SECONDS for w in written.values())
+
+
+def plan_children(
+    desired: list[dict[str, Any]],
+    actual: dict[Key, dict[str, Any]],
+    written: dict[Key, Written],
+    now: float,
+) -> list[Action]:
+    actions = []
+    for manifest in desired:
+        key = key_of(manifest)
+        live = actual.get(key)
+        if live is not None and (live.get("metadata") or {}).get("deletionTimestamp"):
+            continue  # being deleted; it is recreated once it is gone
+        if in_sync(live, manifest, written.get(key), now):
+            continue
+        if live is None:
+            actions.append(Action("create", manifest, f"{key[0]} {key[1]} does not exist"))
+        else:
+            actions.append(Action("update", manifest, f"{key[0]} {key[1]} differs"))
+    return actions
+
+
+def describe_update(actual: dict[str, Any] | None, desired: dict[str, Any]) -> str:
+    """A short human account of an update: a scale, or the fields that had drifted."""
+    if actual is None:
+        return "created"
+    if desired["kind"] == "Deployment":
+        have = (actual.get("spec") or {}).get("replicas")
+        want = desired["spec"]["replicas"]
+        rest_same = contains(
+            {**actual, "spec": {**actual.get("spec", {}), "replicas": want}}, desired
+        )
+        if have != want and rest_same:
+            return f"scaled from {have} to {want} replicas"
+    drifted = differing_paths(actual, desired)
+    shown = ", ".join(drifted[:3]) + (", ..." if len(drifted) > 3 else "")
+    return f"restored {shown}" if drifted else "restored the desired state"
+
+
+def differing_paths(actual: Any, desired: Any, prefix: str = "") -> list[str]:
+    if isinstance(desired, dict) and isinstance(actual, dict):
+        paths: list[str] = []
+        for key, value in desired.items():
+            child = f"{prefix}.{key}" if prefix else key
+            if key not in actual:
+                paths.append(child)
+            else:
+                paths += differing_paths(actual[key], value, child)
+        return paths
+    return [] if contains(actual, desired) else [prefix or "."]
+
+
+def is_rollout(action: Action, actual: dict[Key, dict[str, Any]]) -> bool:
+    """An update that changes the pod template: the Deployment rolls its pods."""
+    if action.verb != "update" or action.manifest["kind"] != "Deployment":
+        return False
+    live = actual.get(action.key) or {}
+    live_hash = builders.template_hash((live.get("spec") or {}).get("template") or {})
+    return live_hash != builders.template_hash(action.manifest["spec"]["template"])
+
+
+def surge_allowed(
+    spec: crd.AutoGLMDeploymentSpec,
+    desired_hash: str,
+    deployment: dict[str, Any] | None,
+    pods: list[dict[str, Any]],
+) -> bool:
+    """Make-before-break unless a rollout is stuck because the surge pod finds no GPU.
+
+    Then the rollout goes one replica down at a time, and stays so until it completes.
+    """
+    live = [p for p in pods if status_.is_live(p)]
+    outdated = [p for p in live if status_.pod_template_hash(p) != desired_hash]
+    if not outdated:
+        return True
+    current = [p for p in live if status_.pod_template_hash(p) == desired_hash]
+    if any(status_.lacks_gpu(p, spec.gpu_resource_name) for p in current):
+        return False
+    strategy = ((deployment or {}).get("spec") or {}).get("strategy") or {}
+    live_template = ((deployment or {}).get("spec") or {}).get("template") or {}
+    already_fell_back = (strategy.get("rollingUpdate") or {}).get("maxSurge") in (0, "0", "0%")
+    return not (already_fell_back and builders.template_hash(live_template) == desired_hash)
+
+
+def pods_to_label(pods: list[dict[str, Any]]) -> list[str]:
+    """Live pods without a valid mode label: each gets the initial mode."""
+    return sorted(
+        p["metadata"]["name"] for p in pods if status_.is_live(p) and status_.pod_mode(p) is None
+    )

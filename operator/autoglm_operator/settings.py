@@ -1,0 +1,51 @@
+"""The operator's own settings: kopf's configuration and the loop's timing, in one place."""
+
+from __future__ import annotations
+
+import logging
+
+import kopf
+
+from autoglm_operator import builders
+
+# How often each object's loop compares memory with the desired state (no API call unless
+# they differ).
+RECONCILE_INTERVAL_SECONDS = 1.0
+MAX_BACKOFF_SECONDS = 60.0
+ANNOTATION_PREFIX = "autoglm.io"
+FINALIZER = "autoglm.io/operator"
+# Modules whose import registers kopf handlers; a module that is not installed is skipped.
+HANDLER_MODULES = (
+    "autoglm_operator.handlers",
+    "autoglm_operator.adaptive_handlers",
+)
+# Child kinds the operator watches, each filtered server-side to the objects it manages.
+WATCHED_CHILDREN = (
+    ("apps", "deployments"),
+    ("", "services"),
+    ("", "configmaps"),
+    ("", "secrets"),
+    ("policy", "poddisruptionbudgets"),
+    ("", "pods"),
+)
+
+
+def managed_selector() -> str:
+    return f"{builders.MANAGED_BY_LABEL}={builders.MANAGER}"
+
+
+def configure_kopf(settings: kopf.OperatorSettings) -> None:
+    # Progress and the diff base go to annotations under our own prefix; status stays ours.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix=ANNOTATION_PREFIX
+    )
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = FINALIZER
+    # Only warnings become Events by themselves; the loop posts its own, one per change.
+    settings.posting.level = logging.WARNING
+    # Watch only our children: no other Secret or Pod in the cluster reaches the operator.
+    for group, plural in WATCHED_CHILDREN:
+        settings.watching.label_selectors[group, plural] = managed_selector()
+    settings.execution.max_workers = 8

@@ -1,0 +1,277 @@
+"""Pure: the status an AutoGLMDeployment should show, from what the cluster holds.
+
+Inputs are the observed Deployment and pods (plain dicts), the spec, and the status as it is
+now. The result is the part of the status this reconciler owns; it is equal to what is already
+there when nothing changed (lastTransitionTime moves only when a condition's status flips), so
+the caller writes only when `changed` says so. Conditions owned by others (the adaptive loop's
+MetricsAvailable and ModeTransitioning) are neither read nor written here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from autoglm_operator import builders
+from autoglm_operator import spec as crd
+from autoglm_runtime.profiles import MODE_LABEL, Mode
+
+READY = "Ready"
+PROGRESSING = "Progressing"
+DEGRADED = "Degraded"
+OWNED_CONDITIONS = (READY, PROGRESSING, DEGRADED)
+OWNED_FIELDS = (
+    "observedGeneration",
+    "replicas",
+    "readyReplicas",
+    "ready",
+    "streamingReplicas",
+    "batchingReplicas",
+    "selector",
+    "endpoint",
+)
+
+# Container states that will not fix themselves, by the reason the kubelet reports.
+_STUCK_CONTAINER_REASONS = {
+    "CrashLoopBackOff": "CrashLoopBackOff",
+    "ImagePullBackOff": "ImagePullFailed",
+    "ErrImagePull": "ImagePullFailed",
+    "InvalidImageName": "ImagePullFailed",
+    "CreateContainerConfigError": "ContainerConfigError",
+    "CreateContainerError": "ContainerConfigError",
+}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A failure the reconciler itself hit (a missing Secret, an API error)."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class StatusUpdate:
+    status: dict[str, Any]  # the owned fields and the owned conditions only
+    changed: bool
+    flipped: list[dict[str, Any]]  # owned conditions whose status changed, for events
+
+
+# -- pods ------------------------------------------------------------------------------------
+
+
+def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return dict(cond)
+    return None
+
+
+def is_terminating(pod: dict[str, Any]) -> bool:
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def is_live(pod: dict[str, Any]) -> bool:
+    phase = (pod.get("status") or {}).get("phase")
+    return not is_terminating(pod) and phase not in ("Succeeded", "Failed")
+
+
+def is_ready(pod: dict[str, Any]) -> bool:
+    cond = _condition(pod, "Ready")
+    return bool(cond and cond.get("status") == "True")
+
+
+def pod_mode(pod: dict[str, Any]) -> Mode | None:
+    value = ((pod.get("metadata") or {}).get("labels") or {}).get(MODE_LABEL)
+    try:
+        return Mode(str(value))
+    except ValueError:
+        return None
+
+
+def pod_template_hash(pod: dict[str, Any]) -> str | None:
+    value = ((pod.get("metadata") or {}).get("annotations") or {}).get(
+        builders.TEMPLATE_HASH_ANNOTATION
+    )
+    return str(value) if value is not None else None
+
+
+def unschedulable_message(pod: dict[str, Any]) -> str | None:
+    cond = _condition(pod, "PodScheduled")
+    if cond and cond.get("status") == "False" and cond.get("reason") == "Unschedulable":
+        return str(cond.get("message") or "unschedulable")
+    return None
+
+
+def lacks_gpu(pod: dict[str, Any], gpu_resource: str) -> bool:
+    message = unschedulable_message(pod)
+    return message is not None and f"Insufficient {gpu_resource}" in message
+
+
+def _stuck_container(pod: dict[str, Any]) -> tuple[str, str] | None:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        waiting = (status.get("state") or {}).get("waiting") or {}
+        reason = _STUCK_CONTAINER_REASONS.get(waiting.get("reason", ""))
+        if reason:
+            name = pod["metadata"]["name"]
+            return reason, f"pod {name}: {waiting.get('reason')}: {waiting.get('message', '')}"
+    return None
+
+
+# -- conditions ------------------------------------------------------------------------------
+
+
+def _cond(kind: str, status: bool, reason: str, message: str) -> dict[str, Any]:
+    return {
+        "type": kind,
+        "status": "True" if status else "False",
+        "reason": reason,
+        "message": message,
+    }
+
+
+def _degraded(
+    spec: crd.AutoGLMDeploymentSpec,
+    deployment: dict[str, Any] | None,
+    live: list[dict[str, Any]],
+    problem: Problem | None,
+) -> dict[str, Any]:
+    if problem is not None:
+        return _cond(DEGRADED, True, problem.reason, problem.message)
+    pending = [p for p in live if unschedulable_message(p)]
+    short_of_gpu = [p for p in pending if lacks_gpu(p, spec.gpu_resource_name)]
+    if short_of_gpu:
+        names = ", ".join(sorted(p["metadata"]["name"] for p in short_of_gpu))
+        message = unschedulable_message(short_of_gpu[0])
+        return _cond(
+            DEGRADED,
+            True,
+            "InsufficientGPU",
+            f"{len(short_of_gpu)} pod(s) cannot be scheduled for lack of "
+            f"{spec.gpu_resource_name} ({names}): {message}",
+        )
+    if pending:
+        names = ", ".join(sorted(p["metadata"]["name"] for p in pending))
+        return _cond(
+            DEGRADED,
+            True,
+            "Unschedulable",
+            f"{len(pending)} pod(s) cannot be scheduled ({names}): "
+            f"{unschedulable_message(pending[0])}",
+        )
+    for pod in live:
+        stuck = _stuck_container(pod)
+        if stuck:
+            return _cond(DEGRADED, True, stuck[0], stuck[1])
+    progress = _condition(deployment or {}, "Progressing")
+    if progress and progress.get("reason") == "ProgressDeadlineExceeded":
+        return _cond(DEGRADED, True, "ProgressDeadlineExceeded", str(progress.get("message", "")))
+    return _cond(DEGRADED, False, "AsExpected", "No problems observed.")
+
+
+def _progressing(
+    generation: int,
+    desired: int,
+    desired_hash: str,
+    deployment: dict[str, Any] | None,
+    live: list[dict[str, Any]],
+    ready: int,
+) -> dict[str, Any]:
+    if deployment is None:
+        return _cond(PROGRESSING, True, "Creating", "Creating the Deployment.")
+    updated = [p for p in live if pod_template_hash(p) == desired_hash]
+    outdated = len(live) - len(updated)
+    dep_status = deployment.get("status") or {}
+    dep_generation = (deployment.get("metadata") or {}).get("generation")
+    if dep_generation is not None and dep_status.get("observedGeneration", 0) < dep_generation:
+        return _cond(PROGRESSING, True, "RollingOut", "The Deployment controller is catching up.")
+    if outdated:
+        return _cond(
+            PROGRESSING,
+            True,
+            "RollingOut",
+            f"{len(updated)} of {desired} replicas run the current engine settings; "
+            f"{outdated} old replica(s) remain.",
+        )
+    if len(live) < desired:
+        return _cond(PROGRESSING, True, "ScalingUp", f"{len(live)} of {desired} replicas exist.")
+    if len(live) > desired:
+        return _cond(
+            PROGRESSING, True, "ScalingDown", f"{len(live)} replicas exist, {desired} wanted."
+        )
+    if ready < desired:
+        return _cond(
+            PROGRESSING, True, "ReplicasStarting", f"{ready} of {desired} replicas are ready."
+        )
+    return _cond(
+        PROGRESSING, False, "RolloutComplete", f"All {desired} replicas are current and ready."
+    )
+
+
+def _ready(
+    desired: int, ready: int, degraded: dict[str, Any], problem: Problem | None
+) -> dict[str, Any]:
+    if problem is not None:
+        return _cond(READY, False, problem.reason, problem.message)
+    if desired == 0:
+        return _cond(READY, True, "ScaledToZero", "No replicas requested.")
+    if ready >= desired:
+        return _cond(READY, True, "AllReplicasReady", f"{ready}/{desired} replicas are ready.")
+    reason = degraded["reason"] if degraded["status"] == "True" else "ReplicasNotReady"
+    return _cond(READY, False, reason, f"{ready}/{desired} replicas are ready.")
+
+
+# -- the whole -------------------------------------------------------------------------------
+
+
+def compute(
+    *,
+    name: str,
+    namespace: str,
+    generation: int,
+    spec: crd.AutoGLMDeploymentSpec,
+    deployment: dict[str, Any] | None,
+    pods: list[dict[str, Any]],
+    current: dict[str, Any] | None,
+    now: str,
+    problem: Problem | None = None,
+) -> StatusUpdate:
+    """The owned part of the status; `changed` is False when `current` already says it all."""
+    current = current or {}
+    live = [p for p in pods if is_live(p)]
+    ready = sum(1 for p in live if is_ready(p))
+    desired = spec.replicas
+    desired_hash = builders.template_hash(builders.pod_template(name, spec)) or ""
+
+    degraded = _degraded(spec, deployment, live, problem)
+    conditions = [
+        _ready(desired, ready, degraded, problem),
+        _progressing(generation, desired, desired_hash, deployment, live, ready),
+        degraded,
+    ]
+    previous = {c.get("type"): c for c in current.get("conditions") or []}
+    flipped = []
+    for cond in conditions:
+        cond["observedGeneration"] = generation
+        before = previous.get(cond["type"])
+        if before is not None and before.get("status") == cond["status"]:
+            cond["lastTransitionTime"] = before.get("lastTransitionTime") or now
+        else:
+            cond["lastTransitionTime"] = now
+            flipped.append(cond)
+
+    status: dict[str, Any] = {
+        "observedGeneration": generation,
+        "replicas": len(live),
+        "readyReplicas": ready,
+        "ready": f"{ready}/{desired}",
+        "streamingReplicas": sum(1 for p in live if pod_mode(p) is Mode.STREAMING),
+        "batchingReplicas": sum(1 for p in live if pod_mode(p) is Mode.BATCHING),
+        "selector": builders.selector_string(name),
+        "endpoint": builders.endpoint_url(name, namespace, spec),
+    }
+    changed = any(current.get(k) != v for k, v in status.items()) or any(
+        previous.get(c["type"]) != c for c in conditions
+    )
+    status["conditions"] = conditions
+    return StatusUpdate(status=status, changed=changed, flipped=flipped)

@@ -1,0 +1,637 @@
+"""The operator on the real control plane with kwok GPU nodes.
+
+Each test runs `autoglm-operator run --namespace <ns>` as a real subprocess (through a small
+wrapper that logs every request it sends to the apiserver) and asserts on the API objects.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlparse
+
+import pytest
+import yaml
+
+from localcluster import LocalCluster, free_port
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = yaml.safe_load((REPO / "examples" / "autoglm.yaml").read_text())
+NAME = EXAMPLE["metadata"]["name"]
+HASH_ANNOTATION = "autoglm.io/template-hash"
+MODE_LABEL = "autoglm.io/mode"
+INSTANCE = f"app.kubernetes.io/instance={NAME}"
+
+# Runs the console script's main() after wrapping both HTTP stacks the operator uses (kopf's
+# aiohttp, the kubernetes client's urllib3) so each request is logged with its time.
+COUNTING_WRAPPER = r"""
+import json, sys, time
+import aiohttp, urllib3
+log = open(sys.argv[1], "a", buffering=1)
+def note(client, method, url):
+    row = {"t": time.time(), "client": client, "method": str(method).upper(), "url": str(url)}
+    log.write(json.dumps(row) + "\n")
+aio_request = aiohttp.ClientSession._request
+async def _request(self, method, url, *args, **kwargs):
+    params = kwargs.get("params")
+    note("kopf", method, f"{url}?{params}" if params else url)
+    return await aio_request(self, method, url, *args, **kwargs)
+aiohttp.ClientSession._request = _request
+pool_urlopen = urllib3.PoolManager.urlopen
+def urlopen(self, method, url, *args, **kwargs):
+    agent = (kwargs.get("headers") or {}).get("User-Agent", "")
+    note(agent if agent.startswith("autoglm-operator") else "kubernetes-client", method, url)
+    return pool_urlopen(self, method, url, *args, **kwargs)
+urllib3.PoolManager.urlopen = urlopen
+from autoglm_operator.cli import main
+main(sys.argv[2:])
+"""
+
+T = TypeVar("T")
+
+
+def wait_for(
+    what: str, probe: Callable[[], T | None], timeout: float = 60, every: float = 0.5
+) -> T:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = probe()
+        except subprocess.CalledProcessError as err:
+            last = err.stderr
+        if last:
+            return last  # type: ignore[no-any-return]
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+@dataclass
+class Operator:
+    cluster: LocalCluster
+    namespace: str
+    workdir: Path
+    args: list[str] = field(default_factory=list)
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    @property
+    def calls_file(self) -> Path:
+        return self.workdir / "api-calls.jsonl"
+
+    @property
+    def log_file(self) -> Path:
+        return self.workdir / f"operator-{self.starts}.log"
+
+    def start(self, *extra: str) -> Operator:
+        self.starts += 1
+        wrapper = self.workdir / "run_counted.py"
+        wrapper.write_text(COUNTING_WRAPPER)
+        argv = ["run", "--namespace", self.namespace, "--lease-seconds", "15", *self.args, *extra]
+        self.proc = subprocess.Popen(
+            [sys.executable, str(wrapper), str(self.calls_file), *argv],
+            env={**self.cluster.env, "PYTHONUNBUFFERED": "1"},
+            stdout=self.log_file.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, sig)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def logs(self) -> str:
+        return "\n".join(
+            p.read_text(errors="replace") for p in sorted(self.workdir.glob("operator-*.log"))
+        )
+
+    def calls(self, since: float, until: float) -> list[dict[str, Any]]:
+        """Requests the operator sent to the apiserver in [since, until)."""
+        if not self.calls_file.exists():
+            return []
+        api = urlparse(self.cluster.server).netloc
+        rows = [json.loads(line) for line in self.calls_file.read_text().splitlines() if line]
+        return [r for r in rows if since <= r["t"] < until and api in r["url"]]
+
+
+@pytest.fixture
+def operator(cluster: LocalCluster, crd: str, namespace: str, tmp_path: Path) -> Iterator[Operator]:
+    op = Operator(cluster, namespace, tmp_path).start()
+    yield op
+    # Delete our objects while the operator still runs, so its finalizer comes off.
+    t0 = time.monotonic()
+    cluster.kubectl(
+        "delete", "agd", "--all", "-n", namespace, "--wait=true", "--timeout=30s", check=False
+    )
+    t1 = time.monotonic()
+    op.stop()
+    print(f"teardown: delete {t1 - t0:.1f}s, stop {time.monotonic() - t1:.1f}s")
+    if op.proc is not None and op.proc.returncode not in (0, -signal.SIGTERM, -signal.SIGKILL):
+        print(op.logs())
+    print(op.logs()[-4000:])
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def agd_object(**spec: Any) -> dict[str, Any]:
+    obj = json.loads(json.dumps(EXAMPLE))
+    obj["spec"].update(spec)
+    return obj
+
+
+def get(cluster: LocalCluster, ns: str, *what: str) -> dict[str, Any]:
+    return cluster.get_json(*what, "-n", ns)
+
+
+def status(cluster: LocalCluster, ns: str) -> dict[str, Any]:
+    return get(cluster, ns, "agd", NAME).get("status") or {}
+
+
+def condition(st: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in st.get("conditions") or [] if c["type"] == kind), {})
+
+
+def live_pods(cluster: LocalCluster, ns: str) -> list[dict[str, Any]]:
+    items = get(cluster, ns, "pods", "-l", INSTANCE)["items"]
+    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+
+def ready_as(cluster: LocalCluster, ns: str, ready: str) -> Callable[[], dict[str, Any] | None]:
+    """A probe: the status once it says Ready=True, `ready` replicas, rollout settled."""
+
+    def probe() -> dict[str, Any] | None:
+        st = status(cluster, ns)
+        settled = (
+            st.get("ready") == ready
+            and condition(st, "Ready").get("status") == "True"
+            and condition(st, "Progressing").get("status") == "False"
+            and len(live_pods(cluster, ns)) == int(ready.split("/")[1])
+            # every pod labelled with a mode
+            and st.get("streamingReplicas", 0) + st.get("batchingReplicas", 0) == st.get("replicas")
+        )
+        return st if settled else None
+
+    return probe
+
+
+def deploy(cluster: LocalCluster, ns: str, obj: dict[str, Any], ready: str) -> dict[str, Any]:
+    cluster.apply(obj, namespace=ns)
+    return wait_for(f"status {ready} Ready", ready_as(cluster, ns, ready), timeout=60)
+
+
+def patch_agd(cluster: LocalCluster, ns: str, patch: dict[str, Any]) -> None:
+    cluster.kubectl("patch", "agd", NAME, "-n", ns, "--type=merge", "-p", json.dumps(patch))
+
+
+def events(cluster: LocalCluster, ns: str) -> list[dict[str, Any]]:
+    return get(cluster, ns, "events", "--field-selector", f"involvedObject.name={NAME}")["items"]
+
+
+OPERATOR_RESOURCES = {
+    "autoglmdeployments", "deployments", "services", "configmaps", "secrets",
+    "poddisruptionbudgets", "pods", "events",
+}  # fmt: skip
+
+
+def apiserver_requests(cluster: LocalCluster) -> dict[tuple[str, str], float]:
+    """apiserver_request_total by (resource, verb), for the kinds the operator touches."""
+    totals: dict[tuple[str, str], float] = {}
+    for line in cluster.kubectl("get", "--raw", "/metrics").stdout.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels = dict(
+            part.split("=", 1) for part in line[line.index("{") + 1 : line.rindex("}")].split(",")
+        )
+        resource, verb = labels.get("resource", "").strip('"'), labels.get("verb", "").strip('"')
+        if resource in OPERATOR_RESOURCES and verb != "WATCH":
+            key = (resource, verb)
+            totals[key] = totals.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def admin_token(cluster: LocalCluster, ns: str) -> str:
+    data = get(cluster, ns, "secret", f"{NAME}-admin")["data"]["token"]
+    return base64.b64decode(data).decode()
+
+
+# -- the tests -------------------------------------------------------------------------------
+
+
+def test_example_yields_two_ready_gpu_pods_and_a_ready_status(
+    cluster: LocalCluster, namespace: str, operator: Operator
+) -> None:
+    started = time.monotonic()
+    st = deploy(cluster, namespace, EXAMPLE, "2/2")
+    elapsed = time.monotonic() - started
+    print(f"example applied -> Ready 2/2 in {elapsed:.1f}s")
+    assert elapsed < 30
+
+    assert (st["replicas"], st["readyReplicas"], st["streamingReplicas"]) == (2, 2, 2)
+    assert st["endpoint"] == f"http://{NAME}.{namespace}.svc:8000/v1"
+    assert (
+        st["observedGeneration"] == get(cluster, namespace, "agd", NAME)["metadata"]["generation"]
+    )
+    assert condition(st, "Degraded")["status"] == "False"
+
+    nodes = {n["metadata"]["name"]: n for n in cluster.get_json("nodes")["items"]}
+    for pod in live_pods(cluster, namespace):
+        assert (
+            nodes[pod["spec"]["nodeName"]]["metadata"]["annotations"]["kwok.x-k8s.io/node"]
+            == "fake"
+        )
+        (container,) = pod["spec"]["containers"]
+        assert container["resources"]["requests"]["nvidia.com/gpu"] == "2"
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
+        assert "--tensor-parallel-size" in container["args"]
+        assert pod["metadata"]["labels"][MODE_LABEL] == "streaming"
+        ready = next(c for c in pod["status"]["conditions"] if c["type"] == "Ready")
+        assert ready["status"] == "True"
+
+    table = cluster.kubectl("get", "agd", "-n", namespace).stdout
+    print(table)
+    header, row = table.splitlines()[:2]
+    assert header.split()[:5] == ["NAME", "READY", "STREAMING", "BATCHING", "POLICY"]
+    assert row.split()[:5] == [NAME, "2/2", "2", "0", "Adaptive"]
+
+    uid = get(cluster, namespace, "agd", NAME)["metadata"]["uid"]
+    for kind, name in [
+        ("deployment", NAME),
+        ("service", NAME),
+        ("service", f"{NAME}-streaming"),
+        ("service", f"{NAME}-batching"),
+        ("pdb", NAME),
+        ("configmap", f"{NAME}-config"),
+        ("secret", f"{NAME}-admin"),
+    ]:
+        refs = get(cluster, namespace, kind, name)["metadata"]["ownerReferences"]
+        assert [(r["uid"], r["controller"]) for r in refs] == [(uid, True)], (kind, name)
+    reasons = {e["reason"] for e in events(cluster, namespace)}
+    assert "Created" in reasons
+
+
+def test_scale_up_down_and_delete_cascades(
+    cluster: LocalCluster, namespace: str, operator: Operator
+) -> None:
+    deploy(cluster, namespace, EXAMPLE, "2/2")
+    before = {p["metadata"]["name"] for p in live_pods(cluster, namespace)}
+
+    cluster.kubectl("scale", "agd", NAME, "-n", namespace, "--replicas=3")
+    wait_for("3/3", ready_as(cluster, namespace, "3/3"))
+    after = {p["metadata"]["name"] for p in live_pods(cluster, namespace)}
+    assert before < after and len(after) == 3  # one more, none replaced
+
+    cluster.kubectl("scale", "agd", NAME, "-n", namespace, "--replicas=1")
+    wait_for("1/1", ready_as(cluster, namespace, "1/1"))
+    assert get(cluster, namespace, "deployment", NAME)["spec"]["replicas"] == 1
+
+    cluster.kubectl("delete", "agd", NAME, "-n", namespace, "--timeout=30s")
+
+    def all_gone() -> bool:
+        left = cluster.kubectl(
+            "get", "deploy,rs,pods,svc,pdb,cm,secret", "-n", namespace, "-l", INSTANCE, "-o", "name"
+        ).stdout.split()
+        return not left
+
+    wait_for("every child deleted", all_gone, timeout=60)
+
+
+def test_insufficient_gpu_is_reported_and_heals_when_a_node_is_added(
+    cluster: LocalCluster, namespace: str, operator: Operator
+) -> None:
+    pool = {"autoglm.io/test-pool": namespace}
+    obj = agd_object(gpusPerReplica=4, scheduling={"nodeSelector": pool})
+    nodes = [f"{namespace}-gpu-a", f"{namespace}-gpu-b"]
+    try:
+        cluster.add_gpu_node(nodes[0], gpus=4, labels=pool)
+        cluster.apply(obj, namespace=namespace)
+
+        def degraded() -> dict[str, Any] | None:
+            cond = condition(status(cluster, namespace), "Degraded")
+            return cond if cond.get("reason") == "InsufficientGPU" else None
+
+        cond = wait_for("Degraded/InsufficientGPU", degraded)
+        print(cond["message"])
+        assert cond["status"] == "True"
+        assert "Insufficient nvidia.com/gpu" in cond["message"]
+        st = status(cluster, namespace)
+        assert st["ready"] == "1/2"
+        assert condition(st, "Ready")["status"] == "False"
+        warnings = [e for e in events(cluster, namespace) if e["type"] == "Warning"]
+        assert any(e["reason"] == "InsufficientGPU" for e in warnings)
+
+        cluster.add_gpu_node(nodes[1], gpus=4, labels=pool)
+        st = wait_for("healed to 2/2", ready_as(cluster, namespace, "2/2"))
+        assert condition(st, "Degraded")["status"] == "False"
+    finally:
+        cluster.kubectl("delete", "agd", NAME, "-n", namespace, "--timeout=30s", check=False)
+        for node in nodes:
+            cluster.delete_node(node)
+
+
+def test_drift_is_repaired(cluster: LocalCluster, namespace: str, operator: Operator) -> None:
+    deploy(cluster, namespace, EXAMPLE, "2/2")
+    token = admin_token(cluster, namespace)
+    svc_uid = get(cluster, namespace, "service", f"{NAME}-streaming")["metadata"]["uid"]
+    want_args = get(cluster, namespace, "deployment", NAME)["spec"]["template"]["spec"][
+        "containers"
+    ][0]["args"]
+
+    cluster.kubectl("delete", "service", f"{NAME}-streaming", "-n", namespace)
+    cluster.kubectl("delete", "configmap", f"{NAME}-config", "-n", namespace)
+    hand_edit = [
+        {"op": "replace", "path": "/spec/template/spec/containers/0/args/1", "value": "edited"},
+        {"op": "replace", "path": "/spec/replicas", "value": 4},
+    ]
+    cluster.kubectl(
+        "patch", "deployment", NAME, "-n", namespace, "--type=json", "-p", json.dumps(hand_edit)
+    )
+
+    def repaired() -> bool:
+        svc = cluster.kubectl("get", "service", f"{NAME}-streaming", "-n", namespace, check=False)
+        cm = cluster.kubectl("get", "configmap", f"{NAME}-config", "-n", namespace, check=False)
+        dep = get(cluster, namespace, "deployment", NAME)["spec"]
+        return (
+            svc.returncode == 0
+            and cm.returncode == 0
+            and dep["replicas"] == 2
+            and dep["template"]["spec"]["containers"][0]["args"] == want_args
+        )
+
+    wait_for("drift repaired", repaired, timeout=30)
+    assert get(cluster, namespace, "service", f"{NAME}-streaming")["metadata"]["uid"] != svc_uid
+    wait_for("back to 2/2", ready_as(cluster, namespace, "2/2"))
+    # The admin token is generated once, not on every pass.
+    assert admin_token(cluster, namespace) == token
+    assert any(e["reason"] == "Updated" for e in events(cluster, namespace))
+
+
+def test_mode_label_flip_restarts_nothing_and_engine_change_rolls(
+    cluster: LocalCluster, namespace: str, operator: Operator
+) -> None:
+    obj = agd_object(adaptive={"paused": True})
+    deploy(cluster, namespace, obj, "2/2")
+    pods = live_pods(cluster, namespace)
+    uids = {p["metadata"]["uid"] for p in pods}
+    old_hash = pods[0]["metadata"]["annotations"][HASH_ANNOTATION]
+    replicasets = get(cluster, namespace, "rs", "-l", INSTANCE)["items"]
+    assert len(replicasets) == 1
+
+    # A flip, as the adaptive loop does it: the pod's label.
+    flipped = pods[0]["metadata"]["name"]
+    cluster.kubectl(
+        "label", "pod", flipped, "-n", namespace, f"{MODE_LABEL}=batching", "--overwrite"
+    )
+    wait_for("batchingReplicas 1", lambda: status(cluster, namespace).get("batchingReplicas") == 1)
+    # A live profile change: the ConfigMap changes, the pods do not.
+    patch_agd(cluster, namespace, {"spec": {"profiles": {"streaming": {"maxConcurrency": 4}}}})
+    wait_for(
+        "ConfigMap updated",
+        lambda: (
+            '"maxConcurrency": 4'
+            in get(cluster, namespace, "configmap", f"{NAME}-config")["data"]["config.json"]
+        ),
+    )
+    time.sleep(3)
+    assert {p["metadata"]["uid"] for p in live_pods(cluster, namespace)} == uids
+    assert len(get(cluster, namespace, "rs", "-l", INSTANCE)["items"]) == 1
+    assert get(cluster, namespace, "pod", flipped)["metadata"]["labels"][MODE_LABEL] == "batching"
+
+    # An engine setting: the Deployment rolls to new pods with the new flag.
+    patch_agd(cluster, namespace, {"spec": {"maxModelLen": 4096}})
+
+    def rolled() -> bool:
+        now = live_pods(cluster, namespace)
+        return (
+            len(now) == 2
+            and not {p["metadata"]["uid"] for p in now} & uids
+            and all(p["metadata"]["annotations"][HASH_ANNOTATION] != old_hash for p in now)
+        )
+
+    wait_for("rolled to new pods", rolled, timeout=60)
+    st = wait_for("2/2 after the rollout", ready_as(cluster, namespace, "2/2"))
+    assert (
+        st["observedGeneration"] == get(cluster, namespace, "agd", NAME)["metadata"]["generation"]
+    )
+    for pod in live_pods(cluster, namespace):
+        args = pod["spec"]["containers"][0]["args"]
+        assert args[args.index("--max-model-len") + 1] == "4096"
+        assert pod["metadata"]["labels"][MODE_LABEL] == "streaming"  # a new pod starts streaming
+    assert any(e["reason"] == "RollingOut" for e in events(cluster, namespace))
+
+
+def test_operator_restart_in_the_middle_of_a_rollout_converges(
+    cluster: LocalCluster, namespace: str, operator: Operator
+) -> None:
+    deploy(cluster, namespace, agd_object(adaptive={"paused": True}), "2/2")
+    old_hash = live_pods(cluster, namespace)[0]["metadata"]["annotations"][HASH_ANNOTATION]
+    patch_agd(cluster, namespace, {"spec": {"engine": {"gpuMemoryUtilizationPercent": 85}}})
+
+    def template_changed() -> bool:
+        dep = get(cluster, namespace, "deployment", NAME)
+        return bool(dep["spec"]["template"]["metadata"]["annotations"][HASH_ANNOTATION] != old_hash)
+
+    wait_for("the operator started the rollout", template_changed, timeout=30, every=0.1)
+    operator.stop(signal.SIGKILL)  # no clean exit: the Lease stays held until it expires
+    pods = live_pods(cluster, namespace)
+    print("pods at the kill:", [p["metadata"]["annotations"][HASH_ANNOTATION] for p in pods])
+    # While it is down, more changes land: a scale and a deleted Service.
+    cluster.kubectl("scale", "agd", NAME, "-n", namespace, "--replicas=3")
+    cluster.kubectl("delete", "service", NAME, "-n", namespace)
+
+    operator.start()
+    st = wait_for("converged at 3/3", ready_as(cluster, namespace, "3/3"), timeout=90)
+    hashes = {p["metadata"]["annotations"][HASH_ANNOTATION] for p in live_pods(cluster, namespace)}
+    assert len(hashes) == 1 and old_hash not in hashes
+    assert cluster.kubectl("get", "service", NAME, "-n", namespace).returncode == 0
+    assert (
+        st["observedGeneration"] == get(cluster, namespace, "agd", NAME)["metadata"]["generation"]
+    )
+
+
+def test_missing_api_key_secret_is_permanent_until_the_spec_changes(
+    cluster: LocalCluster, namespace: str, operator: Operator
+) -> None:
+    obj = agd_object(apiKeySecretRef={"name": "client-keys", "key": "api-key"})
+    cluster.apply(obj, namespace=namespace)
+
+    def blocked() -> dict[str, Any] | None:
+        cond = condition(status(cluster, namespace), "Degraded")
+        return cond if cond.get("reason") == "SecretNotFound" else None
+
+    cond = wait_for("Degraded/SecretNotFound", blocked)
+    assert "client-keys" in cond["message"]
+    assert condition(status(cluster, namespace), "Ready")["status"] == "False"
+    absent = cluster.kubectl("get", "deployment", NAME, "-n", namespace, check=False)
+    assert absent.returncode != 0
+    assert any(e["reason"] == "SecretNotFound" for e in events(cluster, namespace))
+
+    # The Secret alone does not retry (permanent); a spec change does.
+    cluster.kubectl(
+        "create", "secret", "generic", "client-keys", "-n", namespace, "--from-literal=api-key=k1"
+    )
+    time.sleep(3)
+    assert cluster.kubectl("get", "deployment", NAME, "-n", namespace, check=False).returncode != 0
+    patch_agd(cluster, namespace, {"spec": {"service": {"annotations": {"retry": "1"}}}})
+    wait_for("2/2 once the Secret is there", ready_as(cluster, namespace, "2/2"))
+    env = get(cluster, namespace, "deployment", NAME)["spec"]["template"]["spec"]["containers"][0][
+        "env"
+    ]
+    assert {
+        "name": "VLLM_API_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "client-keys", "key": "api-key"}},
+    } in env
+
+
+def test_a_quiet_minute_costs_no_api_calls(
+    cluster: LocalCluster, namespace: str, operator: Operator
+) -> None:
+    deploy(cluster, namespace, agd_object(adaptive={"paused": True}), "2/2")
+    time.sleep(15)  # let the last writes come back through the watches
+    before = apiserver_requests(cluster)
+    start = time.time()
+    time.sleep(60)
+    calls = operator.calls(start, time.time())
+    seen = apiserver_requests(cluster)
+    delta = {k: v - before.get(k, 0) for k, v in seen.items() if v - before.get(k, 0) > 0}
+    # The apiserver's own count for the kinds the operator touches (every client, not only it).
+    print(
+        "apiserver_request_total deltas:",
+        json.dumps({f"{r} {v}": n for (r, v), n in delta.items()}),
+    )
+    leases = [c for c in calls if "/leases/" in c["url"]]
+    # kopf re-opens a watch that brought no event (not even a bookmark) for 70 s: a stream, not
+    # a poll; the cluster-wide CRD and namespace watches it keeps for discovery do that.
+    rewatches = [c for c in calls if "watch=true" in c["url"]]
+    others = [c for c in calls if c not in leases and c not in rewatches]
+    print(
+        f"quiet minute: {len(calls)} API calls: {len(leases)} Lease renewals, "
+        f"{len(rewatches)} watch re-opens, {len(others)} others"
+    )
+    for call in [*rewatches, *others]:
+        print("  ", call["client"], call["method"], call["url"])
+    mine = [c for c in others if c["client"] in ("kopf", "autoglm-operator/reconciler")]
+    assert mine == [], "the reconciler (or kopf) made calls in a quiet minute"
+    assert others == [], "the operator process made calls in a quiet minute (see the list)"
+    assert len(rewatches) <= 4
+    # Leader election renews every lease-seconds/3 (5 s with the 15 s Lease here): 12 a
+    # minute, each one PUT (6 a minute with the default 30 s Lease).
+    assert len(leases) <= 13 and all(c["method"] == "PUT" for c in leases)
+
+
+def test_two_replicas_never_fight_and_a_standby_takes_over(
+    cluster: LocalCluster, namespace: str, operator: Operator, tmp_path: Path
+) -> None:
+    wait_for("leader", lambda: "Acquired leadership" in operator.logs(), timeout=30)
+    standby_dir = tmp_path / "standby"
+    standby_dir.mkdir()
+    health = f"http://127.0.0.1:{free_port()}/healthz"
+    standby = Operator(cluster, namespace, standby_dir).start("--liveness", health)
+    try:
+        deploy(cluster, namespace, EXAMPLE, "2/2")
+        time.sleep(2)
+        assert "Acquired leadership" not in standby.logs()
+        assert "Waiting for Lease" in standby.logs()
+        assert not [c for c in standby.calls(0, time.time()) if "/leases/" not in c["url"]]
+        # A waiting replica is alive: its liveness endpoint answers before kopf runs.
+        assert wait_for("standby liveness", lambda: http_ok(health), timeout=10)
+
+        operator.stop()  # a clean exit releases the Lease
+        wait_for("standby leads", lambda: "Acquired leadership" in standby.logs(), timeout=30)
+        assert wait_for("leader liveness (kopf)", lambda: http_ok(health), timeout=20)
+        cluster.kubectl("delete", "service", f"{NAME}-batching", "-n", namespace)
+        wait_for(
+            "the new leader repairs",
+            lambda: (
+                cluster.kubectl(
+                    "get", "service", f"{NAME}-batching", "-n", namespace, check=False
+                ).returncode
+                == 0
+            ),
+            timeout=30,
+        )
+    finally:
+        cluster.kubectl("delete", "agd", "--all", "-n", namespace, "--timeout=30s", check=False)
+        standby.stop()
+        print(standby.logs()[-3000:])
+
+
+def test_an_object_the_apiserver_rejects_is_reported_until_the_spec_changes(
+    cluster: LocalCluster, namespace: str, operator: Operator
+) -> None:
+    bad = agd_object(scheduling={"nodeSelector": {"pool": "not a label value!"}})
+    cluster.apply(bad, namespace=namespace)
+
+    def rejected() -> dict[str, Any] | None:
+        cond = condition(status(cluster, namespace), "Degraded")
+        return cond if cond.get("reason") == "ReconcileRejected" else None
+
+    cond = wait_for("Degraded/ReconcileRejected", rejected)
+    print(cond["message"])
+    assert "422" in cond["message"] and "nodeSelector" in cond["message"]
+    calls_before = len(operator.calls(0, time.time()))
+    time.sleep(5)
+    # Permanent: no retry loop against the apiserver while the spec stays as it is.
+    assert len(operator.calls(0, time.time())) - calls_before <= 2  # a Lease renewal at most
+    patch_agd(cluster, namespace, {"spec": {"scheduling": {"nodeSelector": None}}})
+    wait_for("2/2 after the fix", ready_as(cluster, namespace, "2/2"))
+
+
+def test_a_rollout_on_a_full_cluster_goes_one_down_at_a_time(
+    cluster: LocalCluster, namespace: str, operator: Operator
+) -> None:
+    pool = {"autoglm.io/test-pool": namespace}
+    node = f"{namespace}-gpu-full"
+    obj = agd_object(scheduling={"nodeSelector": pool}, adaptive={"paused": True})
+    try:
+        cluster.add_gpu_node(node, gpus=4, labels=pool)  # room for exactly 2 replicas
+        deploy(cluster, namespace, obj, "2/2")
+        strategy = get(cluster, namespace, "deployment", NAME)["spec"]["strategy"]
+        assert strategy["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+        old = {p["metadata"]["uid"] for p in live_pods(cluster, namespace)}
+
+        patch_agd(cluster, namespace, {"spec": {"maxModelLen": 1024}})
+
+        def fell_back() -> bool:
+            rolling = get(cluster, namespace, "deployment", NAME)["spec"]["strategy"]
+            return bool(rolling["rollingUpdate"]["maxSurge"] == 0)
+
+        wait_for("the surge pod found no GPU and the strategy fell back", fell_back)
+        wait_for(
+            "every pod replaced",
+            lambda: not {p["metadata"]["uid"] for p in live_pods(cluster, namespace)} & old,
+            timeout=60,
+        )
+        wait_for("2/2 after the rollout", ready_as(cluster, namespace, "2/2"))
+        # Settled: back to make-before-break for the next rollout.
+        wait_for("surge restored", lambda: not fell_back())
+    finally:
+        cluster.kubectl("delete", "agd", NAME, "-n", namespace, "--timeout=30s", check=False)
+        cluster.delete_node(node)

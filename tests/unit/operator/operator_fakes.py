@@ -1,0 +1,67 @@
+"""An in-memory stand-in for autoglm_operator.kube.Kube: objects, resourceVersions, conflicts."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from typing import Any
+
+from autoglm_operator import kube
+
+
+class FakeKube:
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.calls: list[tuple[str, str, str]] = []
+        self._rv = itertools.count(1)
+        self.fail_with: kube.ApiError | None = None
+
+    def _check(self, verb: str, kind: str, name: str) -> None:
+        self.calls.append((verb, kind, name))
+        if self.fail_with is not None:
+            raise self.fail_with
+
+    def _store(self, obj: dict[str, Any]) -> dict[str, Any]:
+        obj = copy.deepcopy(obj)
+        obj["metadata"]["resourceVersion"] = str(next(self._rv))
+        meta = obj["metadata"]
+        self.objects[(obj["kind"], meta["namespace"], meta["name"])] = obj
+        return copy.deepcopy(obj)
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        self._check("get", kind, name)
+        obj = self.objects.get((kind, namespace, name))
+        return copy.deepcopy(obj) if obj else None
+
+    def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        self._check("apply", manifest["kind"], manifest["metadata"]["name"])
+        return self._store(manifest)
+
+    def create(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        meta = manifest["metadata"]
+        self._check("create", manifest["kind"], meta["name"])
+        if (manifest["kind"], meta["namespace"], meta["name"]) in self.objects:
+            return None
+        return self._store(manifest)
+
+    def replace(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        meta = manifest["metadata"]
+        self._check("replace", manifest["kind"], meta["name"])
+        current = self.objects.get((manifest["kind"], meta["namespace"], meta["name"]))
+        if current is None:
+            raise kube.ApiError(404, "NotFound", "gone")
+        if meta.get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            raise kube.ApiError(409, "Conflict", "the object has been modified")
+        return self._store(manifest)
+
+    def merge_patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> Any:
+        self._check("merge_patch", kind, name)
+        current = self.objects.get((kind, namespace, name))
+        if current is None:
+            return None
+        current["metadata"].setdefault("labels", {}).update(patch["metadata"]["labels"])
+        return self._store(current)
+
+    def apply_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        self._check("apply_status", "AutoGLMDeployment", name)
+        return {"metadata": {"resourceVersion": str(next(self._rv))}, "status": status}

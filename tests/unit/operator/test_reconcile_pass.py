@@ -1,0 +1,199 @@
+"""One reconcile pass against an in-memory apiserver: what it writes, and that a second pass
+over the result writes nothing."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+from operator_fakes import FakeKube
+from prometheus_client import REGISTRY
+
+from autoglm_operator import builders, handlers, kube, plan
+
+NS, NAME, UID = "serving", "phone-9b", "uid-1"
+
+
+@pytest.fixture(autouse=True)
+def recorded_events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    seen: list[tuple[str, str]] = []
+    monkeypatch.setattr(
+        kube,
+        "event",
+        lambda body, *, warning=False, reason, message: seen.append((reason, message)),
+    )
+    return seen
+
+
+def body(
+    spec: dict[str, Any], generation: int = 1, status: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "autoglm.io/v1alpha1",
+        "kind": "AutoGLMDeployment",
+        "metadata": {
+            "name": NAME,
+            "namespace": NS,
+            "uid": UID,
+            "generation": generation,
+            "resourceVersion": "1",
+        },
+        "spec": spec,
+        "status": status or {},
+    }
+
+
+def observed(
+    api: FakeKube, agd: dict[str, Any], pods: list[dict[str, Any]] | None = None
+) -> handlers.Observed:
+    """What the indexes would hold, built from the fake apiserver's objects."""
+    children: dict[plan.Key, dict[str, Any]] = {}
+    secret = None
+    for (kind, _ns, name), obj in api.objects.items():
+        if kind == "Secret":
+            secret = {
+                "kind": "Secret",
+                "metadata": obj["metadata"],
+                "hasToken": bool(obj["data"].get("token")),
+            }
+        elif kind != "Pod":
+            children[(kind, name)] = json.loads(json.dumps(obj))
+    return handlers.Observed(
+        body=agd,
+        deployment=children.get(("Deployment", NAME)),
+        children=children,
+        secret=secret,
+        pods=pods or [],
+    )
+
+
+def writes(api: FakeKube) -> list[tuple[str, str, str]]:
+    return [c for c in api.calls if c[0] != "get"]
+
+
+async def run_pass(
+    api: FakeKube, agd: dict[str, Any], state: handlers.LoopState, pods: Any = None
+) -> Any:
+    reconciler = handlers.Reconciler(api, logging.getLogger("test"))  # type: ignore[arg-type]
+    obs = observed(api, agd, pods)
+    await reconciler.pass_once(agd, obs, state)  # type: ignore[arg-type]
+    return obs
+
+
+async def test_first_pass_creates_everything_and_the_next_writes_nothing() -> None:
+    api, state = FakeKube(), handlers.LoopState()
+    agd = body({"replicas": 2})
+    await run_pass(api, agd, state)
+    assert sorted(writes(api)) == sorted(
+        [
+            ("apply", "ConfigMap", f"{NAME}-config"),
+            ("apply", "Deployment", NAME),
+            ("apply", "Service", NAME),
+            ("apply", "Service", f"{NAME}-streaming"),
+            ("apply", "Service", f"{NAME}-batching"),
+            ("apply", "PodDisruptionBudget", NAME),
+            ("create", "Secret", f"{NAME}-admin"),
+            ("apply_status", "AutoGLMDeployment", NAME),
+        ]
+    )
+    token = api.objects[("Secret", NS, f"{NAME}-admin")]["data"]["token"]
+    # The status the apiserver now holds, and a new loop (as after a restart): nothing to write.
+    written_status = [c for c in api.calls if c[0] == "apply_status"]
+    assert written_status
+    api.calls.clear()
+    status = handlers.status_.compute(
+        name=NAME, namespace=NS, generation=1,
+        spec=handlers.crd.AutoGLMDeploymentSpec.model_validate({"replicas": 2}),
+        deployment=api.objects[("Deployment", NS, NAME)], pods=[], current=None, now="t",
+    ).status  # fmt: skip
+    await run_pass(api, body({"replicas": 2}, status=status), handlers.LoopState())
+    assert writes(api) == []
+    assert api.objects[("Secret", NS, f"{NAME}-admin")]["data"]["token"] == token
+
+
+async def test_a_deleted_secret_gets_a_new_token_and_an_edited_service_is_restored(
+    recorded_events: list[tuple[str, str]],
+) -> None:
+    api, state = FakeKube(), handlers.LoopState()
+    await run_pass(api, body({}), state)
+    old = api.objects.pop(("Secret", NS, f"{NAME}-admin"))["data"]["token"]
+    api.objects[("Service", NS, NAME)]["spec"]["ports"][0]["port"] = 1234
+    api.calls.clear()
+    state.written.clear()  # long after the first pass
+    await run_pass(api, body({}), state)
+    assert ("apply", "Service", NAME) in api.calls
+    assert ("create", "Secret", f"{NAME}-admin") in api.calls
+    assert api.objects[("Secret", NS, f"{NAME}-admin")]["data"]["token"] != old
+    assert api.objects[("Service", NS, NAME)]["spec"]["ports"][0]["port"] == 8000
+    assert any("restored spec.ports" in m for r, m in recorded_events if r == "Updated")
+
+
+async def test_missing_api_key_secret_blocks_until_the_generation_changes(
+    recorded_events: list[tuple[str, str]],
+) -> None:
+    api, state = FakeKube(), handlers.LoopState()
+    spec = {"apiKeySecretRef": {"name": "keys"}}
+    await run_pass(api, body(spec), state)
+    assert api.calls[0] == ("get", "Secret", "keys")
+    assert [c for c in writes(api) if c[0] != "apply_status"] == []
+    assert ("SecretNotFound", recorded_events[0][1]) == recorded_events[0]
+    api.calls.clear()
+    await run_pass(api, body(spec), state)
+    assert [c for c in api.calls if c[0] == "get"] == []  # permanent: no retry
+    api.objects[("Secret", NS, "keys")] = {
+        "kind": "Secret",
+        "metadata": {"name": "keys", "namespace": NS},
+        "data": {"api-key": "eA=="},
+    }
+    await run_pass(api, body(spec, generation=2), state)
+    assert ("apply", "Deployment", NAME) in api.calls
+
+
+@pytest.mark.parametrize(("policy", "mode"), [("Adaptive", "streaming"), ("Batching", "batching")])
+async def test_new_pods_get_the_initial_mode_once(policy: str, mode: str) -> None:
+    api, state = FakeKube(), handlers.LoopState()
+    spec = {"modePolicy": policy, "adaptive": {"paused": True}}
+    await run_pass(api, body(spec), state)
+    pod = {
+        "kind": "Pod",
+        "metadata": {"name": "p1", "namespace": NS, "labels": {}, "resourceVersion": "7"},
+        "status": {"phase": "Pending"},
+    }
+    api.objects[("Pod", NS, "p1")] = pod
+    api.calls.clear()
+    await run_pass(api, body(spec), state, pods=[pod])
+    assert ("merge_patch", "Pod", "p1") in api.calls
+    assert api.objects[("Pod", NS, "p1")]["metadata"]["labels"]["autoglm.io/mode"] == mode
+    api.calls.clear()
+    await run_pass(api, body(spec), state, pods=[pod])  # the watch has not caught up yet
+    assert ("merge_patch", "Pod", "p1") not in api.calls
+
+
+def test_api_errors_are_classified() -> None:
+    exists = kube._error(ApiException(status=409, reason="Conflict"))
+    assert exists.status == 409 and exists.temporary
+    body_exists = ApiException(status=409, reason="Conflict")
+    body_exists.body = json.dumps({"reason": "AlreadyExists", "message": "already there"})
+    assert kube._error(body_exists).already_exists
+    assert kube.ApiError(503, "ServiceUnavailable", "").temporary
+    assert kube.ApiError(429, "TooManyRequests", "").temporary
+    assert kube.ApiError(0, "ConnectionError", "").temporary
+    assert not kube.ApiError(422, "Invalid", "").temporary
+    assert not kube.ApiError(403, "Forbidden", "").temporary
+    assert kube.ApiError(404, "NotFound", "").not_found
+    assert (
+        kube.path_for("Deployment", "ns", "d", "scale")
+        == "/apis/apps/v1/namespaces/ns/deployments/d/scale"
+    )
+    assert builders.admin_secret_name(NAME) == f"{NAME}-admin"
+
+
+async def test_replica_gauges_follow_the_status() -> None:
+    api, state = FakeKube(), handlers.LoopState()
+    await run_pass(api, body({"replicas": 3}), state)
+    labels = {"namespace": NS, "name": NAME}
+    assert REGISTRY.get_sample_value("autoglm_operator_replicas", labels) == 3
+    assert REGISTRY.get_sample_value("autoglm_operator_ready_replicas", labels) == 0
