@@ -10,9 +10,11 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
+from pydantic import ConfigDict, Field
+from pydantic.json_schema import JsonDict
+
 from autoglm_runtime.engine_args import DEFAULT_SERVED_MODEL_NAME, MANAGED_FLAGS
 from autoglm_runtime.profiles import CamelModel, ModeProfiles
-from pydantic import ConfigDict, Field
 
 GROUP = "autoglm.io"
 VERSION = "v1alpha1"
@@ -26,14 +28,14 @@ MODEL_CONTEXT_LIMIT = 8192
 DEFAULT_IMAGE = "ghcr.io/autoglm/autoglm-runtime:0.1.0"
 
 
-def _cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
-    validation = {"rule": rule, "message": message}
+def _cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
+    validation: JsonDict = {"rule": rule, "message": message}
     if field_path:
         validation["fieldPath"] = field_path
     return validation
 
 
-def _validations(*rules: dict[str, str]) -> ConfigDict:
+def _validations(*rules: JsonDict) -> ConfigDict:
     return ConfigDict(json_schema_extra={"x-kubernetes-validations": list(rules)})
 
 
