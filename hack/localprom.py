@@ -115,6 +115,16 @@ class LocalPrometheus:
             body = json.loads(response.read())
         return body["data"]["result"]  # type: ignore[no-any-return]
 
+    def query_range(
+        self, promql: str, start: float, end: float, step: float
+    ) -> list[tuple[float, float]]:
+        """One series' (time, value) points; the first series when the query returns several."""
+        params = {"query": promql, "start": start, "end": end, "step": step}
+        url = f"{self.url}/api/v1/query_range?" + urllib.parse.urlencode(params)
+        with urllib.request.urlopen(url, timeout=10) as response:
+            result = json.loads(response.read())["data"]["result"]
+        return [(float(t), float(v)) for t, v in result[0]["values"]] if result else []
+
     def active_targets(self) -> list[dict[str, Any]]:
         with urllib.request.urlopen(f"{self.url}/api/v1/targets", timeout=5) as response:
             return json.loads(response.read())["data"]["activeTargets"]  # type: ignore[no-any-return]

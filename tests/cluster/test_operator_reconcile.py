@@ -102,7 +102,12 @@ class Operator:
         argv = ["run", "--namespace", self.namespace, "--lease-seconds", "15", *self.args, *extra]
         self.proc = subprocess.Popen(
             [sys.executable, str(wrapper), str(self.calls_file), *argv],
-            env={**self.cluster.env, "PYTHONUNBUFFERED": "1"},
+            env={
+                **self.cluster.env,
+                "PYTHONUNBUFFERED": "1",
+                "AUTOGLM_OPERATOR_METRICS_PORT": str(free_port()),
+                "AUTOGLM_OPERATOR_METRICS_ADDR": "127.0.0.1",
+            },
             stdout=self.log_file.open("wb"),
             stderr=subprocess.STDOUT,
             start_new_session=True,

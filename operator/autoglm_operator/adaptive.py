@@ -1,0 +1,611 @@
+"""One pass of the adaptive loop for one AutoGLMDeployment, with every I/O injected.
+
+A pass: make each pod's label and runtime agree (finishing or reverting a flip an operator
+restart interrupted), read Prometheus, run the pure policy, apply its flips (label first, so the
+mode Services route right, then the runtime's admin API, then a GET that confirms), and return
+what status should say and which Events to post. adaptive_handlers.py wires it to Kubernetes;
+tests wire it to fakes.
+
+Invariant: after a pass, each ready pod's label and runtime mode agree, or status says which
+do not (ModeTransitioning=True, ModeMismatch) and that pod is never flipped until they do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from autoglm_operator import policy as pol
+from autoglm_operator.prom import Availability, Reading
+from autoglm_operator.runtime_client import RuntimeAdminError, SetModeResult
+from autoglm_operator.spec import (
+    AutoGLMDeploymentSpec,
+    Condition,
+    Decision,
+    ModePolicy,
+    SwitchStrategy,
+)
+from autoglm_runtime.profiles import Mode
+
+logger = logging.getLogger(__name__)
+
+METRICS_AVAILABLE = "MetricsAvailable"
+MODE_TRANSITIONING = "ModeTransitioning"
+OWNED_CONDITIONS = (METRICS_AVAILABLE, MODE_TRANSITIONING)
+HISTORY_LIMIT = 10
+PAUSED = "Paused"
+NOT_QUERIED = "NotQueried"
+
+
+@dataclass(frozen=True)
+class PodView:
+    """A pod of the deployment as the loop needs it; ip None: not reachable yet."""
+
+    name: str
+    ip: str | None
+    mode: Mode | None
+    ready: bool
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+class AdaptiveIO(Protocol):
+    """Everything a pass touches outside this process."""
+
+    async def read_metrics(self, pods: Sequence[str]) -> Reading: ...
+
+    async def set_label(self, pod: str, mode: Mode) -> None: ...
+
+    async def runtime_mode(self, ip: str) -> Mode: ...
+
+    async def set_runtime_mode(self, ip: str, mode: Mode) -> SetModeResult: ...
+
+    async def announce(self, status_patch: dict[str, Any]) -> None:
+        """Write status now (ModeTransitioning=True before flips start)."""
+        ...
+
+
+@dataclass(frozen=True)
+class FlipOutcome:
+    pod: str
+    from_mode: Mode
+    to_mode: Mode
+    applied: bool
+    detail: str = ""
+    seconds: float = 0.0  # decision to runtime confirmation
+    attempts: int = 0
+    mismatch: bool = False  # label and runtime left disagreeing (the next pass repairs it)
+
+
+@dataclass(frozen=True)
+class RepairOutcome:
+    pod: str
+    label: Mode | None
+    runtime: Mode
+    action: str  # Adopted | Finished | Reverted | Failed
+    detail: str = ""
+
+
+@dataclass
+class PassResult:
+    status_patch: dict[str, Any]
+    events: list[Event] = field(default_factory=list)
+    decision: pol.PolicyDecision | None = None
+    reading: Reading | None = None
+    flips: list[FlipOutcome] = field(default_factory=list)
+    repairs: list[RepairOutcome] = field(default_factory=list)
+
+
+# -- conditions ------------------------------------------------------------------------------
+
+
+def merge_conditions(
+    existing: Sequence[Mapping[str, Any]], updates: Sequence[Condition], now_iso: str
+) -> list[dict[str, Any]]:
+    """Replace the conditions named in updates, keep every other one as it is (safe to rerun).
+
+    lastTransitionTime moves only when a condition's status changes, as api-conventions ask.
+    """
+    by_type = {u.type: u for u in updates}
+    merged: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for current in existing:
+        kind = current.get("type")
+        if kind not in by_type:
+            merged.append(dict(current))
+            continue
+        seen.add(kind)
+        update = by_type[kind]
+        same_status = current.get("status") == update.status
+        transition = current.get("lastTransitionTime") if same_status else None
+        merged.append(_condition_dict(update, transition or now_iso))
+    for kind, update in by_type.items():
+        if kind not in seen:
+            merged.append(_condition_dict(update, now_iso))
+    return merged
+
+
+def _condition_dict(condition: Condition, transition: str) -> dict[str, Any]:
+    data = condition.model_copy(update={"last_transition_time": transition})
+    return data.model_dump(by_alias=True, exclude_none=True)
+
+
+def _metrics_condition(
+    reading: Reading | None, spec: AutoGLMDeploymentSpec, generation: int | None
+) -> Condition:
+    if spec.mode_policy is not ModePolicy.ADAPTIVE:
+        return Condition(
+            type=METRICS_AVAILABLE,
+            status="Unknown",
+            reason=NOT_QUERIED,
+            message=f"modePolicy {spec.mode_policy.value} reads no metrics",
+            observed_generation=generation,
+        )
+    if spec.adaptive.paused or reading is None:
+        return Condition(
+            type=METRICS_AVAILABLE,
+            status="Unknown",
+            reason=PAUSED,
+            message="adaptive.paused is true: Prometheus is not queried",
+            observed_generation=generation,
+        )
+    if reading.availability is Availability.NO_PODS:
+        status = "Unknown"  # nothing to measure yet (a new or scaled-to-zero deployment)
+    else:
+        status = "True" if reading.available else "False"
+    return Condition(
+        type=METRICS_AVAILABLE,
+        status=status,
+        reason=reading.availability.value,
+        message=reading.message[:1000],
+        observed_generation=generation,
+    )
+
+
+# -- one pass --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PassInput:
+    namespace: str
+    name: str
+    generation: int | None
+    spec: AutoGLMDeploymentSpec
+    status: Mapping[str, Any]  # the object's current status, as read
+    pods: Sequence[PodView]
+    now: float
+
+
+async def run_pass(
+    inp: PassInput,
+    io: AdaptiveIO,
+    *,
+    clock: Callable[[], float] = time.perf_counter,
+) -> PassResult:
+    spec = inp.spec
+    status = inp.status
+    now_iso = pol.iso_time(inp.now)
+    state = pol.LoopState.from_status(_safe_state(status.get("adaptiveState")))
+    events: list[Event] = []
+
+    # 1. Level-based repair: label and runtime must agree before anything new is decided.
+    repairs, runtime_modes, unreachable = await _reconcile(inp.pods, io)
+    mismatched = {r.pod for r in repairs if r.action == "Failed"}
+    for repair in repairs:
+        if repair.action == "Finished":
+            # A flip that was under way: count it now so the cooldown holds across the restart.
+            records = dict(state.last_flips)
+            records[repair.pod] = (inp.now, repair.label or Mode.STREAMING)
+            state = pol.LoopState(state.high_since, state.low_since, records)
+        events.append(_repair_event(repair))
+
+    after_repairs = len(events)
+    labels = {p.name: p.mode for p in inp.pods}
+    for repair in repairs:
+        if repair.action in ("Adopted", "Reverted"):
+            labels[repair.pod] = repair.runtime
+    replicas = [
+        pol.ReplicaState(
+            name=p.name,
+            mode=labels[p.name],
+            # Flip only pods whose runtime answered and agrees with its label.
+            ready=p.ready and p.name in runtime_modes and p.name not in mismatched,
+        )
+        for p in inp.pods
+    ]
+
+    # 2. Metrics, only when the policy needs them.
+    reading: Reading | None = None
+    adaptive = spec.mode_policy is ModePolicy.ADAPTIVE
+    if adaptive and not spec.adaptive.paused:
+        reading = await io.read_metrics([p.name for p in inp.pods])
+
+    # 3. Decide.
+    if adaptive and spec.adaptive.paused:
+        decision = pol.PolicyDecision(
+            reason=PAUSED,
+            message="adaptive.paused is true: holding every replica in its mode",
+            from_batching=sum(1 for r in replicas if r.effective_mode is Mode.BATCHING),
+            to_batching=sum(1 for r in replicas if r.effective_mode is Mode.BATCHING),
+            flips=(),
+            state=pol.LoopState(last_flips=state.last_flips),
+            metrics=pol.metric_sample(None, 0),
+        )
+    else:
+        decision = pol.decide(
+            reading.samples if reading is not None else None,
+            replicas,
+            state,
+            spec.adaptive,
+            spec.mode_policy,
+            inp.now,
+        )
+
+    # 4. Apply. dryRun flips nothing, pinned policies included. switchStrategy Rolling means
+    # "replace the pod to change its engine flags", which this loop does not do: it must not
+    # quietly switch live instead, so it decides and reports like a dry run, and says why.
+    rolling = spec.switch_strategy is SwitchStrategy.ROLLING
+    dry_run = spec.adaptive.dry_run or rolling
+    why_not = (
+        "switchStrategy Rolling: flips by pod replacement are not implemented yet"
+        if rolling
+        else "adaptive.dryRun is true"
+    )
+    outcomes: list[FlipOutcome] = []
+    if decision.flips and not dry_run:
+        ips = {p.name: p.ip for p in inp.pods}
+        moves = ", ".join(f"{f.pod} to {f.to_mode.value}" for f in decision.flips)
+        await io.announce(
+            {
+                "conditions": merge_conditions(
+                    status.get("conditions") or [],
+                    [
+                        Condition(
+                            type=MODE_TRANSITIONING,
+                            status="True",
+                            reason="Flipping",
+                            message=f"{decision.reason}: flipping {moves}",
+                            observed_generation=inp.generation,
+                        )
+                    ],
+                    now_iso,
+                )
+            }
+        )
+        outcomes = list(
+            await asyncio.gather(
+                *(apply_flip(f, ips[f.pod], io, clock=clock) for f in decision.flips)
+            )
+        )
+    for outcome in outcomes:
+        if outcome.applied:
+            labels[outcome.pod] = outcome.to_mode
+            events.append(
+                Event(
+                    "Normal",
+                    "ModeFlipped",
+                    f"Flipped pod {outcome.pod} from {outcome.from_mode.value} to "
+                    f"{outcome.to_mode.value} ({decision.reason}); runtime confirmed in "
+                    f"{outcome.seconds * 1000:.0f} ms",
+                )
+            )
+        else:
+            if outcome.mismatch:
+                mismatched.add(outcome.pod)
+            else:
+                labels[outcome.pod] = outcome.from_mode
+            events.append(
+                Event(
+                    "Warning",
+                    "ModeFlipFailed",
+                    f"Flip of pod {outcome.pod} to {outcome.to_mode.value} failed: "
+                    f"{outcome.detail}",
+                )
+            )
+    if dry_run:
+        for flip in decision.flips:
+            events.append(
+                Event(
+                    "Warning" if rolling else "Normal",
+                    "FlipNotApplied" if rolling else "DryRunFlip",
+                    f"Would flip pod {flip.pod} from {flip.from_mode.value} to "
+                    f"{flip.to_mode.value} ({decision.reason}); {why_not}",
+                )
+            )
+
+    # 5. Status.
+    failed = [o for o in outcomes if not o.applied]
+    to_batching = sum(1 for m in labels.values() if (m or Mode.STREAMING) is Mode.BATCHING)
+    message = decision.message
+    if unreachable:
+        message += f"; {len(unreachable)} pods not flippable, admin API failed: " + "; ".join(
+            unreachable[pod] for pod in sorted(unreachable)
+        )
+    if failed:
+        message += "; failed: " + "; ".join(f"{o.pod}: {o.detail}" for o in failed)
+    if dry_run and decision.flips:
+        message += f" (nothing applied: {why_not})"
+        to_batching = decision.to_batching
+    record = Decision(
+        time=now_iso,
+        from_batching=decision.from_batching,
+        to_batching=to_batching,
+        reason=decision.reason,
+        message=message[:1000],
+        applied=not dry_run and not failed,
+        metrics=decision.metrics,
+    )
+    transitioning = _transitioning_condition(mismatched, unreachable, inp.generation)
+    conditions = merge_conditions(
+        status.get("conditions") or [],
+        [_metrics_condition(reading, spec, inp.generation), transitioning],
+        now_iso,
+    )
+    # Metrics news comes before the flips it enabled or held.
+    events[after_repairs:after_repairs] = _availability_events(
+        status.get("conditions") or [], conditions
+    )
+
+    patch: dict[str, Any] = {}
+    if conditions != list(status.get("conditions") or []):
+        patch["conditions"] = conditions
+    last = status.get("lastDecision")
+    if decision.flips or failed or _differs(last, record):
+        recorded = record.model_dump(by_alias=True, exclude_none=True)
+        patch["lastDecision"] = recorded
+        history = list(status.get("decisionHistory") or [])
+        patch["decisionHistory"] = [*history, recorded][-HISTORY_LIMIT:]
+    stored_state = decision.state.to_status().model_dump(by_alias=True, exclude_none=True)
+    if stored_state != (status.get("adaptiveState") or {}):
+        patch["adaptiveState"] = stored_state
+
+    return PassResult(
+        status_patch=patch,
+        events=events,
+        decision=decision,
+        reading=reading,
+        flips=outcomes,
+        repairs=repairs,
+    )
+
+
+def _safe_state(raw: Any) -> Mapping[str, Any] | None:
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        pol.LoopState.from_status(raw)
+    except ValueError:
+        logger.warning("Ignored an unreadable status.adaptiveState: %r", raw)
+        return None
+    return raw
+
+
+# Holds that differ only in wording: moving between them is not a new decision worth a write.
+_QUIET = {pol.WITHIN_BAND, pol.ALL_STREAMING}
+
+
+def _differs(last: Any, record: Decision) -> bool:
+    """A new lastDecision only when the decision changed, so a quiet loop writes nothing."""
+    if not isinstance(last, Mapping):
+        return True
+    reason = last.get("reason")
+    return (
+        (reason != record.reason and not {reason, record.reason} <= _QUIET)
+        or last.get("fromBatching") != record.from_batching
+        or last.get("toBatching") != record.to_batching
+        or last.get("applied", True) != record.applied
+    )
+
+
+def _transitioning_condition(
+    mismatched: set[str], unreachable: Mapping[str, str], generation: int | None
+) -> Condition:
+    if mismatched:
+        return Condition(
+            type=MODE_TRANSITIONING,
+            status="True",
+            reason="ModeMismatch",
+            message=(
+                "label and runtime mode disagree on pods "
+                + ", ".join(sorted(mismatched))
+                + "; retrying each pass, these pods are not flipped meanwhile"
+            ),
+            observed_generation=generation,
+        )
+    if unreachable:
+        # Not transitioning, but not able to: say which pods and why (401, refused, timeout).
+        return Condition(
+            type=MODE_TRANSITIONING,
+            status="False",
+            reason="AdminApiUnavailable",
+            message=(
+                "cannot read or set the mode of "
+                + "; ".join(f"{pod}: {unreachable[pod]}" for pod in sorted(unreachable))
+            )[:1000],
+            observed_generation=generation,
+        )
+    return Condition(
+        type=MODE_TRANSITIONING,
+        status="False",
+        reason="Stable",
+        message="every ready pod's label matches its runtime mode",
+        observed_generation=generation,
+    )
+
+
+def _availability_events(
+    before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]
+) -> list[Event]:
+    """An Event when metrics or the admin API stop working (once per cause) and on recovery."""
+
+    def find(conditions: Sequence[Mapping[str, Any]], kind: str) -> Mapping[str, Any]:
+        return next((c for c in conditions if c.get("type") == kind), {})
+
+    events = []
+    old, new = find(before, METRICS_AVAILABLE), find(after, METRICS_AVAILABLE)
+    if new.get("status") == "False" and old.get("reason") != new.get("reason"):
+        events.append(
+            Event(
+                "Warning",
+                str(new.get("reason")),
+                f"Holding modes: {new.get('message', '')}"[:1000],
+            )
+        )
+    if new.get("status") == "True" and old.get("status") == "False":
+        events.append(
+            Event("Normal", "MetricsRecovered", "Prometheus answered again; loop resumed")
+        )
+    old, new = find(before, MODE_TRANSITIONING), find(after, MODE_TRANSITIONING)
+    if new.get("reason") == "AdminApiUnavailable" and old.get("reason") != new.get("reason"):
+        events.append(Event("Warning", "AdminApiUnavailable", str(new.get("message"))[:1000]))
+    return events
+
+
+def _repair_event(repair: RepairOutcome) -> Event:
+    label = repair.label.value if repair.label else "none"
+    if repair.action == "Adopted":
+        return Event(
+            "Normal",
+            "ModeLabelSet",
+            f"Labelled pod {repair.pod} {repair.runtime.value}, the mode its runtime reports",
+        )
+    if repair.action == "Finished":
+        return Event(
+            "Normal",
+            "ModeFlipFinished",
+            f"Finished an interrupted flip: pod {repair.pod} runtime moved from "
+            f"{repair.runtime.value} to {label}, as its label says",
+        )
+    if repair.action == "Reverted":
+        return Event(
+            "Warning",
+            "ModeFlipReverted",
+            f"Reverted pod {repair.pod} label from {label} to {repair.runtime.value}: "
+            f"{repair.detail}",
+        )
+    return Event(
+        "Warning",
+        "ModeMismatch",
+        f"Pod {repair.pod} label says {label} but its runtime runs {repair.runtime.value}, "
+        f"and neither could be changed: {repair.detail}",
+    )
+
+
+# -- applying one flip -----------------------------------------------------------------------
+
+
+async def apply_flip(
+    flip: pol.Flip,
+    ip: str | None,
+    io: AdaptiveIO,
+    *,
+    clock: Callable[[], float] = time.perf_counter,
+) -> FlipOutcome:
+    """Label, PUT, verify; on failure put runtime and label back to where they were."""
+    started = clock()
+    if not ip:
+        return FlipOutcome(flip.pod, flip.from_mode, flip.to_mode, False, "pod has no IP")
+    try:
+        await io.set_label(flip.pod, flip.to_mode)
+    except Exception as error:
+        return FlipOutcome(
+            flip.pod, flip.from_mode, flip.to_mode, False, f"label patch failed: {error}"
+        )
+    try:
+        result = await io.set_runtime_mode(ip, flip.to_mode)
+    except RuntimeAdminError as error:
+        detail = f"runtime did not take the mode: {error}"
+        if error.retriable:
+            # The PUT may have landed before the failure: put the runtime back first.
+            try:
+                await io.set_runtime_mode(ip, flip.from_mode)
+            except RuntimeAdminError as undo:
+                detail += f"; runtime revert failed too: {undo}"
+        try:
+            await io.set_label(flip.pod, flip.from_mode)
+        except Exception as undo:
+            return FlipOutcome(
+                flip.pod,
+                flip.from_mode,
+                flip.to_mode,
+                False,
+                f"{detail}; label revert failed: {undo}",
+                mismatch=True,
+            )
+        return FlipOutcome(
+            flip.pod, flip.from_mode, flip.to_mode, False, f"{detail}; label reverted"
+        )
+    return FlipOutcome(
+        flip.pod,
+        flip.from_mode,
+        flip.to_mode,
+        True,
+        "",
+        seconds=clock() - started,
+        attempts=result.attempts,
+    )
+
+
+# -- repairing label/runtime disagreement ----------------------------------------------------
+
+
+async def _reconcile(
+    pods: Sequence[PodView], io: AdaptiveIO
+) -> tuple[list[RepairOutcome], dict[str, Mode], dict[str, str]]:
+    """Read every ready pod's runtime mode; make label and runtime agree where they do not.
+
+    Returns the repairs, the modes read, and why each unreadable pod could not be read.
+    """
+    targets = [p for p in pods if p.ready and p.ip]
+    errors: dict[str, str] = {}
+
+    async def read(pod: PodView) -> Mode | None:
+        assert pod.ip is not None
+        try:
+            return await io.runtime_mode(pod.ip)
+        except RuntimeAdminError as error:
+            logger.warning("Could not read the mode of pod %s: %s", pod.name, error)
+            errors[pod.name] = str(error)
+            return None
+
+    modes = await asyncio.gather(*(read(p) for p in targets))
+    runtime_modes = {p.name: m for p, m in zip(targets, modes, strict=True) if m is not None}
+    repairs = await asyncio.gather(
+        *(
+            _repair(p, runtime_modes[p.name], io)
+            for p in targets
+            if p.name in runtime_modes and p.mode is not runtime_modes[p.name]
+        )
+    )
+    return list(repairs), runtime_modes, errors
+
+
+async def _repair(pod: PodView, runtime: Mode, io: AdaptiveIO) -> RepairOutcome:
+    assert pod.ip is not None
+    if pod.mode is None:
+        try:
+            await io.set_label(pod.name, runtime)
+        except Exception as error:
+            return RepairOutcome(pod.name, None, runtime, "Failed", f"label patch failed: {error}")
+        return RepairOutcome(pod.name, None, runtime, "Adopted")
+    # The label is written first in a flip, so a label ahead of the runtime is a flip in flight:
+    # finish it. If the runtime will not take it, fall back to what the runtime runs.
+    try:
+        await io.set_runtime_mode(pod.ip, pod.mode)
+        return RepairOutcome(pod.name, pod.mode, runtime, "Finished")
+    except RuntimeAdminError as error:
+        detail = f"runtime refused {pod.mode.value}: {error}"
+    try:
+        await io.set_label(pod.name, runtime)
+    except Exception as error:
+        return RepairOutcome(pod.name, pod.mode, runtime, "Failed", f"{detail}; {error}")
+    return RepairOutcome(pod.name, pod.mode, runtime, "Reverted", detail)

@@ -1,0 +1,434 @@
+"""The adaptive mode policy: a pure function from metrics, modes and loop state to a decision.
+
+No I/O here (an import-linter contract forbids kopf, kubernetes and HTTP clients): the operator's
+loop, the `replay` command and the benchmarks all run this same code.
+
+How it decides, per pass:
+- Load is *high* when any signal is at or above its high threshold (QPS per replica, GPU memory
+  percent, queue depth per replica) and *low* when every available signal is at or below its low
+  threshold; in between is the hysteresis band, where nothing moves and pending windows reset.
+- High load must persist for `toBatchingStabilizationSeconds` before a step moves replicas to
+  batching; low load must persist for `toStreamingStabilizationSeconds` before a step returns them.
+  Each step restarts its window, so a long peak moves replicas one step at a time.
+- A step flips at most `maxFlipsPerStep` replicas, never one that flipped within
+  `cooldownSeconds`, the ones that flipped longest ago first, and never leaves fewer than
+  `minStreamingReplicas` ready replicas streaming.
+- Missing, NaN or infinite QPS or queue data holds every replica where it is and resets the
+  windows: a gap breaks the "stayed high/low for N seconds" evidence.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+
+from autoglm_operator.spec import (
+    AdaptiveLoopState,
+    AdaptiveSettings,
+    MetricSample,
+    ModePolicy,
+    ReplicaFlip,
+)
+from autoglm_runtime.profiles import Mode
+
+# Reasons (CamelCase, one word each), as they appear in status.lastDecision.reason.
+QPS_ABOVE_HIGH = "QpsAboveHigh"
+GPU_MEMORY_ABOVE_HIGH = "GpuMemoryAboveHigh"
+QUEUE_ABOVE_HIGH = "QueueAboveHigh"
+LOAD_BELOW_LOW = "LoadBelowLow"
+WITHIN_BAND = "WithinBand"
+STABILIZING = "Stabilizing"
+COOLDOWN = "Cooldown"
+MAX_BATCHING_REACHED = "MaxBatchingReached"
+ALL_STREAMING = "AllStreaming"
+MIN_STREAMING_REPLICAS = "MinStreamingReplicas"
+METRICS_UNAVAILABLE = "MetricsUnavailable"
+NO_READY_REPLICAS = "NoReadyReplicas"
+PINNED_STREAMING = "PinnedStreaming"
+PINNED_BATCHING = "PinnedBatching"
+
+# The most flip records the state keeps; one per pod, pods that vanished are dropped first.
+MAX_FLIP_RECORDS = 256
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Deployment-wide metric values at one instant; None where the value is unknown.
+
+    qps and queue_depth are totals over the deployment's pods; reporting_replicas is how many
+    pods those totals cover (per-replica figures divide by it, so a pod Prometheus has not yet
+    scraped neither adds load nor dilutes it). problem says why values are missing, for messages.
+    """
+
+    qps: float | None = None
+    gpu_memory_percent: float | None = None
+    queue_depth: float | None = None
+    kv_cache_percent: float | None = None
+    ttft_p95_seconds: float | None = None
+    reporting_replicas: int | None = None
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class ReplicaState:
+    """One pod as the policy sees it. ready=False: it is counted but never flipped."""
+
+    name: str
+    mode: Mode | None
+    ready: bool = True
+
+    @property
+    def effective_mode(self) -> Mode:
+        # A pod without a mode label runs the runtime's default, streaming.
+        return self.mode or Mode.STREAMING
+
+
+@dataclass(frozen=True)
+class LoopState:
+    """Everything the loop remembers between passes; to_status()/from_status() persist it."""
+
+    high_since: float | None = None
+    low_since: float | None = None
+    last_flips: Mapping[str, tuple[float, Mode]] = field(default_factory=dict)
+
+    def last_flip_time(self, pod: str) -> float | None:
+        record = self.last_flips.get(pod)
+        return record[0] if record else None
+
+    def to_status(self) -> AdaptiveLoopState:
+        return AdaptiveLoopState(
+            high_since=_iso(self.high_since),
+            low_since=_iso(self.low_since),
+            last_flips=[
+                ReplicaFlip(pod=pod, time=_iso(t) or "", mode=mode.value)
+                for pod, (t, mode) in sorted(self.last_flips.items())
+            ],
+        )
+
+    @classmethod
+    def from_status(cls, stored: AdaptiveLoopState | Mapping[str, object] | None) -> LoopState:
+        if stored is None:
+            return cls()
+        if not isinstance(stored, AdaptiveLoopState):
+            stored = AdaptiveLoopState.model_validate(stored)
+        flips: dict[str, tuple[float, Mode]] = {}
+        for record in stored.last_flips:
+            when = _parse_iso(record.time)
+            if when is not None and record.mode in {m.value for m in Mode}:
+                flips[record.pod] = (when, Mode(record.mode))
+        return cls(
+            high_since=_parse_iso(stored.high_since),
+            low_since=_parse_iso(stored.low_since),
+            last_flips=flips,
+        )
+
+
+@dataclass(frozen=True)
+class Flip:
+    pod: str
+    from_mode: Mode
+    to_mode: Mode
+
+
+@dataclass(frozen=True)
+class PolicyDecision:
+    reason: str
+    message: str
+    from_batching: int
+    to_batching: int
+    flips: tuple[Flip, ...]
+    state: LoopState
+    metrics: MetricSample
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.flips)
+
+
+def decide(
+    samples: Samples | None,
+    replicas: Sequence[ReplicaState],
+    history: LoopState,
+    config: AdaptiveSettings,
+    policy: ModePolicy,
+    now: float,
+) -> PolicyDecision:
+    """Decide which replicas flip now, and why. Pure: same inputs, same decision."""
+    from_batching = sum(1 for r in replicas if r.effective_mode is Mode.BATCHING)
+    metrics = metric_sample(samples, _divisor(samples, replicas))
+    kept = _prune(history, replicas)
+
+    def result(
+        reason: str, message: str, planned: Iterable[Flip], state: LoopState
+    ) -> PolicyDecision:
+        flips = tuple(planned)
+        delta = sum(1 if f.to_mode is Mode.BATCHING else -1 for f in flips)
+        if flips:
+            records = dict(state.last_flips)
+            for flip in flips:
+                records[flip.pod] = (now, flip.to_mode)
+            state = replace(state, last_flips=records)
+        return PolicyDecision(
+            reason=reason,
+            message=message,
+            from_batching=from_batching,
+            to_batching=from_batching + delta,
+            flips=flips,
+            state=state,
+            metrics=metrics,
+        )
+
+    if policy is not ModePolicy.ADAPTIVE:
+        target = Mode.STREAMING if policy is ModePolicy.STREAMING else Mode.BATCHING
+        reason = PINNED_STREAMING if target is Mode.STREAMING else PINNED_BATCHING
+        flips = [
+            Flip(r.name, r.effective_mode, target)
+            for r in replicas
+            if r.ready and r.effective_mode is not target
+        ]
+        message = f"modePolicy {policy.value} pins every replica to {target.value}"
+        return result(reason, _with_flips(message, flips), flips, LoopState(last_flips=kept))
+
+    ready = [r for r in replicas if r.ready]
+    if not ready:
+        return result(NO_READY_REPLICAS, "no ready replica to decide for", [], _reset(kept))
+
+    ready_streaming = [r for r in ready if r.effective_mode is Mode.STREAMING]
+    ready_batching = [r for r in ready if r.effective_mode is Mode.BATCHING]
+    min_streaming = min(config.min_streaming_replicas, len(ready))
+
+    # A hard floor, whatever the load: interactive chat always has a streaming replica.
+    if len(ready_streaming) < min_streaming:
+        wanted = min(min_streaming - len(ready_streaming), config.max_flips_per_step)
+        chosen = _oldest_first(ready_batching, kept)[:wanted]
+        flips = [Flip(r.name, Mode.BATCHING, Mode.STREAMING) for r in chosen]
+        message = (
+            f"{len(ready_streaming)} ready replicas streaming, "
+            f"minStreamingReplicas is {config.min_streaming_replicas}"
+        )
+        return result(MIN_STREAMING_REPLICAS, _with_flips(message, flips), flips, _reset(kept))
+
+    load = _classify(samples, _divisor(samples, replicas), config)
+    if load.unavailable:
+        return result(METRICS_UNAVAILABLE, f"holding modes: {load.unavailable}", [], _reset(kept))
+
+    if load.high:
+        high_since = history.high_since if history.high_since is not None else now
+        state = LoopState(high_since=high_since, low_since=None, last_flips=kept)
+        room = len(ready) - min_streaming - len(ready_batching)
+        if room <= 0:
+            message = (
+                f"{load.summary}; {len(ready_batching)} of {len(ready)} ready replicas batching, "
+                f"minStreamingReplicas {config.min_streaming_replicas} keeps the rest streaming"
+            )
+            return result(MAX_BATCHING_REACHED, message, [], state)
+        waited = now - high_since
+        window = config.to_batching_stabilization_seconds
+        if waited < window:
+            message = f"{load.summary}; high for {waited:.0f}s of {window}s before a flip"
+            return result(STABILIZING, message, [], state)
+        eligible = [r for r in ready_streaming if _cooled(r.name, kept, now, config)]
+        if not eligible:
+            return result(
+                COOLDOWN,
+                _cooldown_message(load.summary, ready_streaming, kept, now, config),
+                [],
+                state,
+            )
+        chosen = _oldest_first(eligible, kept)[: min(config.max_flips_per_step, room)]
+        flips = [Flip(r.name, Mode.STREAMING, Mode.BATCHING) for r in chosen]
+        # Restart the window: the next step needs fresh evidence that load stays high.
+        state = replace(state, high_since=now)
+        return result(load.high[0], _with_flips(load.summary, flips), flips, state)
+
+    if load.low:
+        low_since = history.low_since if history.low_since is not None else now
+        state = LoopState(high_since=None, low_since=low_since, last_flips=kept)
+        if not ready_batching:
+            return result(
+                ALL_STREAMING, f"{load.summary}; every ready replica streaming", [], state
+            )
+        waited = now - low_since
+        window = config.to_streaming_stabilization_seconds
+        if waited < window:
+            message = f"{load.summary}; low for {waited:.0f}s of {window}s before a return"
+            return result(STABILIZING, message, [], state)
+        eligible = [r for r in ready_batching if _cooled(r.name, kept, now, config)]
+        if not eligible:
+            return result(
+                COOLDOWN,
+                _cooldown_message(load.summary, ready_batching, kept, now, config),
+                [],
+                state,
+            )
+        chosen = _oldest_first(eligible, kept)[: config.max_flips_per_step]
+        flips = [Flip(r.name, Mode.BATCHING, Mode.STREAMING) for r in chosen]
+        state = replace(state, low_since=now)
+        return result(LOAD_BELOW_LOW, _with_flips(load.summary, flips), flips, state)
+
+    return result(WITHIN_BAND, f"{load.summary}; inside the hysteresis band", [], _reset(kept))
+
+
+@dataclass(frozen=True)
+class _Load:
+    high: tuple[str, ...] = ()
+    low: bool = False
+    unavailable: str = ""
+    summary: str = ""
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def _divisor(samples: Samples | None, replicas: Sequence[ReplicaState]) -> int:
+    if samples is not None and samples.reporting_replicas is not None:
+        return samples.reporting_replicas
+    return sum(1 for r in replicas if r.ready)
+
+
+def _classify(samples: Samples | None, divisor: int, config: AdaptiveSettings) -> _Load:
+    if samples is None:
+        return _Load(unavailable="no metrics were read")
+    missing = [
+        name
+        for name, value in (("qps", samples.qps), ("queue depth", samples.queue_depth))
+        if not _finite(value)
+    ]
+    if missing:
+        why = f" ({samples.problem})" if samples.problem else ""
+        return _Load(unavailable=f"{' and '.join(missing)} unavailable{why}")
+    if divisor <= 0:
+        return _Load(unavailable="no pod of this deployment reports metrics")
+    assert samples.qps is not None and samples.queue_depth is not None
+    qps_milli = samples.qps / divisor * 1000
+    queue = samples.queue_depth / divisor
+    q, g, c = (
+        config.qps_per_replica_milli,
+        config.gpu_memory_percent,
+        config.queue_depth_per_replica,
+    )
+    gpu = samples.gpu_memory_percent if _finite(samples.gpu_memory_percent) else None
+
+    high: list[str] = []
+    if qps_milli >= q.high:
+        high.append(QPS_ABOVE_HIGH)
+    if gpu is not None and gpu >= g.high:
+        high.append(GPU_MEMORY_ABOVE_HIGH)
+    if queue >= c.high:
+        high.append(QUEUE_ABOVE_HIGH)
+    low = qps_milli <= q.low and queue <= c.low and (gpu is None or gpu <= g.low)
+
+    parts = [
+        f"qps {samples.qps:.2f} ({qps_milli / 1000:.2f}/replica over {divisor}, "
+        f"high {q.high / 1000:g}, low {q.low / 1000:g})",
+        (
+            f"gpu memory {gpu:.0f}% (high {g.high}, low {g.low})"
+            if gpu is not None
+            else "gpu memory n/a"
+        ),
+        f"queue {samples.queue_depth:g} ({queue:.2f}/replica, high {c.high}, low {c.low})",
+    ]
+    if _finite(samples.ttft_p95_seconds):
+        parts.append(f"ttft p95 {samples.ttft_p95_seconds:.3f}s")
+    return _Load(high=tuple(high), low=low, summary=", ".join(parts))
+
+
+def _cooled(
+    pod: str, flips: Mapping[str, tuple[float, Mode]], now: float, config: AdaptiveSettings
+) -> bool:
+    record = flips.get(pod)
+    return record is None or now - record[0] >= config.cooldown_seconds
+
+
+def _oldest_first(
+    replicas: Sequence[ReplicaState], flips: Mapping[str, tuple[float, Mode]]
+) -> list[ReplicaState]:
+    # Never-flipped pods first, then the longest-ago flip; the name breaks ties deterministically.
+    return sorted(
+        replicas,
+        key=lambda r: (flips[r.name][0] if r.name in flips else -math.inf, r.name),
+    )
+
+
+def _cooldown_message(
+    summary: str,
+    candidates: Sequence[ReplicaState],
+    flips: Mapping[str, tuple[float, Mode]],
+    now: float,
+    config: AdaptiveSettings,
+) -> str:
+    waits = [
+        config.cooldown_seconds - (now - flips[r.name][0]) for r in candidates if r.name in flips
+    ]
+    soonest = min(waits) if waits else 0.0
+    return f"{summary}; every candidate flipped within cooldown, next one free in {soonest:.0f}s"
+
+
+def _with_flips(message: str, flips: Sequence[Flip]) -> str:
+    if not flips:
+        return message
+    moves = ", ".join(f"{f.pod} to {f.to_mode.value}" for f in flips)
+    return f"{message}; flipping {moves}"
+
+
+def _reset(kept: Mapping[str, tuple[float, Mode]]) -> LoopState:
+    return LoopState(high_since=None, low_since=None, last_flips=kept)
+
+
+def _prune(history: LoopState, replicas: Sequence[ReplicaState]) -> dict[str, tuple[float, Mode]]:
+    present = {r.name for r in replicas}
+    kept = {pod: rec for pod, rec in history.last_flips.items() if pod in present}
+    if len(kept) > MAX_FLIP_RECORDS:
+        newest = sorted(kept.items(), key=lambda item: item[1][0])[-MAX_FLIP_RECORDS:]
+        kept = dict(newest)
+    return kept
+
+
+def _fmt(value: float | None, digits: int = 3) -> str | None:
+    if not _finite(value):
+        return None
+    assert value is not None
+    return f"{value:.{digits}f}"
+
+
+def metric_sample(samples: Samples | None, divisor: int) -> MetricSample:
+    """The values behind a decision, as the strings status carries (the CRD has no floats)."""
+    if samples is None:
+        return MetricSample()
+    qps = samples.qps
+    per_replica = qps / divisor if qps is not None and math.isfinite(qps) and divisor > 0 else None
+    return MetricSample(
+        qps=_fmt(samples.qps),
+        qps_per_replica=_fmt(per_replica),
+        gpu_memory_percent=_fmt(samples.gpu_memory_percent, 1),
+        queue_depth=_fmt(samples.queue_depth, 1),
+        kv_cache_percent=_fmt(samples.kv_cache_percent, 1),
+        ttft_p95_seconds=_fmt(samples.ttft_p95_seconds),
+    )
+
+
+def _iso(when: float | None) -> str | None:
+    if when is None:
+        return None
+    return (
+        datetime.fromtimestamp(when, tz=UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
+
+
+def _parse_iso(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def iso_time(when: float) -> str:
+    """RFC 3339 with milliseconds, UTC: the time format status uses."""
+    return _iso(when) or ""

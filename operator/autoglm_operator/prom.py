@@ -1,0 +1,475 @@
+"""The one module that talks to Prometheus: it turns one deployment's pods into policy Samples.
+
+Every query is scoped by `$selector`, which expands to `namespace="<ns>",pod=~"<pod1>|<pod2>"`
+built from the operator's own list of pods, so two deployments never read each other's metrics.
+(`$exported_selector` is the same on `exported_namespace`/`exported_pod`, the labels
+dcgm-exporter's pod mapping ends up under when Prometheus keeps the exporter's own target labels.)
+
+A read says what it could not get, and why, so MetricsAvailable can carry a precise reason:
+PrometheusUnreachable (connection refused, timeout, 502/503/504), QueryError (Prometheus
+rejected the PromQL or answered something that is not its API), NoData (empty or NaN result),
+StaleData (the newest sample of every pod is too old). QPS and queue depth are required; GPU
+memory, KV cache and TTFT are reported when present and never block a decision.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+import requests
+from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+from urllib3.util.retry import Retry
+
+from autoglm_operator.policy import Samples
+from autoglm_operator.spec import PrometheusSource, QueryOverrides
+
+QPS = "qps"
+GPU_MEMORY_PERCENT = "gpu_memory_percent"
+QUEUE_DEPTH = "queue_depth"
+KV_CACHE_PERCENT = "kv_cache_percent"
+TTFT_P95_SECONDS = "ttft_p95_seconds"
+SIGNALS = (QPS, GPU_MEMORY_PERCENT, QUEUE_DEPTH, KV_CACHE_PERCENT, TTFT_P95_SECONDS)
+REQUIRED = (QPS, QUEUE_DEPTH)
+# Not a signal: which pods Prometheus has fresh samples from, and how fresh (for staleness).
+COVERAGE = "coverage"
+
+_DCGM_PERCENT = (
+    "100 * max(DCGM_FI_DEV_FB_USED{{{sel}}} "
+    "/ (DCGM_FI_DEV_FB_USED{{{sel}}} + DCGM_FI_DEV_FB_FREE{{{sel}}}))"
+)
+DEFAULT_QUERIES: Mapping[str, str] = {
+    QPS: "sum(rate(vllm:request_success_total{$selector}[1m]))",
+    # The runtime's NVML gauges first; dcgm-exporter (MiB used and free) when the runtime has none.
+    # max: the fullest GPU of the deployment is the one that runs out first.
+    GPU_MEMORY_PERCENT: (
+        "100 * max(autoglm_gpu_memory_used_bytes{$selector}"
+        " / autoglm_gpu_memory_total_bytes{$selector})"
+        " or "
+        + _DCGM_PERCENT.format(sel="$selector")
+        + " or "
+        + _DCGM_PERCENT.format(sel="$exported_selector")
+    ),
+    # vLLM's own queue plus the runtime middleware's admission queue: in streaming mode the
+    # middleware caps concurrency below vLLM's max-num-seqs, so the wait happens in front of vLLM.
+    QUEUE_DEPTH: (
+        "sum(vllm:num_requests_waiting{$selector})"
+        " + (sum(autoglm_requests_queued{$selector}) or vector(0))"
+    ),
+    KV_CACHE_PERCENT: "100 * avg(vllm:kv_cache_usage_perc{$selector})",
+    TTFT_P95_SECONDS: (
+        "histogram_quantile(0.95, "
+        "sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{$selector}[1m])))"
+    ),
+}
+COVERAGE_QUERY = "max by (pod) (timestamp(vllm:num_requests_waiting{$selector}))"
+COVERAGE_RANGE_QUERY = "count(vllm:num_requests_waiting{$selector})"
+# Totals add up across series an override may return; percentages and latency take the worst.
+_SUMMED = {QPS, QUEUE_DEPTH}
+
+
+class Availability(StrEnum):
+    """Reasons for the MetricsAvailable condition."""
+
+    OK = "QueriesSucceeded"
+    PARTIAL = "PartialData"
+    UNREACHABLE = "PrometheusUnreachable"
+    QUERY_ERROR = "QueryError"
+    NO_DATA = "NoData"
+    STALE = "StaleData"
+    NO_PODS = "NoPods"
+
+
+# Worst first: when several queries fail differently, the condition shows the most basic cause.
+_SEVERITY = [
+    Availability.UNREACHABLE,
+    Availability.QUERY_ERROR,
+    Availability.NO_PODS,
+    Availability.NO_DATA,
+    Availability.STALE,
+]
+
+
+@dataclass(frozen=True)
+class QueryOutcome:
+    name: str
+    query: str
+    value: float | None = None
+    failure: Availability | None = None
+    detail: str = ""
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One Prometheus round for one deployment: the samples and what went wrong, if anything."""
+
+    samples: Samples | None
+    availability: Availability
+    message: str
+    outcomes: Mapping[str, QueryOutcome] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def available(self) -> bool:
+        return self.availability in (Availability.OK, Availability.PARTIAL)
+
+
+Observer = Callable[[str, float, Availability | None], None]
+
+
+def _ignore(_name: str, _seconds: float, _failure: Availability | None) -> None:
+    return None
+
+
+def _regex_literal(name: str) -> str:
+    # Pod names are DNS subdomains ([a-z0-9.-]); escape anything else for RE2 all the same.
+    return "".join(ch if ch.isalnum() or ch == "-" else "\\" + ch for ch in name)
+
+
+def _promql_string(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def pod_selector(namespace: str, pods: Iterable[str], *, prefix: str = "") -> str:
+    """Label matchers for exactly these pods: `namespace="ns",pod=~"a|b"` (anchored by PromQL)."""
+    names = sorted(set(pods))
+    if not names:
+        raise ValueError("a selector needs at least one pod")
+    alternatives = "|".join(_regex_literal(n) for n in names)
+    return (
+        f'{prefix}namespace="{_promql_string(namespace)}",'
+        f'{prefix}pod=~"{_promql_string(alternatives)}"'
+    )
+
+
+def render(template: str, namespace: str, pods: Iterable[str]) -> str:
+    names = list(pods)
+    return template.replace(
+        "$exported_selector", pod_selector(namespace, names, prefix="exported_")
+    ).replace("$selector", pod_selector(namespace, names))
+
+
+def queries_for(overrides: QueryOverrides | None) -> dict[str, str]:
+    chosen = dict(DEFAULT_QUERIES)
+    if overrides is not None:
+        for name in SIGNALS:
+            override = getattr(overrides, name)
+            if override:
+                chosen[name] = override
+    return chosen
+
+
+def _status_code(error: PrometheusApiClientException) -> int | None:
+    match = re.search(r"HTTP Status Code (\d+)", str(error))
+    return int(match.group(1)) if match else None
+
+
+def _api_error(error: PrometheusApiClientException) -> str:
+    # The client formats the body as a bytes repr; Prometheus puts its reason in "error".
+    match = re.search(r"HTTP Status Code \d+ \((b(['\"]).*\2)\)\s*$", str(error), re.DOTALL)
+    if match:
+        try:
+            body = json.loads(ast.literal_eval(match.group(1)))
+            return str(body.get("error") or body)[:300]
+        except (ValueError, SyntaxError, TypeError, AttributeError):
+            pass
+    return str(error)[:300]
+
+
+def _root_cause(error: BaseException) -> str:
+    # urllib3 nests the reason in a long message that repeats the whole query URL.
+    text = str(error)
+    match = re.search(r"(\[Errno -?\d+\][^\"')]*|Read timed out|timed out)", text)
+    return match.group(1).strip(" .") if match else text[:200]
+
+
+def classify(error: BaseException) -> tuple[Availability, str]:
+    """Map a failed query to the MetricsAvailable reason it stands for."""
+    if isinstance(error, requests.Timeout):
+        return Availability.UNREACHABLE, f"timed out: {_root_cause(error)}"
+    if isinstance(error, requests.ConnectionError | requests.exceptions.RetryError):
+        return Availability.UNREACHABLE, f"connection failed: {_root_cause(error)}"
+    if isinstance(error, PrometheusApiClientException):
+        code = _status_code(error)
+        if code in (502, 503, 504):
+            return Availability.UNREACHABLE, f"HTTP {code} from Prometheus"
+        return Availability.QUERY_ERROR, f"HTTP {code}: {_api_error(error)}"
+    if isinstance(error, ValueError | KeyError | TypeError):
+        # A 200 that is not Prometheus' JSON: a proxy page, a wrong URL path.
+        return Availability.QUERY_ERROR, f"not a Prometheus API answer: {error!r}"
+    if isinstance(error, requests.RequestException):
+        return Availability.UNREACHABLE, str(error)
+    raise error
+
+
+def _as_float(text: Any) -> float:
+    return float(text)  # Prometheus encodes values as strings: "1.5", "NaN", "+Inf"
+
+
+def _vector_values(result: Any) -> list[tuple[dict[str, str], float, float]]:
+    """(labels, evaluation timestamp, value) per series of an instant query result."""
+    if isinstance(result, list) and len(result) == 2 and not isinstance(result[0], dict):
+        return [({}, float(result[0]), _as_float(result[1]))]  # a scalar result
+    series = []
+    for item in result:
+        timestamp, value = item["value"]
+        series.append((dict(item.get("metric", {})), float(timestamp), _as_float(value)))
+    return series
+
+
+def _combine(name: str, values: Sequence[float]) -> float:
+    return sum(values) if name in _SUMMED else max(values)
+
+
+class PrometheusReader:
+    """Reads one deployment's signals. Synchronous (requests): call it from a worker thread."""
+
+    def __init__(
+        self,
+        source: PrometheusSource,
+        *,
+        session: requests.Session | None = None,
+        observer: Observer = _ignore,
+        max_sample_age_seconds: float = 90.0,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if not source.url:
+            raise ValueError("adaptive.prometheus.url is not set")
+        self.source = source
+        self.queries = queries_for(source.queries)
+        self.observer = observer
+        self.max_sample_age_seconds = max_sample_age_seconds
+        self.clock = clock
+        # No retries in the HTTP layer: the loop retries on its next pass, and a dead Prometheus
+        # must cost one timeout per round, not (1 + retries) x timeout per query.
+        self.client = PrometheusConnect(
+            url=source.url.rstrip("/"),
+            retry=Retry(total=0, raise_on_status=False),
+            session=session,
+            timeout=source.timeout_seconds,
+        )
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _query(self, name: str, promql: str) -> tuple[Any, QueryOutcome]:
+        started = self.clock()
+        try:
+            result = self.client.custom_query(
+                promql, params={"timeout": f"{self.source.timeout_seconds}s"}
+            )
+            values = _vector_values(result)
+        except Exception as error:  # classify() re-raises anything it does not recognise
+            failure, detail = classify(error)
+            seconds = self.clock() - started
+            self.observer(name, seconds, failure)
+            return None, QueryOutcome(name, promql, None, failure, detail, seconds)
+        seconds = self.clock() - started
+        self.observer(name, seconds, None)
+        return values, QueryOutcome(name, promql, None, None, "", seconds)
+
+    def read(self, namespace: str, pods: Sequence[str]) -> Reading:
+        """One round: coverage first (it fails fast when Prometheus is down), then each signal."""
+        started = self.clock()
+        if not pods:
+            return Reading(None, Availability.NO_PODS, "the deployment has no pods to read")
+        outcomes: dict[str, QueryOutcome] = {}
+
+        coverage_series, outcome = self._query(COVERAGE, render(COVERAGE_QUERY, namespace, pods))
+        outcomes[COVERAGE] = outcome
+        if outcome.failure is Availability.UNREACHABLE:
+            return Reading(
+                None,
+                Availability.UNREACHABLE,
+                f"Prometheus at {self.source.url} is unreachable: {outcome.detail}",
+                outcomes,
+                self.clock() - started,
+            )
+        reporting, stale_problem = self._coverage(coverage_series, outcome, outcomes)
+
+        values: dict[str, float | None] = {}
+        for name in SIGNALS:
+            series, outcome = self._query(name, render(self.queries[name], namespace, pods))
+            value: float | None = None
+            if series is not None:
+                finite = [v for _, _, v in series if math.isfinite(v)]
+                if finite:
+                    value = _combine(name, finite)
+                    outcome = QueryOutcome(name, outcome.query, value, None, "", outcome.seconds)
+                elif series:
+                    outcome = QueryOutcome(
+                        name,
+                        outcome.query,
+                        None,
+                        Availability.NO_DATA,
+                        "returned NaN",
+                        outcome.seconds,
+                    )
+                else:
+                    outcome = QueryOutcome(
+                        name,
+                        outcome.query,
+                        None,
+                        Availability.NO_DATA,
+                        "returned no series",
+                        outcome.seconds,
+                    )
+            values[name] = value
+            outcomes[name] = outcome
+            if outcome.failure is Availability.UNREACHABLE:
+                break  # Prometheus went away mid-round: the rest would only time out too.
+
+        availability, message = self._judge(outcomes, stale_problem)
+        usable = availability in (Availability.OK, Availability.PARTIAL)
+        samples = Samples(
+            qps=values.get(QPS),
+            gpu_memory_percent=values.get(GPU_MEMORY_PERCENT),
+            queue_depth=values.get(QUEUE_DEPTH),
+            kv_cache_percent=values.get(KV_CACHE_PERCENT),
+            ttft_p95_seconds=values.get(TTFT_P95_SECONDS),
+            reporting_replicas=reporting,
+            problem=None if usable else f"{availability.value}: {message}",
+        )
+        if not usable:
+            # Never hand the policy half a picture: required values are withheld as a whole.
+            samples = Samples(
+                kv_cache_percent=samples.kv_cache_percent,
+                gpu_memory_percent=samples.gpu_memory_percent,
+                ttft_p95_seconds=samples.ttft_p95_seconds,
+                reporting_replicas=reporting,
+                problem=samples.problem,
+            )
+        return Reading(samples, availability, message, outcomes, self.clock() - started)
+
+    def _coverage(
+        self, series: Any, outcome: QueryOutcome, outcomes: dict[str, QueryOutcome]
+    ) -> tuple[int | None, str]:
+        if series is None:
+            return None, ""
+        if not series:
+            outcomes[COVERAGE] = QueryOutcome(
+                COVERAGE,
+                outcome.query,
+                None,
+                Availability.NO_DATA,
+                "no pod of this deployment has vllm:num_requests_waiting samples",
+                outcome.seconds,
+            )
+            # Not blocking by itself (queries may be overridden for another engine): per-replica
+            # figures then divide by the ready pods, and missing QPS or queue still holds.
+            return None, ""
+        fresh = 0
+        newest_age = float("inf")
+        for _labels, evaluated_at, last_sample in series:
+            age = evaluated_at - last_sample
+            newest_age = min(newest_age, age)
+            if age <= self.max_sample_age_seconds:
+                fresh += 1
+        if fresh == 0:
+            # Whole minutes only: the message lands in status, which must not change every pass.
+            problem = (
+                f"the newest sample is over {int(newest_age // 60)} min old "
+                f"(limit {self.max_sample_age_seconds:.0f}s)"
+                if newest_age >= 60
+                else f"the newest sample is older than {self.max_sample_age_seconds:.0f}s"
+            )
+            outcomes[COVERAGE] = QueryOutcome(
+                COVERAGE, outcome.query, 0.0, Availability.STALE, problem, outcome.seconds
+            )
+            return 0, problem
+        outcomes[COVERAGE] = QueryOutcome(
+            COVERAGE, outcome.query, float(fresh), None, "", outcome.seconds
+        )
+        return fresh, ""
+
+    def _judge(
+        self, outcomes: Mapping[str, QueryOutcome], stale_problem: str
+    ) -> tuple[Availability, str]:
+        blocking = [
+            o
+            for name, o in outcomes.items()
+            if o.failure is not None
+            and (name in REQUIRED or (name == COVERAGE and o.failure is not Availability.NO_DATA))
+        ]
+        if any(o.failure is Availability.UNREACHABLE for o in outcomes.values()):
+            blocking = [o for o in outcomes.values() if o.failure is Availability.UNREACHABLE]
+        if blocking:
+            worst = min(blocking, key=lambda o: _SEVERITY.index(o.failure))  # type: ignore[arg-type]
+            assert worst.failure is not None
+            details = "; ".join(f"{o.name}: {o.detail}" for o in blocking)
+            if worst.failure is Availability.STALE:
+                details = stale_problem or details
+            return worst.failure, details
+        optional_errors = [o for o in outcomes.values() if o.failure is Availability.QUERY_ERROR]
+        if optional_errors:
+            details = "; ".join(f"{o.name}: {o.detail}" for o in optional_errors)
+            return Availability.PARTIAL, f"optional queries failed: {details}"
+        missing = sorted(n for n, o in outcomes.items() if o.failure is Availability.NO_DATA)
+        note = f"; no data for {', '.join(missing)}" if missing else ""
+        # No latency here: the message lands in status, which is written only when it changes
+        # (latency goes to autoglm_operator_prometheus_query_seconds instead).
+        return Availability.OK, f"{len(outcomes)} queries answered{note}"
+
+    def read_range(
+        self,
+        namespace: str,
+        pods: Sequence[str] | None,
+        start: datetime,
+        end: datetime,
+        step_seconds: int,
+        *,
+        pod_regex: str | None = None,
+    ) -> list[tuple[float, Samples]]:
+        """Samples at every step of a past window, for `replay`. Failures raise: it is a CLI."""
+
+        def scoped(template: str) -> str:
+            if pods:
+                return render(template, namespace, pods)
+            assert pod_regex is not None, "pods or pod_regex"
+            regex = f'namespace="{_promql_string(namespace)}",pod=~"{_promql_string(pod_regex)}"'
+            exported = (
+                f'exported_namespace="{_promql_string(namespace)}",'
+                f'exported_pod=~"{_promql_string(pod_regex)}"'
+            )
+            return template.replace("$exported_selector", exported).replace("$selector", regex)
+
+        columns: dict[str, dict[float, float]] = {}
+        for name, template in [*self.queries.items(), (COVERAGE, COVERAGE_RANGE_QUERY)]:
+            result = self.client.custom_query_range(
+                scoped(template), start_time=start, end_time=end, step=f"{step_seconds}s"
+            )
+            points: dict[float, list[float]] = {}
+            for series in result:
+                for timestamp, text in series["values"]:
+                    value = _as_float(text)
+                    if math.isfinite(value):
+                        points.setdefault(float(timestamp), []).append(value)
+            combine = sum if name == COVERAGE else (lambda v, n=name: _combine(n, v))
+            columns[name] = {t: combine(v) for t, v in points.items()}
+        stamps = sorted(set().union(*(c.keys() for c in columns.values())))
+        rows = []
+        for t in stamps:
+            coverage = columns[COVERAGE].get(t)
+            rows.append(
+                (
+                    t,
+                    Samples(
+                        qps=columns[QPS].get(t),
+                        gpu_memory_percent=columns[GPU_MEMORY_PERCENT].get(t),
+                        queue_depth=columns[QUEUE_DEPTH].get(t),
+                        kv_cache_percent=columns[KV_CACHE_PERCENT].get(t),
+                        ttft_p95_seconds=columns[TTFT_P95_SECONDS].get(t),
+                        reporting_replicas=int(coverage) if coverage is not None else None,
+                    ),
+                )
+            )
+        return rows

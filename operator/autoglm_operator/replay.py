@@ -1,0 +1,422 @@
+"""`autoglm-operator replay`: run the adaptive policy over past load and print what it would do.
+
+    autoglm-operator replay --trace examples/traces/diurnal.csv [--config agd.yaml] [--replicas 4]
+    autoglm-operator replay --prometheus http://prometheus:9090 --namespace prod --name phone-9b \\
+        --start -6h --end now --step 30s
+
+The trace is a CSV with a header: `timestamp` (RFC 3339, or seconds) and any of `qps` (the
+deployment's total requests per second), `vram_percent` (or `gpu_memory_percent`), `queue`
+(total waiting requests), `ttft_p95` (seconds), `kv_cache_percent`, `replicas_reporting`.
+An empty cell or `NaN` is missing data, which the policy treats as it does live: it holds.
+
+The policy is the one the operator runs (autoglm_operator.policy.decide), stepped every
+`adaptive.intervalSeconds` of trace time with the latest trace row at or before each step, and
+flips applied at once, so the table shows the decisions the live loop would have made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import re
+import sys
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from autoglm_operator import policy as pol
+from autoglm_operator.spec import AdaptiveSettings, AutoGLMDeploymentSpec, ModePolicy
+from autoglm_runtime.profiles import Mode
+
+DEFAULT_REPLICAS = 4
+_COLUMNS = {
+    "qps": "qps",
+    "vram_percent": "gpu_memory_percent",
+    "gpu_memory_percent": "gpu_memory_percent",
+    "queue": "queue_depth",
+    "queue_depth": "queue_depth",
+    "ttft_p95": "ttft_p95_seconds",
+    "ttft_p95_seconds": "ttft_p95_seconds",
+    "kv_cache_percent": "kv_cache_percent",
+}
+
+
+class TraceError(ValueError):
+    """The trace or config cannot be read; the message says where and why."""
+
+
+@dataclass(frozen=True)
+class Step:
+    time: float
+    samples: pol.Samples
+    decision: pol.PolicyDecision
+    streaming: int
+    batching: int
+
+
+# -- input -----------------------------------------------------------------------------------
+
+
+def _parse_time(text: str) -> float:
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as error:
+        raise TraceError(f"timestamp {text!r} is neither seconds nor RFC 3339") from error
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.timestamp()
+
+
+def _parse_value(text: str | None) -> float | None:
+    if text is None or not text.strip():
+        return None
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+def read_trace(source: TextIO, name: str = "trace") -> list[tuple[float, pol.Samples]]:
+    reader = csv.DictReader(source)
+    fields = [f.strip() for f in reader.fieldnames or []]
+    if "timestamp" not in fields:
+        raise TraceError(f"{name}: the header has no 'timestamp' column (found {fields})")
+    if not any(f in _COLUMNS for f in fields):
+        raise TraceError(f"{name}: no metric column; expected some of {sorted(_COLUMNS)}")
+    rows: list[tuple[float, pol.Samples]] = []
+    for line, raw in enumerate(reader, start=2):
+        row = {(k or "").strip(): v for k, v in raw.items()}
+        try:
+            values: dict[str, Any] = {}
+            for column, target in _COLUMNS.items():
+                if column in row:
+                    values[target] = _parse_value(row[column])
+            reporting = _parse_value(row.get("replicas_reporting"))
+            if reporting is not None:
+                values["reporting_replicas"] = int(reporting)
+            rows.append((_parse_time(row["timestamp"] or ""), pol.Samples(**values)))
+        except (TraceError, ValueError) as error:
+            raise TraceError(f"{name}:{line}: {error}") from error
+    if not rows:
+        raise TraceError(f"{name}: no data rows")
+    rows.sort(key=lambda r: r[0])
+    return rows
+
+
+def load_spec(path: Path) -> AutoGLMDeploymentSpec:
+    """A whole AutoGLMDeployment manifest, or just its spec."""
+    try:
+        document = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise TraceError(f"{path}: {error}") from error
+    if not isinstance(document, dict):
+        raise TraceError(f"{path}: expected a YAML mapping")
+    if "spec" in document:
+        document = document["spec"]
+    try:
+        return AutoGLMDeploymentSpec.model_validate(document)
+    except ValueError as error:
+        raise TraceError(f"{path}: {error}") from error
+
+
+def resample(
+    rows: Sequence[tuple[float, pol.Samples]], interval: float
+) -> Iterator[tuple[float, pol.Samples]]:
+    """One sample per loop interval: the latest row at or before each tick."""
+    if interval <= 0:
+        raise TraceError("interval must be positive")
+    index = 0
+    t = rows[0][0]
+    end = rows[-1][0]
+    while t <= end + 1e-9:
+        while index + 1 < len(rows) and rows[index + 1][0] <= t + 1e-9:
+            index += 1
+        yield t, rows[index][1]
+        t += interval
+
+
+# -- the simulation --------------------------------------------------------------------------
+
+
+def simulate(
+    rows: Iterable[tuple[float, pol.Samples]],
+    replicas: int | Sequence[str],
+    config: AdaptiveSettings,
+    mode_policy: ModePolicy = ModePolicy.ADAPTIVE,
+    *,
+    initial: Mode = Mode.STREAMING,
+    state: pol.LoopState | None = None,
+) -> list[Step]:
+    """Run decide() over a sequence of samples, applying every flip at once."""
+    names = (
+        [f"replica-{i}" for i in range(replicas)] if isinstance(replicas, int) else list(replicas)
+    )
+    modes = dict.fromkeys(names, initial)
+    loop = state or pol.LoopState()
+    steps = []
+    for t, samples in rows:
+        replica_states = [pol.ReplicaState(n, modes[n]) for n in names]
+        decision = pol.decide(samples, replica_states, loop, config, mode_policy, t)
+        for flip in decision.flips:
+            modes[flip.pod] = flip.to_mode
+        loop = decision.state
+        batching = sum(1 for m in modes.values() if m is Mode.BATCHING)
+        steps.append(Step(t, samples, decision, len(names) - batching, batching))
+    return steps
+
+
+@dataclass(frozen=True)
+class Summary:
+    passes: int
+    flips: int
+    to_batching: int
+    to_streaming: int
+    max_flips_per_replica: int
+    cooldown_violations: int
+    seconds_by_batching: dict[int, float]
+    reasons: dict[str, int]
+
+
+def summarize(steps: Sequence[Step], config: AdaptiveSettings) -> Summary:
+    last_flip: dict[str, float] = {}
+    per_replica: Counter[str] = Counter()
+    violations = 0
+    to_batching = to_streaming = 0
+    seconds: dict[int, float] = {}
+    for i, step in enumerate(steps):
+        for flip in step.decision.flips:
+            per_replica[flip.pod] += 1
+            if flip.to_mode is Mode.BATCHING:
+                to_batching += 1
+            else:
+                to_streaming += 1
+            previous = last_flip.get(flip.pod)
+            pinned = step.decision.reason in (pol.PINNED_BATCHING, pol.PINNED_STREAMING)
+            if previous is not None and step.time - previous < config.cooldown_seconds:
+                violations += 0 if pinned else 1
+            last_flip[flip.pod] = step.time
+        if i + 1 < len(steps):
+            gap = steps[i + 1].time - step.time
+            seconds[step.batching] = seconds.get(step.batching, 0.0) + gap
+    return Summary(
+        passes=len(steps),
+        flips=to_batching + to_streaming,
+        to_batching=to_batching,
+        to_streaming=to_streaming,
+        max_flips_per_replica=max(per_replica.values(), default=0),
+        cooldown_violations=violations,
+        seconds_by_batching=dict(sorted(seconds.items())),
+        reasons=dict(Counter(s.decision.reason for s in steps)),
+    )
+
+
+# -- output ----------------------------------------------------------------------------------
+
+
+def _cell(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def _when(t: float, start: float, absolute: bool) -> str:
+    if absolute:
+        return datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return str(timedelta(seconds=round(t - start)))
+
+
+def format_table(steps: Sequence[Step], *, show_all: bool = False) -> str:
+    if not steps:
+        return "(no steps)\n"
+    absolute = steps[0].time > 1e9  # epoch timestamps print as dates, offsets as h:mm:ss
+    start = steps[0].time
+    header = ("time", "qps", "qps/rep", "gpu%", "queue", "ttft95", "strm/btch", "reason", "flips")
+    lines = []
+    previous_reason = None
+    for step in steps:
+        decision = step.decision
+        if not show_all and not decision.flips and decision.reason == previous_reason:
+            continue
+        previous_reason = decision.reason
+        s = step.samples
+        per_replica = decision.metrics.qps_per_replica
+        flips = ", ".join(f"{f.pod}->{f.to_mode.value}" for f in decision.flips)
+        lines.append(
+            (
+                _when(step.time, start, absolute),
+                _cell(s.qps),
+                per_replica or "-",
+                _cell(s.gpu_memory_percent, 0),
+                _cell(s.queue_depth, 1),
+                _cell(s.ttft_p95_seconds, 3),
+                f"{step.streaming}/{step.batching}",
+                decision.reason,
+                flips,
+            )
+        )
+    widths = [max(len(h), *(len(r[i]) for r in lines)) for i, h in enumerate(header)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
+    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in lines]
+    return "\n".join(out) + "\n"
+
+
+def format_summary(summary: Summary) -> str:
+    mix = ", ".join(
+        f"{n} batching {seconds / 60:.1f} min" for n, seconds in summary.seconds_by_batching.items()
+    )
+    return (
+        f"passes {summary.passes}, flips {summary.flips} "
+        f"({summary.to_batching} to batching, {summary.to_streaming} to streaming), "
+        f"most flips of one replica {summary.max_flips_per_replica}, "
+        f"cooldown violations {summary.cooldown_violations}\n"
+        f"time by batching replicas: {mix}\n"
+    )
+
+
+def to_json(steps: Sequence[Step], summary: Summary) -> str:
+    return json.dumps(
+        {
+            "summary": summary.__dict__,
+            "steps": [
+                {
+                    "time": step.time,
+                    "reason": step.decision.reason,
+                    "message": step.decision.message,
+                    "streaming": step.streaming,
+                    "batching": step.batching,
+                    "flips": [{"pod": f.pod, "to": f.to_mode.value} for f in step.decision.flips],
+                    "metrics": step.decision.metrics.model_dump(by_alias=True, exclude_none=True),
+                }
+                for step in steps
+            ],
+        },
+        indent=2,
+    )
+
+
+# -- the command -----------------------------------------------------------------------------
+
+_RELATIVE = re.compile(r"^-(\d+)([smhd])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _cli_time(text: str, now: datetime) -> datetime:
+    if text == "now":
+        return now
+    match = _RELATIVE.match(text)
+    if match:
+        return now - timedelta(seconds=int(match.group(1)) * _UNITS[match.group(2)])
+    return datetime.fromtimestamp(_parse_time(text), tz=UTC)
+
+
+def _seconds(text: str) -> int:
+    match = re.match(r"^(\d+)([smhd]?)$", text)
+    if not match:
+        raise TraceError(f"step {text!r}: expected e.g. 15s, 1m")
+    return int(match.group(1)) * _UNITS[match.group(2) or "s"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "replay",
+        help="run the adaptive policy over a CSV trace or Prometheus history",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trace", type=Path, help="CSV trace (see above)")
+    source.add_argument("--prometheus", help="Prometheus base URL to read history from")
+    parser.add_argument("--config", type=Path, help="AutoGLMDeployment YAML (or its spec)")
+    parser.add_argument("--replicas", type=int, help="replicas to simulate (default: spec's)")
+    parser.add_argument("--interval", type=float, help="seconds between passes (default: spec)")
+    parser.add_argument(
+        "--policy", choices=[p.value for p in ModePolicy], help="override spec.modePolicy"
+    )
+    parser.add_argument("--namespace", help="with --prometheus: the deployment's namespace")
+    parser.add_argument("--name", help="with --prometheus: the AutoGLMDeployment's name")
+    parser.add_argument(
+        "--pod-regex", help="with --prometheus: pods to read (default: <name>-<hash>-<id>)"
+    )
+    parser.add_argument("--start", default="-6h", help="RFC 3339, seconds, -6h or now")
+    parser.add_argument("--end", default="now")
+    parser.add_argument("--step", default="30s", help="range query resolution")
+    parser.add_argument("--all", action="store_true", help="print every pass, not only changes")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _rows_from_prometheus(
+    args: argparse.Namespace, spec: AutoGLMDeploymentSpec
+) -> list[tuple[float, pol.Samples]]:
+    from autoglm_operator.prom import PrometheusReader  # the HTTP client only where needed
+
+    if not args.namespace or not args.name:
+        raise TraceError("--prometheus needs --namespace and --name")
+    now = datetime.now(tz=UTC)
+    start, end = _cli_time(args.start, now), _cli_time(args.end, now)
+    if end <= start:
+        raise TraceError(f"--end {args.end} is not after --start {args.start}")
+    source = spec.adaptive.prometheus.model_copy(update={"url": args.prometheus})
+    reader = PrometheusReader(source)
+    try:
+        # Pods of a Deployment are <deployment>-<pod-template-hash>-<5 chars>.
+        regex = args.pod_regex or f"{re.escape(args.name)}-[a-z0-9]+-[a-z0-9]{{5}}"
+        rows = reader.read_range(
+            args.namespace, None, start, end, _seconds(args.step), pod_regex=regex
+        )
+    finally:
+        reader.close()
+    if not rows:
+        raise TraceError("Prometheus returned no samples for that window and selector")
+    return rows
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    try:
+        spec = load_spec(args.config) if args.config else AutoGLMDeploymentSpec()
+        replicas = args.replicas or (spec.replicas if args.config else DEFAULT_REPLICAS)
+        if replicas < 1:
+            raise TraceError("--replicas must be at least 1")
+        interval = args.interval or spec.adaptive.interval_seconds
+        if args.trace:
+            with args.trace.open(newline="") as handle:
+                rows = read_trace(handle, str(args.trace))
+        else:
+            rows = _rows_from_prometheus(args, spec)
+    except (TraceError, OSError) as error:
+        print(f"replay: {error}", file=sys.stderr)
+        return 2
+    mode_policy = ModePolicy(args.policy) if args.policy else spec.mode_policy
+    steps = simulate(resample(rows, interval), replicas, spec.adaptive, mode_policy)
+    summary = summarize(steps, spec.adaptive)
+    if args.json:
+        out.write(to_json(steps, summary) + "\n")
+    else:
+        out.write(
+            f"{replicas} replicas, policy {mode_policy.value}, interval {interval:g}s, "
+            f"minStreamingReplicas {spec.adaptive.min_streaming_replicas}\n"
+        )
+        out.write(format_table(steps, show_all=args.all))
+        out.write(format_summary(summary))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="autoglm-operator")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["replay", *(argv if argv is not None else sys.argv[1:])])
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,303 @@
+"""The adaptive loop end to end, with every real piece.
+
+The local control plane with kwok GPU nodes, the operator as a subprocess, Debian's Prometheus
+scraping a `sim` runtime per pod (the pod runner binds each pod's loopback IP), and a bounded
+load from the official `openai` client. Load rises past the high threshold: replicas flip to
+batching, and status, pod labels, the runtimes and `autoglm_mode` in Prometheus all agree. Load
+falls: they return. No request fails. Prometheus dies: modes hold and the condition says why;
+it returns: the loop resumes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from loadgen import LoadReport, run_load
+from localcluster import LocalCluster, free_port
+from localprom import LocalPrometheus
+from podrunner import PodRunner
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+NAME = "phone-9b"
+REPLICAS = 3
+INTERVAL = 5
+HIGH_QPS_PER_REPLICA = 1.5
+T = TypeVar("T")
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float, every: float = 0.5) -> T:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last  # type: ignore[no-any-return]
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPrometheus]:
+    prom = LocalPrometheus(tmp_path_factory.mktemp("prometheus")).start()
+    yield prom
+    prom.stop()
+
+
+@pytest.fixture(scope="module")
+def pod_runner(
+    cluster: LocalCluster, prometheus: LocalPrometheus, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[PodRunner]:
+    runner = PodRunner(
+        cluster, tmp_path_factory.mktemp("pods"), targets_file=prometheus.targets_file
+    ).start()
+    yield runner
+    runner.stop()
+
+
+@pytest.fixture
+def operator(cluster: LocalCluster, crd: str, namespace: str, tmp_path: Path) -> Iterator[int]:
+    """The operator as a subprocess; yields the port of its own /metrics."""
+    log = tmp_path / "operator.log"
+    metrics_port = free_port()
+    env = {
+        **cluster.env,
+        "AUTOGLM_OPERATOR_METRICS_PORT": str(metrics_port),
+        "AUTOGLM_OPERATOR_METRICS_ADDR": "127.0.0.1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("autoglm-operator")), "run", "--namespace", namespace,
+         "--no-leader-election", "--liveness", f"http://127.0.0.1:{free_port()}/healthz"],
+        env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    yield metrics_port
+    cluster.kubectl("delete", "agd", "--all", "-n", namespace, "--timeout=30s", check=False)
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+    print(log.read_text(errors="replace")[-6000:])
+
+
+def resource(prometheus_url: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "autoglm.io/v1alpha1",
+        "kind": "AutoGLMDeployment",
+        "metadata": {"name": NAME},
+        "spec": {
+            "replicas": REPLICAS,
+            "adaptive": {
+                "intervalSeconds": INTERVAL,
+                "prometheus": {
+                    "url": prometheus_url,
+                    "timeoutSeconds": 2,
+                    # Short rate windows: the test runs in minutes, not hours.
+                    "queries": {"qps": "sum(rate(vllm:request_success_total{$selector}[10s]))"},
+                },
+                "qpsPerReplicaMilli": {"high": int(HIGH_QPS_PER_REPLICA * 1000), "low": 600},
+                "toBatchingStabilizationSeconds": 5,
+                "toStreamingStabilizationSeconds": 10,
+                "cooldownSeconds": 10,
+                "minStreamingReplicas": 1,
+                "maxFlipsPerStep": 1,
+            },
+        },
+    }
+
+
+def agd(cluster: LocalCluster, namespace: str) -> dict[str, Any]:
+    return cluster.get_json("agd", NAME, "-n", namespace)
+
+
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == kind), {})
+
+
+def pod_modes(cluster: LocalCluster, namespace: str) -> dict[str, str]:
+    pods = cluster.get_json("pods", "-n", namespace, "-l", f"app.kubernetes.io/instance={NAME}")
+    return {
+        p["metadata"]["name"]: p["metadata"].get("labels", {}).get("autoglm.io/mode", "")
+        for p in pods["items"]
+        if not p["metadata"].get("deletionTimestamp")
+    }
+
+
+def runtime_mode(url: str, token: str) -> str:
+    request = urllib.request.Request(
+        f"{url}/autoglm/v1/mode", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return str(json.loads(response.read())["mode"])
+
+
+def admin_token(cluster: LocalCluster, namespace: str) -> str:
+    import base64
+
+    secret = cluster.get_json("secret", f"{NAME}-admin", "-n", namespace)
+    return base64.b64decode(secret["data"]["token"]).decode()
+
+
+def batching_count(cluster: LocalCluster, namespace: str) -> int:
+    return int(agd(cluster, namespace).get("status", {}).get("batchingReplicas", 0))
+
+
+def modes_agree(
+    cluster: LocalCluster, namespace: str, runner: PodRunner, prom: LocalPrometheus, token: str
+) -> dict[str, str]:
+    """Pod label, the runtime's own answer and autoglm_mode in Prometheus, per pod."""
+    labels = pod_modes(cluster, namespace)
+    scraped = {
+        r["metric"]["pod"]: r["metric"]["mode"]
+        for r in prom.query(f'autoglm_mode{{namespace="{namespace}"}} == 1')
+    }
+    for pod, label in labels.items():
+        url = runner.runtime_url(pod)
+        assert url is not None, f"no runtime for {pod}"
+        assert runtime_mode(url, token) == label, f"{pod}: label {label} but runtime disagrees"
+        assert scraped.get(pod) == label, f"{pod}: label {label} but Prometheus has {scraped}"
+    return labels
+
+
+def test_load_flips_replicas_step_by_step_and_back_and_an_outage_holds_them(
+    cluster: LocalCluster,
+    namespace: str,
+    prometheus: LocalPrometheus,
+    pod_runner: PodRunner,
+    operator: int,
+) -> None:
+    cluster.apply(resource(prometheus.url), namespace)
+
+    def ready() -> bool:
+        return bool(agd(cluster, namespace).get("status", {}).get("readyReplicas") == REPLICAS)
+
+    def runtimes_up() -> bool:
+        return all(pod_runner.runtime_url(p) for p in pod_modes(cluster, namespace))
+
+    def all_streaming() -> bool:
+        return set(pod_modes(cluster, namespace).values()) == {"streaming"}
+
+    def metrics_available() -> bool:
+        return condition(agd(cluster, namespace), "MetricsAvailable").get("status") == "True"
+
+    wait_for("3 ready replicas", ready, timeout=90)
+    wait_for("a runtime per pod", runtimes_up, timeout=60)
+    token = admin_token(cluster, namespace)
+    wait_for("every pod streaming", all_streaming, timeout=30)
+    wait_for("metrics in Prometheus", metrics_available, timeout=60)
+
+    def targets() -> list[str]:
+        return [
+            u + "/v1" for p in pod_modes(cluster, namespace) if (u := pod_runner.runtime_url(p))
+        ]
+
+    report = LoadReport()
+    timings: dict[str, float] = {}
+
+    async def phase(qps: float, until: Callable[[], bool], timeout: float, label: str) -> None:
+        """Hold `qps` until `until()` (checked every second) or `timeout`."""
+        started = time.monotonic()
+        load = asyncio.create_task(run_load(targets, lambda _: qps, timeout, report=report))
+        while time.monotonic() - started < timeout:
+            if await asyncio.to_thread(until):
+                timings[label] = time.monotonic() - started
+                break
+            await asyncio.sleep(1)
+        load.cancel()
+        await asyncio.gather(load, return_exceptions=True)
+
+    async def scenario() -> None:
+        # High: 9 req/s over 3 replicas is 3 req/s each, twice the 1.5 high threshold.
+        await phase(9.0, lambda: batching_count(cluster, namespace) >= 1, 90, "first_flip")
+        await phase(9.0, lambda: batching_count(cluster, namespace) == REPLICAS - 1, 90, "peak")
+        await asyncio.to_thread(modes_agree, cluster, namespace, pod_runner, prometheus, token)
+        # Low: 0.5 req/s is well under the 0.6 per replica low threshold.
+        await phase(0.5, lambda: batching_count(cluster, namespace) == 0, 150, "back")
+
+    load_started = time.time()
+    asyncio.run(scenario())
+    assert "first_flip" in timings, "no replica flipped to batching under load"
+    assert "peak" in timings, "replicas did not step to batching up to minStreamingReplicas"
+    assert "back" in timings, "replicas did not return to streaming when load fell"
+    labels = modes_agree(cluster, namespace, pod_runner, prometheus, token)
+    assert set(labels.values()) == {"streaming"}
+    assert report.results, "no load was sent"
+    failures = [r.error for r in report.failures]
+    assert not failures, f"{len(failures)} of {len(report.results)} requests failed: {failures[:5]}"
+
+    history = agd(cluster, namespace)["status"].get("decisionHistory", [])
+    flips = [d for d in history if d["fromBatching"] != d["toBatching"]]
+    assert any(d["toBatching"] > d["fromBatching"] for d in flips)
+    assert any(d["toBatching"] < d["fromBatching"] for d in flips)
+    events = cluster.get_json("events", "-n", namespace)["items"]
+    assert any("batching" in (e.get("message") or "") for e in events), "no Event for a flip"
+    crossing_to_flip = threshold_crossing_to_first_flip(prometheus, namespace, flips, load_started)
+    flip_seconds = operator_histogram(operator, "autoglm_operator_mode_flip_seconds")
+
+    # Prometheus goes away: modes hold and the condition says why; it returns: the loop resumes.
+    before = pod_modes(cluster, namespace)
+    prometheus.stop()
+    try:
+
+        def metrics_lost() -> dict[str, Any] | None:
+            found = condition(agd(cluster, namespace), "MetricsAvailable")
+            return found if found.get("status") == "False" else None
+
+        down = wait_for("MetricsAvailable=False", metrics_lost, timeout=4 * INTERVAL)
+        assert down["reason"] == "PrometheusUnreachable", down
+        time.sleep(2 * INTERVAL)
+        assert pod_modes(cluster, namespace) == before, "modes changed while metrics were down"
+    finally:
+        prometheus.start()
+    wait_for("MetricsAvailable=True again", metrics_available, timeout=6 * INTERVAL)
+
+    print(
+        f"\nE2E: load step to first flip applied {timings['first_flip']:.1f}s; "
+        f"threshold crossing (QPS as the loop reads it) to first flip {crossing_to_flip:.1f}s; "
+        f"to {REPLICAS - 1} batching {timings['first_flip'] + timings['peak']:.1f}s; "
+        f"back to all streaming after load fell {timings['back']:.1f}s; "
+        f"decision to runtime confirmation mean {1000 * flip_seconds[0]:.0f} ms over "
+        f"{flip_seconds[1]:.0f} flips; requests {len(report.results)}, "
+        f"failed {len(report.failures)}; Prometheus down -> {down['reason']}"
+    )
+
+
+def threshold_crossing_to_first_flip(
+    prom: LocalPrometheus, namespace: str, flips: list[dict[str, Any]], since: float
+) -> float:
+    """Seconds from QPS per replica (the query the loop runs) crossing the high threshold to
+    the first flip's decision time."""
+    first = min(
+        datetime.fromisoformat(d["time"].replace("Z", "+00:00")).timestamp()
+        for d in flips
+        if d["toBatching"] > d["fromBatching"]
+    )
+    query = f'sum(rate(vllm:request_success_total{{namespace="{namespace}"}}[10s])) / {REPLICAS}'
+    values = prom.query_range(query, since, first, step=0.5)
+    crossed = next(t for t, v in values if v >= HIGH_QPS_PER_REPLICA)
+    return first - crossed
+
+
+def operator_histogram(port: int, name: str) -> tuple[float, float]:
+    """(mean, count) of a histogram on the operator's own /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    sums = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+            if line.startswith(name) and not line.startswith("#")}  # fmt: skip
+    count = sums.get(f"{name}_count", 0.0)
+    assert count > 0, f"{name} recorded nothing"
+    return sums[f"{name}_sum"] / count, count

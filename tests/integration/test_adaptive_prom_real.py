@@ -1,0 +1,237 @@
+"""prom.py against a real Prometheus (Debian's) scraping fake pods on loopback.
+
+Three tiny exporters stand in for pods: two of deployment `chat` and one of `chat-batch` (a
+neighbour whose pod names share a prefix), each serving vLLM and runtime metric names with the
+`namespace` and `pod` target labels a PodMonitor or `role: pod` relabeling gives them. The test
+checks the default PromQL end to end: values, scoping, staleness when a pod stops, a rejected
+override, and Prometheus going away. About 15 s; everything on ephemeral loopback ports.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import requests
+
+from autoglm_operator.prom import Availability, PrometheusReader
+from autoglm_operator.spec import PrometheusSource, QueryOverrides
+
+PROMETHEUS = os.environ.get("PROMETHEUS_BIN") or shutil.which("prometheus") or "/usr/bin/prometheus"
+pytestmark = pytest.mark.skipif(
+    not Path(PROMETHEUS).exists(), reason="Prometheus binary not found (set PROMETHEUS_BIN)"
+)
+GIB = 1024**3
+
+
+@dataclass
+class FakePod:
+    name: str
+    qps: float
+    waiting: int
+    queued: int
+    kv: float
+    gpu_used: tuple[float, float]  # GiB used on each of 2 GPUs of 48 GiB
+    ttft_fast_share: float  # share of requests under 0.25 s
+    started: float = field(default_factory=time.time)
+
+    def exposition(self) -> str:
+        elapsed = time.time() - self.started
+        served = self.qps * elapsed
+        fast = served * self.ttft_fast_share
+        lines = [
+            "# TYPE vllm:request_success_total counter",
+            f'vllm:request_success_total{{model_name="autoglm-phone-9b",engine="0",'
+            f'finished_reason="stop"}} {served:.3f}',
+            "# TYPE vllm:num_requests_waiting gauge",
+            f'vllm:num_requests_waiting{{model_name="autoglm-phone-9b",engine="0"}} {self.waiting}',
+            "# TYPE vllm:kv_cache_usage_perc gauge",
+            f'vllm:kv_cache_usage_perc{{model_name="autoglm-phone-9b",engine="0"}} {self.kv}',
+            "# TYPE autoglm_requests_queued gauge",
+            f"autoglm_requests_queued {self.queued}",
+            "# TYPE autoglm_gpu_memory_used_bytes gauge",
+            "# TYPE autoglm_gpu_memory_total_bytes gauge",
+            "# TYPE vllm:time_to_first_token_seconds histogram",
+        ]
+        for gpu, used in enumerate(self.gpu_used):
+            lines.append(f'autoglm_gpu_memory_used_bytes{{gpu="{gpu}"}} {used * GIB:.0f}')
+            lines.append(f'autoglm_gpu_memory_total_bytes{{gpu="{gpu}"}} {48 * GIB}')
+        for le, count in (("0.25", fast), ("1.0", served), ("+Inf", served)):
+            lines.append(
+                f'vllm:time_to_first_token_seconds_bucket{{model_name="autoglm-phone-9b",'
+                f'engine="0",le="{le}"}} {count:.3f}'
+            )
+        lines.append(f"vllm:time_to_first_token_seconds_count {served:.3f}")
+        return "\n".join(lines) + "\n"
+
+
+def serve(pod: FakePod) -> ThreadingHTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = pod.exposition().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+OURS = [
+    FakePod("chat-5d8f9c7b4-aaaaa", 2.0, 1, 2, 0.30, (30.0, 36.0), 0.9),
+    FakePod("chat-5d8f9c7b4-bbbbb", 3.0, 0, 3, 0.50, (20.0, 24.0), 0.5),
+]
+NEIGHBOUR = FakePod("chat-batch-6c4d8f7b9-ccccc", 50.0, 40, 40, 0.99, (47.0, 47.0), 0.0)
+
+
+@pytest.fixture(scope="module")
+def prometheus(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[str, dict[str, ThreadingHTTPServer]]]:
+    workdir = tmp_path_factory.mktemp("prometheus")
+    servers = {pod.name: serve(pod) for pod in [*OURS, NEIGHBOUR]}
+    jobs = []
+    for name, server in servers.items():
+        jobs.append(
+            f"  - job_name: {name}\n"
+            f"    static_configs:\n"
+            f"      - targets: ['127.0.0.1:{server.server_address[1]}']\n"
+            f"        labels: {{namespace: prod, pod: {name}}}\n"
+        )
+    config = workdir / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, scrape_timeout: 900ms, evaluation_interval: 1s}\n"
+        "scrape_configs:\n" + "".join(jobs)
+    )
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            PROMETHEUS,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"Prometheus exited: {process.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+            try:
+                query = "count(rate(vllm:request_success_total[1m]) > 0)"
+                answer = requests.get(f"{url}/api/v1/query", params={"query": query}, timeout=2)
+                result = answer.json()["data"]["result"]
+                if result and float(result[0]["value"][1]) == 3:
+                    break  # every target scraped at least twice: rate() has data
+            except (requests.RequestException, KeyError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("Prometheus did not scrape the fake pods within 60 s")
+            time.sleep(0.5)
+        yield url, servers
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        for server in servers.values():
+            server.shutdown()
+            server.server_close()
+
+
+def reader(url: str, **queries: str) -> PrometheusReader:
+    return PrometheusReader(
+        PrometheusSource(url=url, timeout_seconds=5, queries=QueryOverrides(**queries)),
+        max_sample_age_seconds=30,
+    )
+
+
+def test_default_queries_read_only_this_deployment(prometheus: tuple[str, dict]) -> None:
+    url, _ = prometheus
+    pods = [p.name for p in OURS]
+    reading = reader(url).read("prod", pods)
+    assert reading.availability is Availability.OK, reading.message
+    samples = reading.samples
+    assert samples is not None
+    # rate()[1m] divides by the whole minute, so a series younger than that reads low: the
+    # default QPS undershoots for a new pod's first minute (conservative: it delays batching).
+    assert samples.qps is not None and 0 < samples.qps < 5.0
+    short = reader(url, qps="sum(rate(vllm:request_success_total{$selector}[4s]))")
+    deadline = time.monotonic() + 15
+    while True:  # a 4 s window is full once the series is 4 s old
+        qps = short.read("prod", pods).samples.qps  # type: ignore[union-attr]
+        if qps == pytest.approx(5.0, rel=0.1) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert qps == pytest.approx(5.0, rel=0.1), "2 + 3 req/s, not the neighbour's 50"
+    assert samples.queue_depth == 6, "vLLM waiting 1 + 0 plus middleware queued 2 + 3"
+    assert samples.gpu_memory_percent == pytest.approx(75.0), "the fullest GPU: 36 of 48 GiB"
+    assert samples.kv_cache_percent == pytest.approx(40.0)
+    assert samples.ttft_p95_seconds is not None and 0.25 < samples.ttft_p95_seconds <= 1.0
+    assert samples.reporting_replicas == 2
+    assert all(o.seconds < 2 for o in reading.outcomes.values())
+
+
+def test_a_rejected_override_is_a_query_error(prometheus: tuple[str, dict]) -> None:
+    url, _ = prometheus
+    reading = reader(url, qps="sum(rate(vllm:request_success_total{$selector}[1m])").read(
+        "prod", [p.name for p in OURS]
+    )
+    assert reading.availability is Availability.QUERY_ERROR
+    assert "HTTP 400" in reading.message and "parse error" in reading.message
+
+
+def test_a_pod_nobody_scrapes_is_no_data(prometheus: tuple[str, dict]) -> None:
+    url, _ = prometheus
+    reading = reader(url).read("prod", ["chat-5d8f9c7b4-zzzzz"])
+    assert reading.availability is Availability.NO_DATA
+    assert reading.samples is not None and reading.samples.qps is None
+
+
+def test_a_stopped_pod_drops_out_and_a_stopped_prometheus_is_unreachable(
+    prometheus: tuple[str, dict],
+) -> None:
+    url, servers = prometheus
+    servers[OURS[1].name].shutdown()
+    servers[OURS[1].name].server_close()
+    deadline = time.monotonic() + 20
+    while True:  # the next failed scrape writes stale markers for the pod's series
+        reading = reader(url).read("prod", [p.name for p in OURS])
+        if reading.samples is not None and reading.samples.reporting_replicas == 1:
+            break
+        assert time.monotonic() < deadline, reading
+        time.sleep(0.5)
+    assert reading.available
+    assert reading.samples.queue_depth == 3, "only the live pod's queue is left"
+    dead = f"http://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    down = reader(dead).read("prod", [p.name for p in OURS])
+    assert down.availability is Availability.UNREACHABLE
+    assert time.monotonic() - started < 2, "a refused connection fails the round at once"

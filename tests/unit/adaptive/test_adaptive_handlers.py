@@ -1,0 +1,128 @@
+"""The pure parts of adaptive_handlers and operator_metrics: what is written, what is counted."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from autoglm_operator import adaptive_handlers as ah
+from autoglm_operator import policy as pol
+from autoglm_operator.adaptive import FlipOutcome, PassResult, PodView, RepairOutcome
+from autoglm_operator.operator_metrics import OperatorMetrics
+from autoglm_operator.prom import Availability, QueryOutcome, Reading
+from autoglm_runtime.profiles import Mode
+
+
+def test_owned_status_carries_every_owned_field_and_no_empty_object() -> None:
+    current = {
+        "replicas": 2,
+        "conditions": [
+            {"type": "Ready", "status": "True", "reason": "AllReplicasReady"},
+            {"type": "MetricsAvailable", "status": "True", "reason": "QueriesSucceeded"},
+        ],
+        "decisionHistory": [{"time": "t0", "reason": "QpsAboveHigh", "metrics": {}}],
+        "adaptiveState": {"lastFlips": []},
+    }
+    patch = {
+        "lastDecision": {"time": "t1", "reason": "MetricsUnavailable", "metrics": {}},
+        "conditions": [
+            {"type": "Ready", "status": "True", "reason": "AllReplicasReady"},
+            {"type": "MetricsAvailable", "status": "False", "reason": "PrometheusUnreachable"},
+        ],
+    }
+    owned = ah.owned_status(current, patch)
+    assert set(owned) == {"conditions", "lastDecision", "decisionHistory", "adaptiveState"}
+    assert [c["type"] for c in owned["conditions"]] == ["MetricsAvailable"], "Ready is not ours"
+    assert owned["conditions"][0]["status"] == "False"
+    assert owned["lastDecision"] == {"time": "t1", "reason": "MetricsUnavailable"}
+    assert owned["decisionHistory"] == [{"time": "t0", "reason": "QpsAboveHigh"}]
+    assert owned["adaptiveState"] == {"lastFlips": []}, "an empty list is a value, kept"
+
+
+def test_pod_view_reads_ip_label_and_readiness() -> None:
+    pod = {
+        "metadata": {"name": "p", "labels": {"autoglm.io/mode": "batching"}},
+        "status": {"podIP": "10.0.0.7", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    assert ah.pod_view(pod) == PodView("p", "10.0.0.7", Mode.BATCHING, True)
+    odd = {"metadata": {"name": "q", "labels": {"autoglm.io/mode": "turbo"}}, "status": {}}
+    assert ah.pod_view(odd) == PodView("q", None, None, False)
+
+
+def test_record_counts_decisions_flips_repairs_and_query_errors(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    metrics = OperatorMetrics(CollectorRegistry())
+    monkeypatch.setattr(ah, "METRICS", metrics)
+    decision = pol.PolicyDecision(
+        reason=pol.QPS_ABOVE_HIGH,
+        message="",
+        from_batching=0,
+        to_batching=1,
+        flips=(pol.Flip("a", Mode.STREAMING, Mode.BATCHING),),
+        state=pol.LoopState(),
+        metrics=pol.metric_sample(None, 0),
+    )
+    reading = Reading(
+        pol.Samples(qps=1.0, queue_depth=0.0),
+        Availability.OK,
+        "ok",
+        {"ttft_p95_seconds": QueryOutcome("ttft_p95_seconds", "q", None, Availability.NO_DATA)},
+    )
+    result = PassResult(
+        status_patch={},
+        decision=decision,
+        reading=reading,
+        flips=[FlipOutcome("a", Mode.STREAMING, Mode.BATCHING, True, seconds=0.02)],
+        repairs=[RepairOutcome("b", Mode.BATCHING, Mode.STREAMING, "Finished")],
+    )
+    ah.record("ns", "chat", result, dry_run=False)
+    value = metrics.registry.get_sample_value
+    assert (
+        value(
+            "autoglm_operator_adaptive_decisions_total",
+            {"namespace": "ns", "name": "chat", "reason": "QpsAboveHigh"},
+        )
+        == 1
+    )
+    assert (
+        value(
+            "autoglm_operator_mode_flips_total",
+            {"namespace": "ns", "name": "chat", "to": "batching", "result": "applied"},
+        )
+        == 1
+    )
+    assert value("autoglm_operator_mode_flip_seconds_count") == 1
+    assert (
+        value(
+            "autoglm_operator_mode_repairs_total",
+            {"namespace": "ns", "name": "chat", "action": "Finished"},
+        )
+        == 1
+    )
+    assert value("autoglm_operator_metrics_available", {"namespace": "ns", "name": "chat"}) == 1
+    assert (
+        value(
+            "autoglm_operator_prometheus_query_errors_total",
+            {"query": "ttft_p95_seconds", "reason": "NoData"},
+        )
+        == 1
+    )
+    metrics.observe_query("qps", 0.5, Availability.UNREACHABLE)
+    assert value("autoglm_operator_prometheus_query_seconds_count", {"query": "qps"}) == 1
+    assert (
+        value(
+            "autoglm_operator_prometheus_query_errors_total",
+            {"query": "qps", "reason": "PrometheusUnreachable"},
+        )
+        == 1
+    )
+    metrics.forget("ns", "chat")
+    assert value("autoglm_operator_metrics_available", {"namespace": "ns", "name": "chat"}) is None
+    assert (
+        value(
+            "autoglm_operator_mode_flips_total",
+            {"namespace": "ns", "name": "chat", "to": "batching", "result": "applied"},
+        )
+        is None
+    )

@@ -1,0 +1,329 @@
+"""prom.py against canned Prometheus answers: query building, scoping, failure classification."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+import requests
+from requests.adapters import BaseAdapter
+
+from autoglm_operator import policy as pol
+from autoglm_operator import prom
+from autoglm_operator.prom import Availability, PrometheusReader
+from autoglm_operator.spec import PrometheusSource, QueryOverrides
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "prometheus"
+URL = "http://prometheus.test:9090"
+PODS = ["phone-9b-7d9f8c6b5-abcde", "phone-9b-7d9f8c6b5-fghij"]
+
+# Which canned answer a query gets, by a fragment of its PromQL (first match wins).
+ROUTES = (
+    ("coverage", "timestamp("),
+    ("coverage", "count(vllm:num_requests_waiting"),
+    ("qps", "request_success"),
+    ("gpu_memory_percent", "gpu_memory"),
+    ("gpu_memory_percent", "DCGM"),
+    ("queue_depth", "num_requests_waiting"),
+    ("kv_cache_percent", "kv_cache"),
+    ("ttft_p95_seconds", "time_to_first_token"),
+)
+Answer = tuple[int, str] | Exception
+
+
+def fixture(name: str, status: int = 200) -> tuple[int, str]:
+    return status, (FIXTURES / name).read_text()
+
+
+class FakePrometheus(BaseAdapter):
+    """A requests transport answering /api/v1/query* from fixtures; records every query."""
+
+    def __init__(self, answers: dict[str, Answer]) -> None:
+        super().__init__()
+        self.answers = answers
+        self.queries: list[str] = []
+        self.params: list[dict[str, list[str]]] = []
+
+    def send(
+        self, request: requests.PreparedRequest, *args: object, **kwargs: object
+    ) -> requests.Response:
+        params = parse_qs(urlparse(request.url or "").query)
+        query = params["query"][0]
+        self.queries.append(query)
+        self.params.append(params)
+        name = next(n for n, fragment in ROUTES if fragment in query)
+        answer = self.answers[name]
+        if isinstance(answer, Exception):
+            raise answer
+        status, body = answer
+        response = requests.Response()
+        response.status_code = status
+        response._content = body.encode()
+        response.url = request.url or ""
+        response.request = request
+        return response
+
+    def close(self) -> None:
+        pass
+
+
+HEALTHY: dict[str, Answer] = {
+    "coverage": fixture("coverage_two_pods.json"),
+    "qps": fixture("vector_qps.json"),
+    "gpu_memory_percent": fixture("vector_gpu_memory.json"),
+    "queue_depth": fixture("vector_queue.json"),
+    "kv_cache_percent": fixture("vector_kv_cache.json"),
+    "ttft_p95_seconds": fixture("vector_ttft_nan.json"),
+}
+
+
+def reader_for(
+    answers: dict[str, Answer], queries: QueryOverrides | None = None
+) -> tuple[PrometheusReader, FakePrometheus, list[tuple[str, float, Availability | None]]]:
+    fake = FakePrometheus(answers)
+    session = requests.Session()
+    session.mount(URL + "/api", fake)  # longer than PrometheusConnect's own mount: ours wins
+    observed: list[tuple[str, float, Availability | None]] = []
+    source = PrometheusSource(url=URL, timeout_seconds=3, queries=queries or QueryOverrides())
+    reader = PrometheusReader(source, session=session, observer=lambda *args: observed.append(args))
+    return reader, fake, observed
+
+
+def with_answers(**changes: Answer) -> dict[str, Answer]:
+    return {**HEALTHY, **changes}
+
+
+# -- query building and scoping --------------------------------------------------------------
+
+
+def test_selector_is_exact_sorted_and_escaped() -> None:
+    selector = prom.pod_selector("prod", ["b-1", "a.x-0", "b-1"])
+    assert selector == 'namespace="prod",pod=~"a\\\\.x-0|b-1"'
+    exported = prom.pod_selector("prod", ["a"], prefix="exported_")
+    assert exported == 'exported_namespace="prod",exported_pod=~"a"'
+    assert prom.pod_selector('we"ird', ["a"]).startswith('namespace="we\\"ird"')
+    with pytest.raises(ValueError):
+        prom.pod_selector("prod", [])
+
+
+def test_two_deployments_never_match_each_others_pods() -> None:
+    # PromQL anchors =~ at both ends; the same regex, fully matched, is what Prometheus tests.
+    ours = ["chat-5d8f9-aaaaa", "chat-5d8f9-bbbbb"]
+    theirs = ["chat-batch-77c4f-ccccc", "chat-5d8f9-aaaaa0", "xchat-5d8f9-bbbbb"]
+    selector = prom.pod_selector("prod", ours)
+    regex = re.search(r'pod=~"(.*)"', selector)
+    assert regex is not None
+    pattern = regex.group(1).replace("\\\\", "\\")
+    assert all(re.fullmatch(pattern, pod) for pod in ours)
+    assert not any(re.fullmatch(pattern, pod) for pod in theirs)
+
+
+def test_every_default_query_is_scoped_and_overrides_replace_defaults() -> None:
+    for name, template in prom.DEFAULT_QUERIES.items():
+        rendered = prom.render(template, "prod", PODS)
+        assert "$" not in rendered, name
+        assert rendered.count('namespace="prod"') == template.count("selector"), name
+    chosen = prom.queries_for(QueryOverrides(qps="sum(my_rps{$selector})"))
+    assert chosen["qps"] == "sum(my_rps{$selector})"
+    assert chosen["queue_depth"] == prom.DEFAULT_QUERIES["queue_depth"]
+    assert "DCGM_FI_DEV_FB_USED" in prom.DEFAULT_QUERIES["gpu_memory_percent"]
+    assert "exported_pod" in prom.render(prom.DEFAULT_QUERIES["gpu_memory_percent"], "ns", ["p"])
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+
+def test_a_healthy_round_returns_samples_and_measures_each_query() -> None:
+    reader, fake, observed = reader_for(HEALTHY)
+    reading = reader.read("prod", PODS)
+
+    assert reading.availability is Availability.OK and reading.available
+    assert reading.samples == pol.Samples(
+        qps=12.5,
+        gpu_memory_percent=88.25,
+        queue_depth=6.0,
+        kv_cache_percent=41.5,
+        ttft_p95_seconds=None,
+        reporting_replicas=2,
+    )
+    assert reading.message == "6 queries answered; no data for ttft_p95_seconds"
+    assert len(fake.queries) == 6 and next(o[0] for o in observed) == "coverage"
+    assert all(o[2] is None and o[1] >= 0 for o in observed)
+    selector = prom.pod_selector("prod", PODS)
+    assert all(selector in q for q in fake.queries)
+    assert all(p["timeout"] == ["3s"] for p in fake.params), "Prometheus aborts slow queries"
+    assert reader.read("prod", PODS).message == reading.message, "stable text: no status churn"
+
+
+def test_per_series_answers_sum_totals_and_take_the_worst_percentage() -> None:
+    answers = with_answers(
+        qps=fixture("vector_qps_per_pod.json"), gpu_memory_percent=fixture("vector_per_gpu.json")
+    )
+    reader, _, _ = reader_for(answers)
+    samples = reader.read("prod", PODS).samples
+    assert samples is not None
+    assert samples.qps == 7.75
+    assert samples.gpu_memory_percent == 93.5, "NaN series ignored, the fullest GPU counts"
+
+
+def test_a_scalar_answer_is_read_too() -> None:
+    reader, _, _ = reader_for(with_answers(qps=fixture("scalar_time.json")))
+    samples = reader.read("prod", PODS).samples
+    assert samples is not None and samples.qps == 3.5
+
+
+@pytest.mark.parametrize(
+    ("error", "detail"),
+    [
+        (requests.ConnectionError("Connection refused"), "connection failed"),
+        (requests.ReadTimeout("read timed out"), "timed out"),
+    ],
+)
+def test_unreachable_prometheus_fails_fast_and_holds(error: Exception, detail: str) -> None:
+    reader, fake, observed = reader_for(dict.fromkeys(HEALTHY, error))
+    reading = reader.read("prod", PODS)
+    assert reading.availability is Availability.UNREACHABLE and not reading.available
+    assert detail in reading.message and URL in reading.message
+    assert len(fake.queries) == 1, "one timeout per round, not one per query"
+    assert observed[0][2] is Availability.UNREACHABLE
+    assert reading.samples is None
+    decision = pol.decide(
+        reading.samples,
+        [pol.ReplicaState("a", None)],
+        pol.LoopState(),
+        pol.AdaptiveSettings(),
+        pol.ModePolicy.ADAPTIVE,
+        0,
+    )
+    assert decision.reason == pol.METRICS_UNAVAILABLE
+
+
+def test_prometheus_going_away_mid_round_stops_the_round() -> None:
+    reader, fake, _ = reader_for(with_answers(qps=requests.ConnectionError("reset")))
+    reading = reader.read("prod", PODS)
+    assert reading.availability is Availability.UNREACHABLE
+    assert len(fake.queries) == 2
+
+
+@pytest.mark.parametrize("status", [502, 503, 504])
+def test_gateway_and_unavailable_answers_count_as_unreachable(status: int) -> None:
+    reader, _, _ = reader_for(dict.fromkeys(HEALTHY, fixture("error_unavailable.json", status)))
+    assert reader.read("prod", PODS).availability is Availability.UNREACHABLE
+
+
+def test_a_rejected_query_is_a_query_error_with_prometheus_reason() -> None:
+    reader, _, observed = reader_for(with_answers(qps=fixture("error_bad_data.json", 400)))
+    reading = reader.read("prod", PODS)
+    assert reading.availability is Availability.QUERY_ERROR
+    assert "HTTP 400" in reading.message and "parse error" in reading.message
+    assert ("qps", Availability.QUERY_ERROR) in [(o[0], o[2]) for o in observed]
+    assert reading.samples is not None and reading.samples.qps is None
+
+
+def test_an_answer_that_is_not_prometheus_is_a_query_error() -> None:
+    reader, _, _ = reader_for(dict.fromkeys(HEALTHY, fixture("not_prometheus.html")))
+    reading = reader.read("prod", PODS)
+    assert reading.availability is Availability.QUERY_ERROR
+    assert "not a Prometheus API answer" in reading.message
+
+
+@pytest.mark.parametrize("answer", ["vector_empty.json", "vector_ttft_nan.json"])
+def test_empty_or_nan_required_signal_is_no_data(answer: str) -> None:
+    reader, _, _ = reader_for(with_answers(queue_depth=fixture(answer)))
+    reading = reader.read("prod", PODS)
+    assert reading.availability is Availability.NO_DATA
+    assert reading.samples is not None and reading.samples.queue_depth is None
+    assert reading.samples.qps is None, "required values withheld as a whole"
+
+
+def test_stale_samples_hold_and_partially_stale_pods_shrink_the_divisor() -> None:
+    reader, _, _ = reader_for(with_answers(coverage=fixture("coverage_stale.json")))
+    reading = reader.read("prod", PODS)
+    assert reading.availability is Availability.STALE
+    assert "the newest sample is over 3 min old (limit 90s)" in reading.message
+    reader, _, _ = reader_for(with_answers(coverage=fixture("coverage_one_fresh_one_stale.json")))
+    reading = reader.read("prod", PODS)
+    assert reading.availability is Availability.OK
+    assert reading.samples is not None and reading.samples.reporting_replicas == 1
+
+
+def test_optional_signal_failures_do_not_block() -> None:
+    reader, _, _ = reader_for(
+        with_answers(gpu_memory_percent=fixture("error_bad_data.json", 422)),
+        QueryOverrides(gpu_memory_percent="100 * max(my_gpu_memory{$selector}"),
+    )
+    reading = reader.read("prod", PODS)
+    assert reading.availability is Availability.PARTIAL and reading.available
+    assert "gpu_memory_percent" in reading.message
+    assert reading.samples is not None and reading.samples.qps == 12.5
+    reader, _, _ = reader_for(with_answers(gpu_memory_percent=fixture("vector_empty.json")))
+    reading = reader.read("prod", PODS)
+    assert reading.availability is Availability.OK
+    assert reading.samples is not None and reading.samples.gpu_memory_percent is None
+
+
+def test_no_coverage_series_falls_back_to_ready_pods() -> None:
+    reader, _, _ = reader_for(with_answers(coverage=fixture("vector_empty.json")))
+    reading = reader.read("prod", PODS)
+    assert reading.available
+    assert reading.samples is not None and reading.samples.reporting_replicas is None
+
+
+def test_no_pods_queries_nothing() -> None:
+    reader, fake, _ = reader_for(HEALTHY)
+    reading = reader.read("prod", [])
+    assert reading.availability is Availability.NO_PODS and fake.queries == []
+
+
+def test_classify_rejects_what_it_does_not_know() -> None:
+    with pytest.raises(ZeroDivisionError):
+        prom.classify(ZeroDivisionError())
+
+
+def test_reader_needs_a_url() -> None:
+    with pytest.raises(ValueError, match=r"prometheus\.url"):
+        PrometheusReader(PrometheusSource())
+
+
+# -- range reads for replay ------------------------------------------------------------------
+
+
+def test_read_range_aligns_signals_by_timestamp() -> None:
+    answers: dict[str, Answer] = {
+        "coverage": fixture("matrix_coverage.json"),
+        "qps": fixture("matrix_qps.json"),
+        "queue_depth": fixture("matrix_queue.json"),
+        "gpu_memory_percent": fixture("matrix_empty.json"),
+        "kv_cache_percent": fixture("matrix_empty.json"),
+        "ttft_p95_seconds": fixture("matrix_empty.json"),
+    }
+    reader, fake, _ = reader_for(answers)
+    start = datetime.fromtimestamp(1_700_000_000, tz=UTC)
+    end = datetime.fromtimestamp(1_700_000_060, tz=UTC)
+    rows = reader.read_range(
+        "prod", None, start, end, 30, pod_regex="phone-9b-[a-z0-9]+-[a-z0-9]{5}"
+    )
+    assert [t for t, _ in rows] == [1_700_000_000, 1_700_000_030, 1_700_000_060]
+    assert [s.qps for _, s in rows] == [2.0, None, 14.0]
+    assert [s.queue_depth for _, s in rows] == [0.0, 1.0, 9.0]
+    assert all(s.reporting_replicas == 2 for _, s in rows)
+    assert all('pod=~"phone-9b-[a-z0-9]+-[a-z0-9]{5}"' in q for q in fake.queries)
+    assert all(p["step"] == ["30s"] for p in fake.params)
+
+
+def test_connection_errors_are_summarised_without_the_query_url() -> None:
+    error = requests.ConnectionError(
+        "HTTPConnectionPool(host='127.0.0.1', port=9090): Max retries exceeded with url: "
+        '/api/v1/query?query=sum%28rate... (Caused by NewConnectionError("HTTPConnection('
+        "host='127.0.0.1', port=9090): Failed to establish a new connection: "
+        '[Errno 111] Connection refused"))'
+    )
+    assert prom.classify(error) == (
+        Availability.UNREACHABLE,
+        "connection failed: [Errno 111] Connection refused",
+    )
+    timeout = requests.ReadTimeout("HTTPConnectionPool(host='p', port=1): Read timed out. (x=5)")
+    assert prom.classify(timeout) == (Availability.UNREACHABLE, "timed out: Read timed out")
