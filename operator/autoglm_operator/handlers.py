@@ -18,23 +18,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
-from prometheus_client import Gauge
 from pydantic import ValidationError
 
 from autoglm_operator import builders, kube, plan
 from autoglm_operator import settings as settings_
 from autoglm_operator import spec as crd
 from autoglm_operator import status as status_
+from autoglm_operator.operator_metrics import METRICS
 from autoglm_runtime.profiles import MODE_LABEL
 
 AGD = (crd.GROUP, crd.VERSION, crd.PLURAL)
-# Served by the operator's metrics endpoint (default registry); the chart's alerts read them.
-REPLICAS = Gauge(
-    "autoglm_operator_replicas", "Replicas the AutoGLMDeployment asks for.", ["namespace", "name"]
-)
-READY_REPLICAS = Gauge(
-    "autoglm_operator_ready_replicas", "Replicas ready to serve.", ["namespace", "name"]
-)
 CHILD_FILTER = {builders.MANAGED_BY_LABEL: builders.MANAGER}
 
 # -- indexes: the children, in memory, keyed by (namespace, owner name) ----------------------
@@ -309,8 +302,10 @@ class Reconciler:
             now=_now(),
             problem=problem,
         )
-        REPLICAS.labels(meta["namespace"], meta["name"]).set(spec.replicas)
-        READY_REPLICAS.labels(meta["namespace"], meta["name"]).set(update.status["readyReplicas"])
+        METRICS.replicas.labels(meta["namespace"], meta["name"]).set(spec.replicas)
+        METRICS.ready_replicas.labels(meta["namespace"], meta["name"]).set(
+            update.status["readyReplicas"]
+        )
         if not update.changed:
             state.status_written = None
             return
@@ -428,7 +423,7 @@ async def reconcile(
                 state.fingerprint = None
                 await _failed(reconciler, body, observed, state, err)
         await stopped.wait(interval)
-    for gauge in (REPLICAS, READY_REPLICAS):
+    for gauge in (METRICS.replicas, METRICS.ready_replicas):
         with contextlib.suppress(KeyError):
             gauge.remove(str(namespace), name)
 

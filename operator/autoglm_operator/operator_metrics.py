@@ -1,4 +1,4 @@
-"""The operator's own Prometheus metrics: adaptive decisions, flips, Prometheus query cost.
+"""The operator's own Prometheus metrics: replicas, adaptive decisions, flips, query cost.
 
 Served by start_server() on AUTOGLM_OPERATOR_METRICS_PORT (default 8081; 0 turns it off), bound
 to AUTOGLM_OPERATOR_METRICS_ADDR (default every interface).
@@ -68,6 +68,19 @@ class OperatorMetrics:
             _DEPLOYMENT,
             registry=registry,
         )
+        # Desired and ready replicas per deployment: the chart's "replicas not ready" alert.
+        self.replicas = Gauge(
+            "autoglm_operator_replicas",
+            "Replicas the AutoGLMDeployment asks for.",
+            _DEPLOYMENT,
+            registry=registry,
+        )
+        self.ready_replicas = Gauge(
+            "autoglm_operator_ready_replicas",
+            "Replicas ready to serve.",
+            _DEPLOYMENT,
+            registry=registry,
+        )
         self.pass_seconds = Histogram(
             "autoglm_operator_adaptive_pass_seconds",
             "Duration of one adaptive pass (read, decide, apply).",
@@ -95,6 +108,8 @@ class OperatorMetrics:
             self.flips,
             self.repairs,
             self.metrics_available,
+            self.replicas,
+            self.ready_replicas,
         )
         for metric in per_deployment:
             for labels in list(metric._metrics):  # prometheus_client keeps children by label tuple

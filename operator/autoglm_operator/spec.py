@@ -153,9 +153,13 @@ class MilliThreshold(CamelModel):
 
 
 class PercentThreshold(CamelModel):
+    """GPU memory used, percent of each GPU. vLLM reserves engine.gpuMemoryUtilizationPercent at
+    start-up, so used memory sits there at any load: the band must lie above the reservation
+    and only real pressure beyond it (other processes, fragmentation) counts."""
+
     model_config = _validations(_LOW_BELOW_HIGH)
-    high: int = Field(default=85, ge=1, le=100)
-    low: int = Field(default=70, ge=0, le=99)
+    high: int = Field(default=98, ge=1, le=100)
+    low: int = Field(default=95, ge=0, le=99)
 
 
 class CountThreshold(CamelModel):
@@ -244,6 +248,13 @@ class AutoGLMDeploymentSpec(CamelModel):
             "has(self.adaptive.prometheus.url)",
             "modePolicy Adaptive needs adaptive.prometheus.url (or adaptive.paused: true)",
             ".adaptive.prometheus.url",
+        ),
+        _cel(
+            "self.adaptive.gpuMemoryPercent.low > self.engine.gpuMemoryUtilizationPercent",
+            "adaptive.gpuMemoryPercent.low must be above engine.gpuMemoryUtilizationPercent: "
+            "vLLM holds that much of each GPU from start-up, so a lower band would keep "
+            "replicas in batching for good",
+            ".adaptive.gpuMemoryPercent.low",
         ),
         _cel(
             "self.maxModelLen <= " + str(MODEL_CONTEXT_LIMIT),

@@ -315,6 +315,8 @@ def _operator_registry() -> CollectorRegistry:
     metrics.decisions.labels(NAMESPACE, DEPLOYMENT, "LoadHigh").inc()
     metrics.flips.labels(NAMESPACE, DEPLOYMENT, "batching", "applied").inc()
     metrics.metrics_available.labels(NAMESPACE, DEPLOYMENT).set(1)
+    metrics.replicas.labels(NAMESPACE, DEPLOYMENT).set(2)
+    metrics.ready_replicas.labels(NAMESPACE, DEPLOYMENT).set(2)
     metrics.query_seconds.labels("qps").observe(0.01)
     metrics.query_errors.labels("qps", "NoData").inc()
     return registry
@@ -535,12 +537,6 @@ def test_scrape_config_relabels_pods_as_the_queries_expect(prometheus: str) -> N
 
 # -- every metric the chart queries is one the code exports ---------------------------------------
 
-# Requested from the operator (operator_metrics.py): per-deployment desired and ready replica
-# gauges, from the status it already computes. Until then AutoGLMReplicasNotReady cannot fire;
-# strict xfail turns red the day they exist, so this list is kept honest.
-NOT_YET_EXPORTED = {"autoglm_operator_replicas", "autoglm_operator_ready_replicas"}
-
-
 def _exported_names() -> set[str]:
     registries = [*_runtime_registries(0), _operator_registry()]
     names = {"up"}
@@ -557,16 +553,6 @@ def _referenced_names() -> set[str]:
     return found - {"autoglm_deployment"}  # the label the scrape configs add, not a metric
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            n, marks=pytest.mark.xfail(strict=True, reason="not exported by the operator yet")
-        )
-        if n in NOT_YET_EXPORTED
-        else n
-        for n in sorted(_referenced_names())
-    ],
-)
+@pytest.mark.parametrize("name", sorted(_referenced_names()))
 def test_referenced_metric_is_exported_by_the_code(name: str) -> None:
     assert name in _exported_names(), f"{name} is queried by the chart but no registry exports it"
