@@ -170,7 +170,9 @@ def test_each_signal_has_its_reason_and_the_message_carries_values() -> None:
 def test_low_needs_every_signal_low() -> None:
     replicas = [pol.ReplicaState("r0", Mode.STREAMING), pol.ReplicaState("r1", Mode.BATCHING)]
     cfg = config(toStreamingStabilizationSeconds=0, minStreamingReplicas=0)
-    busy_gpu = pol.decide(load(0.5, gpu=96.5), replicas, pol.LoopState(), cfg, ModePolicy.ADAPTIVE, 0)
+    busy_gpu = pol.decide(
+        load(0.5, gpu=96.5), replicas, pol.LoopState(), cfg, ModePolicy.ADAPTIVE, 0
+    )
     assert busy_gpu.reason == pol.WITHIN_BAND
     quiet = pol.decide(load(0.5, gpu=60), replicas, pol.LoopState(), cfg, ModePolicy.ADAPTIVE, 0)
     assert quiet.reason == pol.LOAD_BELOW_LOW
