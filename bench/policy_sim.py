@@ -1,0 +1,486 @@
+"""A fast-forward, discrete-event simulation of a pool of AutoGLM replicas (policy benchmark).
+
+Each replica is the runtime as deployed: the mode middleware (concurrency cap, bounded priority
+wait queue with a timeout, micro-batch window, SSE coalescing, stream priority), then vLLM's API
+server preprocessing, then the engine's continuous batching with chunked prefill. The engine is
+the sim's step model (`autoglm_runtime.sim.model.LatencyModel`, the same equations
+`autoglm_runtime.sim.engine` runs in real time):
+
+    step T = t0 + t1 * b + c_p * p + c_img * i
+
+Steps that only decode, with nothing new to admit, are identical, so the simulator jumps over a
+run of them at once (to the next completion, or to the end of the step in progress when a new
+request reaches the engine). That is exact for the step model and makes a simulated day take
+seconds to minutes instead of a day.
+
+Memory is `autoglm_runtime.sim.model.MemoryModel` (what the sim reports as autoglm_gpu_memory_*).
+
+Nothing here does I/O; `policy_goodput.py` drives it.
+"""
+
+from __future__ import annotations
+
+import copy
+import heapq
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import cast
+
+from autoglm_runtime.profiles import Mode, ModeProfile, ModeProfiles
+from autoglm_runtime.requests import DEFAULT_PRIORITY, STREAM_PRIORITY
+from autoglm_runtime.sim.model import IMAGE_TOKENS, LatencyModel, MemoryModel
+
+CHAT = 0  # interactive, streamed; SLO on time to first visible token
+BATCH = 1  # batch job, not streamed; SLO on completion time
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Request shapes: the calibration workload of the sim model (see its docstring)."""
+
+    text_tokens: int = 60
+    images: int = 1
+    chat_output_tokens: int = 64
+    batch_output_tokens: int = 40
+    chat_ttft_slo: float = 0.5
+    batch_e2e_slo: float = 30.0
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.text_tokens + IMAGE_TOKENS * self.images
+
+
+@dataclass(frozen=True)
+class EngineEnvelope:
+    """The engine's start-up flags (one envelope for both modes) and the latency/memory models."""
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    latency: LatencyModel = field(default_factory=LatencyModel)
+    memory: MemoryModel = field(default_factory=MemoryModel)
+
+
+@dataclass(slots=True, eq=False)
+class Req:
+    kind: int
+    arrival: float
+    rid: int
+    target: int
+    prio: int = 0
+    visible: int = 1  # the token whose arrival the client sees first (SSE coalescing)
+    prefilled: int = 0
+    first_token: float = -1.0  # client-visible first token
+    done: float = -1.0
+    rejected: bool = False
+
+
+@dataclass(slots=True)
+class Outcome:
+    kind: int
+    arrival: float
+    ttft: float  # -1 when never seen (rejected or unfinished)
+    e2e: float  # -1 when not finished
+    met: bool
+
+
+# Event kinds.
+_STEP_END = 0
+_GROUP = 1
+_PRE_DONE = 2
+
+
+class Replica:
+    def __init__(self, index: int, mode: Mode, profiles: ModeProfiles, env: EngineEnvelope) -> None:
+        self.index = index
+        self.name = f"replica-{index}"
+        self.profiles = profiles
+        self.env = env
+        self.mode = mode
+        self.profile: ModeProfile = profiles.for_mode(mode)
+        # middleware
+        self.inflight = 0
+        self.queue: list[tuple[int, int, Req]] = []  # (priority, seq, req)
+        self.group: list[Req] = []
+        self.group_version = 0
+        self.group_timer = False
+        # engine
+        self.waiting: list[tuple[int, int, Req]] = []
+        self.prefilling: list[Req] = []
+        self.decoding: list[tuple[int, int, Req]] = []  # (finish counter, rid, req)
+        self.watch: list[tuple[int, int, Req]] = []  # (counter of the visible token, rid, req)
+        self.counter = 0  # decode steps done (each gives every decoding sequence one token)
+        self.busy = False
+        self.step_version = 0
+        self.step_start = 0.0
+        self.step_len = 0.0
+        self.step_count = 0  # steps in the current jump (1 for a step with prefill)
+        self.step_plan: list[tuple[Req, int]] = []
+        self.step_prefill_tokens = 0
+
+    @property
+    def running(self) -> int:
+        return len(self.prefilling) + len(self.decoding)
+
+    @property
+    def queued(self) -> int:
+        return len(self.queue)
+
+    def load(self) -> float:
+        return (self.inflight + len(self.queue)) / self.profile.max_concurrency
+
+    def free_slot(self) -> bool:
+        return self.inflight < self.profile.max_concurrency and not self.queue
+
+
+class Pool:
+    """The replicas, the router and the event loop; `run_until` advances simulated time."""
+
+    def __init__(
+        self,
+        modes: Sequence[Mode],
+        arrivals: Sequence[tuple[float, int]],
+        *,
+        profiles: ModeProfiles | None = None,
+        env: EngineEnvelope | None = None,
+        workload: Workload | None = None,
+        track_metrics: bool = True,
+    ) -> None:
+        self.profiles = profiles or ModeProfiles()
+        self.env = env or EngineEnvelope()
+        self.workload = workload or Workload()
+        self.replicas = [Replica(i, m, self.profiles, self.env) for i, m in enumerate(modes)]
+        self.arrivals = arrivals  # shared, never mutated: excluded from clone()
+        self.next_arrival = 0
+        self.now = 0.0
+        self.events: list[tuple[float, int, int, object, int]] = []
+        self.seq = 0
+        self.outcomes: list[Outcome] = []
+        self.track_metrics = track_metrics
+        self.completions: deque[float] = deque()  # engine completions (vllm:request_success_total)
+        self.ttfts: deque[tuple[float, float]] = deque()  # (time, engine TTFT) for the histogram
+        lat = self.env.latency
+        w = self.workload
+        self.t_pre = lat.preprocess_seconds(w.prompt_tokens, w.images)
+
+    # --- cloning (the oracle's hindsight) ---------------------------------------------------
+
+    def clone(self) -> Pool:
+        arrivals = self.arrivals
+        self.arrivals = ()
+        try:
+            twin = copy.deepcopy(self)
+        finally:
+            self.arrivals = arrivals
+        twin.arrivals = arrivals
+        return twin
+
+    # --- modes --------------------------------------------------------------------------------
+
+    def set_mode(self, replica: Replica, mode: Mode) -> None:
+        if replica.mode is mode:
+            return
+        replica.mode = mode
+        replica.profile = p = self.profiles.for_mode(mode)
+        # As AdmissionController.set_profile: release a held group the new profile would not hold.
+        if p.batch_window_millis == 0 or len(replica.group) >= p.batch_size:
+            self._release_group(replica)
+        self._wake(replica)
+
+    # --- event loop ---------------------------------------------------------------------------
+
+    def _push(self, when: float, kind: int, obj: object, aux: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (when, self.seq, kind, obj, aux))
+
+    def run_until(self, end: float, *, arrivals: bool = True) -> None:
+        events = self.events
+        arr = self.arrivals
+        n = len(arr)
+        while True:
+            t_ev = events[0][0] if events else math.inf
+            t_arr = arr[self.next_arrival][0] if arrivals and self.next_arrival < n else math.inf
+            if t_arr <= t_ev:
+                if t_arr >= end:
+                    break
+                t, kind = arr[self.next_arrival]
+                self.next_arrival += 1
+                self.now = t
+                self._arrive(t, kind, self.next_arrival)
+                continue
+            if t_ev >= end:
+                break
+            when, _, kind, obj, aux = heapq.heappop(events)
+            self.now = when
+            if kind == _STEP_END:
+                assert isinstance(obj, Replica)
+                if aux == obj.step_version:
+                    self._step_end(obj, when)
+            elif kind == _PRE_DONE:
+                pair = cast(tuple[Req, Replica], obj)
+                self._engine_submit(pair[1], pair[0], when)
+            elif kind == _GROUP:
+                assert isinstance(obj, Replica)
+                if aux == obj.group_version:
+                    self._release_group(obj)
+        self.now = max(self.now, end)
+
+    def drain(self, limit: float) -> None:
+        """No more arrivals: let work in flight finish (up to `limit` more seconds)."""
+        self.run_until(self.now + limit, arrivals=False)
+
+    # --- router -------------------------------------------------------------------------------
+
+    def route(self, kind: int) -> Replica:
+        """The routing assumption (see policy_goodput.py): class-preferred pool, least loaded."""
+        reps = self.replicas
+        preferred = Mode.STREAMING if kind == CHAT else Mode.BATCHING
+        pool = [r for r in reps if r.mode is preferred]
+        if not pool:
+            return min(reps, key=Replica.load)
+        best = min(pool, key=Replica.load)
+        if kind == BATCH or best.free_slot():
+            return best
+        # Chats spill over when every streaming replica is full: the least loaded replica of
+        # all, streaming first on ties.
+        return min(reps, key=lambda r: (r.load(), r.mode is not Mode.STREAMING))
+
+    # --- middleware ---------------------------------------------------------------------------
+
+    def _arrive(self, t: float, kind: int, rid: int) -> None:
+        w = self.workload
+        replica = self.route(kind)
+        p = replica.profile
+        stream = kind == CHAT
+        prio = (STREAM_PRIORITY if stream else DEFAULT_PRIORITY) if p.prioritize_streams else 0
+        coalesce = p.stream_coalesce_chunks if stream else 1
+        # vLLM's first streamed event carries only the role; the coalescer flushes after
+        # `coalesce` events, so the client sees token `coalesce - 1` first (token 1 if off).
+        visible = max(1, coalesce - 1)
+        target = w.chat_output_tokens if stream else w.batch_output_tokens
+        req = Req(kind, t, rid, target, prio, visible)
+        if replica.inflight < p.max_concurrency and not replica.queue:
+            replica.inflight += 1
+            self._admitted(replica, req, t)
+        elif len(replica.queue) >= p.max_queue:
+            self._reject(req)
+        else:
+            heapq.heappush(replica.queue, (prio, rid, req))
+
+    def _admitted(self, replica: Replica, req: Req, t: float) -> None:
+        p = replica.profile
+        if p.batch_window_millis == 0 or p.batch_size <= 1:
+            self._push(t + self.t_pre, _PRE_DONE, (req, replica))
+            return
+        replica.group.append(req)
+        if len(replica.group) >= p.batch_size:
+            self._release_group(replica)
+        elif not replica.group_timer:
+            replica.group_timer = True
+            replica.group_version += 1
+            self._push(t + p.batch_window_millis / 1000, _GROUP, replica, replica.group_version)
+
+    def _release_group(self, replica: Replica) -> None:
+        replica.group_timer = False
+        replica.group_version += 1
+        group, replica.group = replica.group, []
+        ready = self.now + self.t_pre
+        for req in group:
+            self._push(ready, _PRE_DONE, (req, replica))
+
+    def _wake(self, replica: Replica) -> None:
+        cap = replica.profile.max_concurrency
+        timeout = replica.profile.queue_timeout_seconds
+        now = self.now
+        while replica.queue and replica.inflight < cap:
+            _, _, req = heapq.heappop(replica.queue)
+            if now - req.arrival > timeout:
+                self._reject(req)  # QueueTimeout: it gave up waiting (503)
+                continue
+            replica.inflight += 1
+            self._admitted(replica, req, now)
+
+    def expire_queues(self) -> None:
+        """Drop waiters past their queue timeout (the live middleware does this on a timer)."""
+        now = self.now
+        for replica in self.replicas:
+            timeout = replica.profile.queue_timeout_seconds
+            if any(now - req.arrival > timeout for _, _, req in replica.queue):
+                kept = []
+                for item in replica.queue:
+                    if now - item[2].arrival > timeout:
+                        self._reject(item[2])
+                    else:
+                        kept.append(item)
+                heapq.heapify(kept)
+                replica.queue = kept
+
+    def _reject(self, req: Req) -> None:
+        req.rejected = True
+        self.outcomes.append(Outcome(req.kind, req.arrival, -1.0, -1.0, False))
+
+    # --- engine -------------------------------------------------------------------------------
+
+    def _engine_submit(self, replica: Replica, req: Req, t: float) -> None:
+        heapq.heappush(replica.waiting, (req.prio, req.rid, req))
+        if not replica.busy:
+            self._start_step(replica, t)
+        elif replica.step_count > 1:
+            # Cut a run of decode-only steps at the end of the step in progress.
+            done = int((t - replica.step_start) / replica.step_len)
+            if done + 1 < replica.step_count:
+                replica.step_count = done + 1
+                replica.step_version += 1
+                end = replica.step_start + replica.step_count * replica.step_len
+                self._push(end, _STEP_END, replica, replica.step_version)
+
+    def _start_step(self, replica: Replica, t: float) -> None:
+        env = self.env
+        lat = env.latency
+        b = len(replica.decoding)
+        budget = env.max_num_batched_tokens - b
+        plan: list[tuple[Req, int]] = []
+        images = 0
+        prompt = self.workload.prompt_tokens
+        for req in replica.prefilling:
+            if budget <= 0:
+                break
+            chunk = min(budget, prompt - req.prefilled)
+            plan.append((req, chunk))
+            budget -= chunk
+        while replica.waiting and len(replica.prefilling) + b < env.max_num_seqs and budget > 0:
+            _, _, req = heapq.heappop(replica.waiting)
+            replica.prefilling.append(req)
+            chunk = min(budget, prompt)
+            plan.append((req, chunk))
+            budget -= chunk
+            images += self.workload.images
+        replica.step_version += 1
+        replica.step_start = t
+        if plan:
+            p = sum(c for _, c in plan)
+            replica.step_len = lat.step_seconds(b, p, images)
+            replica.step_count = 1
+            replica.step_plan = plan
+            replica.step_prefill_tokens = p
+        elif b:
+            replica.step_len = lat.step_seconds(b, 0, 0)
+            replica.step_count = replica.decoding[0][0] - replica.counter
+            replica.step_plan = []
+            replica.step_prefill_tokens = 0
+        else:
+            replica.busy = False
+            replica.step_prefill_tokens = 0
+            return
+        replica.busy = True
+        end = t + replica.step_count * replica.step_len
+        self._push(end, _STEP_END, replica, replica.step_version)
+
+    def _step_end(self, replica: Replica, t: float) -> None:
+        start, length, k = replica.step_start, replica.step_len, replica.step_count
+        c0 = replica.counter
+        replica.counter = c1 = c0 + k
+        # Visible first tokens reached during these steps (counter c after step c - c0).
+        watch = replica.watch
+        while watch and watch[0][0] <= c1:
+            c, _, req = heapq.heappop(watch)
+            req.first_token = start + (c - c0) * length
+        decoding = replica.decoding
+        while decoding and decoding[0][0] <= c1:
+            c, _, req = heapq.heappop(decoding)
+            self._finish(replica, req, start + (c - c0) * length)
+        for req, chunk in replica.step_plan:
+            req.prefilled += chunk
+            if req.prefilled >= self.workload.prompt_tokens:
+                replica.prefilling.remove(req)
+                # First token at the end of the step that finished its prefill.
+                if self.track_metrics:
+                    self.ttfts.append((t, t - req.arrival))
+                if req.visible <= 1:
+                    req.first_token = t
+                else:
+                    heapq.heappush(watch, (c1 + req.visible - 1, req.rid, req))
+                if req.target <= 1:
+                    self._finish(replica, req, t)
+                else:
+                    heapq.heappush(decoding, (c1 + req.target - 1, req.rid, req))
+        replica.step_plan = []
+        self._start_step(replica, t)
+
+    def _finish(self, replica: Replica, req: Req, t: float) -> None:
+        req.done = t
+        w = self.workload
+        if req.kind == CHAT:
+            ttft = req.first_token - req.arrival
+            met = ttft <= w.chat_ttft_slo
+        else:
+            ttft = -1.0
+            met = t - req.arrival <= w.batch_e2e_slo
+        self.outcomes.append(Outcome(req.kind, req.arrival, ttft, t - req.arrival, met))
+        if self.track_metrics:
+            self.completions.append(t)
+        # The middleware releases the slot when the response ends.
+        replica.inflight -= 1
+        saved, self.now = self.now, t
+        self._wake(replica)
+        self.now = saved
+
+    # --- what Prometheus would see ------------------------------------------------------------
+
+    def pending(self) -> list[Req]:
+        """Requests admitted or queued but not finished (for the end-of-trace accounting)."""
+        seen: dict[int, Req] = {}
+        for r in self.replicas:
+            for _, _, req in r.queue:
+                seen[req.rid] = req
+            for req in r.group:
+                seen[req.rid] = req
+            for _, _, req in r.waiting:
+                seen[req.rid] = req
+            for req in r.prefilling:
+                seen[req.rid] = req
+            for _, _, req in r.decoding:
+                seen[req.rid] = req
+        for _, _, kind, obj, _ in self.events:
+            if kind == _PRE_DONE:
+                req = obj[0]  # type: ignore[index]
+                seen[req.rid] = req
+        return [r for r in seen.values() if r.done < 0 and not r.rejected]
+
+    def scrape(self, window: float = 60.0) -> dict[str, float | None]:
+        """The default PromQL of autoglm_operator.prom, evaluated on the simulated pool.
+
+        qps: sum(rate(vllm:request_success_total[1m])) -- completions in the last minute / 60
+        (the elapsed time while the trace is younger than a minute); queue: vLLM waiting plus the
+        middleware's admission queue; gpu memory: 100 * max over pods of used / total; TTFT p95
+        over the last minute (exact quantile, not histogram buckets).
+        """
+        now = self.now
+        self.expire_queues()
+        horizon = now - window
+        while self.completions and self.completions[0] <= horizon:
+            self.completions.popleft()
+        while self.ttfts and self.ttfts[0][0] <= horizon:
+            self.ttfts.popleft()
+        span = min(window, now) or 1.0
+        qps = len(self.completions) / span
+        queue = float(sum(len(r.waiting) + len(r.queue) for r in self.replicas))
+        mem = self.env.memory
+        total = mem.gpus * mem.gpu_total_bytes
+        gpu = max(
+            100.0 * mem.used_bytes(r.running, r.step_prefill_tokens if r.busy else 0) / total
+            for r in self.replicas
+        )
+        ttft_p95 = None
+        if self.ttfts:
+            values = sorted(v for _, v in self.ttfts)
+            ttft_p95 = values[min(len(values) - 1, math.ceil(0.95 * len(values)) - 1)]
+        kv = None
+        return {
+            "qps": qps,
+            "queue_depth": queue,
+            "gpu_memory_percent": gpu,
+            "ttft_p95_seconds": ttft_p95,
+            "kv_cache_percent": kv,
+        }
