@@ -159,17 +159,19 @@ def batching_count(cluster: LocalCluster, namespace: str) -> int:
 def modes_agree(
     cluster: LocalCluster, namespace: str, runner: PodRunner, prom: LocalPrometheus, token: str
 ) -> dict[str, str]:
-    """Pod label, the runtime's own answer and autoglm_mode in Prometheus, per pod."""
+    """Pod label, the runtime's own answer and autoglm_mode in Prometheus, per pod. The runtime
+    must agree at once; Prometheus within a few scrapes."""
     labels = pod_modes(cluster, namespace)
-    scraped = {
-        r["metric"]["pod"]: r["metric"]["mode"]
-        for r in prom.query(f'autoglm_mode{{namespace="{namespace}"}} == 1')
-    }
     for pod, label in labels.items():
         url = runner.runtime_url(pod)
         assert url is not None, f"no runtime for {pod}"
         assert runtime_mode(url, token) == label, f"{pod}: label {label} but runtime disagrees"
-        assert scraped.get(pod) == label, f"{pod}: label {label} but Prometheus has {scraped}"
+
+    def scraped() -> dict[str, str]:
+        query = f'autoglm_mode{{namespace="{namespace}"}} == 1'
+        return {r["metric"]["pod"]: r["metric"]["mode"] for r in prom.query(query)}
+
+    wait_for(f"autoglm_mode in Prometheus to show {labels}", lambda: scraped() == labels, 10)
     return labels
 
 
