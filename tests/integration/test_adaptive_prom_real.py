@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -25,6 +23,8 @@ import requests
 
 from autoglm_operator.prom import Availability, PrometheusReader
 from autoglm_operator.spec import PrometheusSource, QueryOverrides
+from localcluster import free_port
+from localprom import serve_exposition
 
 PROMETHEUS = os.environ.get("PROMETHEUS_BIN") or shutil.which("prometheus") or "/usr/bin/prometheus"
 pytestmark = pytest.mark.skipif(
@@ -75,27 +75,7 @@ class FakePod:
 
 
 def serve(pod: FakePod) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = pod.exposition().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    return serve_exposition(lambda: pod.exposition().encode())
 
 
 OURS = [

@@ -18,14 +18,12 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
-import threading
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +31,9 @@ import pytest
 import yaml
 from chartkit import CHART, one, render
 from prometheus_client import CollectorRegistry, generate_latest
+
+from localcluster import free_port
+from localprom import serve_exposition
 
 FULLNAME = "agl-autoglm"
 MONITORING_ON = {
@@ -255,28 +256,8 @@ def test_alerts_fire_when_they_should_and_only_then(tmp_path: Path) -> None:
 # -- a real Prometheus -----------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _exporter(registries: list[CollectorRegistry]) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = b"".join(generate_latest(r) for r in registries)
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_: Any) -> None:
-            return
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+    return serve_exposition(lambda: b"".join(generate_latest(r) for r in registries))
 
 
 def _runtime_registries(pod_index: int) -> list[CollectorRegistry]:
@@ -354,7 +335,7 @@ def _kubernetes_sd_targets(
                 "__meta_kubernetes_pod_container_port_number": str(port["containerPort"]),
                 "__meta_kubernetes_pod_container_port_protocol": port.get("protocol", "TCP"),
             }
-            address = f"127.0.0.1:{local_port if reachable else _free_port()}"
+            address = f"127.0.0.1:{local_port if reachable else free_port()}"
             targets.append({"targets": [address], "labels": labels})
     return targets
 
@@ -412,7 +393,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "scrape_configs": [runtime_job, operator_job],
     }
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = _free_port()
+    port = free_port()
     log = open(workdir / "prometheus.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [
@@ -536,6 +517,7 @@ def test_scrape_config_relabels_pods_as_the_queries_expect(prometheus: str) -> N
 
 
 # -- every metric the chart queries is one the code exports ---------------------------------------
+
 
 def _exported_names() -> set[str]:
     registries = [*_runtime_registries(0), _operator_registry()]
