@@ -250,16 +250,17 @@ async def run_pass(
             inp.now,
         )
 
-    # 4. Apply. dryRun flips nothing, pinned policies included. switchStrategy Rolling means
-    # "replace the pod to change its engine flags", which this loop does not do: it must not
-    # quietly switch live instead, so it decides and reports like a dry run, and says why.
+    # switchStrategy Rolling: a flip replaces pods (the reconcile loop does it); this loop only
+    # sets how many replicas run batching and reports the replacement until it is done.
+    dry_run = spec.adaptive.dry_run
     rolling = spec.switch_strategy is SwitchStrategy.ROLLING
-    dry_run = spec.adaptive.dry_run or rolling
-    why_not = (
-        "switchStrategy Rolling: flips by pod replacement are not implemented yet"
-        if rolling
-        else "adaptive.dryRun is true"
-    )
+    if rolling and not dry_run:
+        return _rolling_pass(
+            inp, state, decision, reading, events, after_repairs, repairs, unreachable, mismatched
+        )
+
+    # 4. Apply. dryRun flips nothing, pinned policies included.
+    why_not = "adaptive.dryRun is true"
     outcomes: list[FlipOutcome] = []
     if decision.flips and not dry_run:
         ips = {p.name: p.ip for p in inp.pods}
@@ -315,8 +316,8 @@ async def run_pass(
         for flip in decision.flips:
             events.append(
                 Event(
-                    "Warning" if rolling else "Normal",
-                    "FlipNotApplied" if rolling else "DryRunFlip",
+                    "Normal",
+                    "DryRunFlip",
                     f"Would flip pod {flip.pod} from {flip.from_mode.value} to "
                     f"{flip.to_mode.value} ({decision.reason}); {why_not}",
                 )
@@ -375,6 +376,144 @@ async def run_pass(
         reading=reading,
         flips=outcomes,
         repairs=repairs,
+    )
+
+
+def _rolling_pass(
+    inp: PassInput,
+    state: pol.LoopState,
+    decision: pol.PolicyDecision,
+    reading: Reading | None,
+    events: list[Event],
+    after_repairs: int,
+    repairs: list[RepairOutcome],
+    unreachable: Mapping[str, str],
+    mismatched: set[str],
+) -> PassResult:
+    """switchStrategy Rolling: decide the batching share, report the replacement until done.
+
+    The reconcile loop steps the two mode Deployments make-before-break toward
+    adaptiveState.batchingTarget (Adaptive) or the pinned policy. A decision is recorded with
+    applied=false when the replacement starts and again with applied=true once every pod runs
+    the decided mode and no surplus (old) pod is left; no new flip is decided meanwhile.
+    """
+    spec, status = inp.spec, inp.status
+    now_iso = pol.iso_time(inp.now)
+    replicas = spec.replicas
+    batching = sum(1 for p in inp.pods if p.mode is Mode.BATCHING)
+    stored = (status.get("adaptiveState") or {}).get("batchingTarget")
+    if spec.mode_policy is ModePolicy.BATCHING:
+        target = replicas
+    elif spec.mode_policy is ModePolicy.STREAMING:
+        target = 0
+    else:
+        target = batching if stored is None else min(int(stored), replicas)
+    in_flight = batching != target or len(inp.pods) > replicas
+    last = status.get("lastDecision")
+    last = last if isinstance(last, Mapping) else {}
+    kept_state = state  # while pods are replaced the loop holds its windows where they were
+    pending = last.get("applied") is False and last.get("toBatching") == target
+    completed = pending and not in_flight  # recorded first; a next step waits for next pass
+    adaptive = spec.mode_policy is ModePolicy.ADAPTIVE
+    if adaptive and decision.flips and not in_flight and not completed:
+        target, in_flight, kept_state = decision.to_batching, True, decision.state
+    started = in_flight and not (last.get("applied") is False and last.get("toBatching") == target)
+
+    record: Decision | None = None
+    if started:
+        record = Decision(
+            time=now_iso,
+            from_batching=batching,
+            to_batching=target,
+            reason=decision.reason,
+            message=(
+                f"{decision.message}; switchStrategy Rolling: replacing pods make-before-break, "
+                f"{batching} of {replicas} replicas batching now, {target} wanted"
+            )[:1000],
+            applied=False,
+            metrics=decision.metrics,
+        )
+        verb = "batching" if target > batching else "streaming"
+        events.append(
+            Event(
+                "Normal",
+                "ModeReplacing",
+                f"Replacing {abs(target - batching)} replica(s) with {verb} pods "
+                f"({decision.reason}): each new pod is ready before an old one is removed",
+            )
+        )
+    elif completed:
+        took = inp.now - (pol.parse_iso(str(last.get("time"))) or inp.now)
+        record = Decision(
+            time=now_iso,
+            from_batching=int(last.get("fromBatching") or 0),
+            to_batching=batching,
+            reason=str(last.get("reason") or decision.reason),
+            message=(
+                f"switchStrategy Rolling: replacement done in {took:.0f}s, {batching} of "
+                f"{replicas} replicas batching; {decision.message}"
+            )[:1000],
+            applied=True,
+            metrics=decision.metrics,
+        )
+        events.append(
+            Event(
+                "Normal",
+                "ModeReplaced",
+                f"{batching} of {replicas} replicas run batching pods, as decided "
+                f"({record.reason}); make-before-break replacement took {took:.0f}s",
+            )
+        )
+    elif not in_flight:
+        record = Decision(
+            time=now_iso,
+            from_batching=batching,
+            to_batching=batching,
+            reason=decision.reason,
+            message=decision.message[:1000],
+            applied=True,
+            metrics=decision.metrics,
+        )
+        # The completion record's fromBatching is the count before the replacement: compare
+        # with the count now, so the pass after a completion writes nothing.
+        if last and not _differs({**last, "fromBatching": batching}, record):
+            record = None
+
+    if in_flight:
+        transitioning = Condition(
+            type=MODE_TRANSITIONING,
+            status="True",
+            reason="Replacing",
+            message=(
+                f"switchStrategy Rolling: {len(inp.pods)} pods, {batching} batching; "
+                f"replacing pods make-before-break toward {target} of {replicas} batching"
+            ),
+            observed_generation=inp.generation,
+        )
+    else:
+        transitioning = _transitioning_condition(mismatched, unreachable, inp.generation)
+    conditions = merge_conditions(
+        status.get("conditions") or [],
+        [_metrics_condition(reading, spec, inp.generation), transitioning],
+        now_iso,
+    )
+    events[after_repairs:after_repairs] = _availability_events(
+        status.get("conditions") or [], conditions
+    )
+    patch: dict[str, Any] = {}
+    if conditions != list(status.get("conditions") or []):
+        patch["conditions"] = conditions
+    if record is not None:
+        recorded = record.model_dump(by_alias=True, exclude_none=True)
+        patch["lastDecision"] = recorded
+        history = list(status.get("decisionHistory") or [])
+        patch["decisionHistory"] = [*history, recorded][-HISTORY_LIMIT:]
+    stored_state = kept_state.to_status().model_copy(update={"batching_target": target})
+    dumped = stored_state.model_dump(by_alias=True, exclude_none=True)
+    if dumped != (status.get("adaptiveState") or {}):
+        patch["adaptiveState"] = dumped
+    return PassResult(
+        status_patch=patch, events=events, decision=decision, reading=reading, repairs=repairs
     )
 
 

@@ -12,6 +12,7 @@ import base64
 import hashlib
 import json
 import posixpath
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +69,11 @@ class Owner:
 
 def service_name(name: str, mode: Mode | None = None) -> str:
     return name if mode is None else f"{name}-{mode.value}"
+
+
+def deployment_name(name: str, mode: Mode | None = None) -> str:
+    """`<name>`, and under switchStrategy Rolling `<name>-batching` for the batching pods."""
+    return f"{name}-{Mode.BATCHING.value}" if mode is Mode.BATCHING else name
 
 
 def config_map_name(name: str) -> str:
@@ -130,8 +136,21 @@ def model_path(spec: crd.AutoGLMDeploymentSpec) -> str:
     return model.source
 
 
-def engine_settings(spec: crd.AutoGLMDeploymentSpec) -> EngineSettings:
+def rolling(spec: crd.AutoGLMDeploymentSpec) -> bool:
+    """switchStrategy Rolling: each mode has its own pod template, with that mode's engine flags."""
+    return spec.switch_strategy is crd.SwitchStrategy.ROLLING
+
+
+def engine_settings(spec: crd.AutoGLMDeploymentSpec, mode: Mode | None = None) -> EngineSettings:
+    """The envelope both modes fit in (mode None), or one mode's own engine flags (Rolling)."""
     engine = spec.engine
+    max_num_seqs = spec.profiles.envelope_max_num_seqs
+    stream_interval = None
+    if mode is not None:
+        profile = spec.profiles.for_mode(mode)
+        max_num_seqs = profile.max_concurrency
+        if profile.stream_coalesce_chunks > 1:
+            stream_interval = profile.stream_coalesce_chunks
     return EngineSettings(
         model=model_path(spec),
         served_model_name=spec.model.served_name,
@@ -139,12 +158,13 @@ def engine_settings(spec: crd.AutoGLMDeploymentSpec) -> EngineSettings:
         tensor_parallel_size=spec.gpus_per_replica,
         dtype=spec.dtype,
         max_model_len=spec.max_model_len,
-        max_num_seqs=spec.profiles.envelope_max_num_seqs,
+        max_num_seqs=max_num_seqs,
         max_num_batched_tokens=engine.max_num_batched_tokens,
         gpu_memory_utilization_percent=engine.gpu_memory_utilization_percent,
         enable_prefix_caching=engine.enable_prefix_caching,
         shutdown_timeout_seconds=engine.shutdown_timeout_seconds,
         reasoning_parser=engine.reasoning_parser,
+        stream_interval=stream_interval,
         extra_args=tuple(engine.extra_args),
     )
 
@@ -251,7 +271,7 @@ def _env(spec: crd.AutoGLMDeploymentSpec) -> list[dict[str, Any]]:
     return env
 
 
-def _container(spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
+def _container(spec: crd.AutoGLMDeploymentSpec, mode: Mode | None) -> dict[str, Any]:
     http_probe = {"path": "/health", "port": "http", "scheme": "HTTP"}
     startup_failures = -(-spec.engine.startup_timeout_seconds // STARTUP_PROBE_PERIOD_SECONDS)
     model_read_only = bool(spec.model.pvc_name or spec.model.host_path)
@@ -260,7 +280,7 @@ def _container(spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["autoglm-runtime", "serve", "--"],
-        "args": build_vllm_argv(engine_settings(spec)),
+        "args": build_vllm_argv(engine_settings(spec, mode)),
         "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
         "env": _env(spec),
         "resources": _resources(spec),
@@ -304,11 +324,17 @@ def _container(spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
     }
 
 
-def pod_template(name: str, spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
-    """The pod template, with its own digest as an annotation (pods inherit it)."""
+def pod_template(
+    name: str, spec: crd.AutoGLMDeploymentSpec, mode: Mode | None = None
+) -> dict[str, Any]:
+    """The pod template, with its own digest as an annotation (pods inherit it).
+
+    mode None: the InPlace template, one for both modes (the operator labels each pod). A mode:
+    that mode's template under switchStrategy Rolling, its label and engine flags built in.
+    """
     scheduling = spec.scheduling
     pod_spec: dict[str, Any] = {
-        "containers": [_container(spec)],
+        "containers": [_container(spec, mode)],
         "volumes": _volumes(name, spec),
         "terminationGracePeriodSeconds": termination_grace_seconds(spec),
         "enableServiceLinks": False,
@@ -332,16 +358,26 @@ def pod_template(name: str, spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
         pod_spec["affinity"] = scheduling.affinity
     if scheduling.priority_class_name:
         pod_spec["priorityClassName"] = scheduling.priority_class_name
-    # No mode label here: the operator labels each pod, so a flip never changes the template.
+    # InPlace: no mode label here, the operator labels each pod, so a flip never changes the
+    # template. Rolling: a pod keeps its template's mode for life; a flip replaces the pod.
+    labels = {**common_labels(name), COMPONENT_LABEL: "server"}
+    if mode is not None:
+        labels[MODE_LABEL] = mode.value
     template = {
         "metadata": {
-            "labels": {**common_labels(name), COMPONENT_LABEL: "server"},
+            "labels": labels,
             "annotations": {},
         },
         "spec": pod_spec,
     }
     template["metadata"]["annotations"][TEMPLATE_HASH_ANNOTATION] = digest(template)
     return template
+
+
+def desired_template_hashes(name: str, spec: crd.AutoGLMDeploymentSpec) -> frozenset[str]:
+    """The digests of the pod templates current for this spec (one per mode under Rolling)."""
+    modes: tuple[Mode | None, ...] = tuple(Mode) if rolling(spec) else (None,)
+    return frozenset(template_hash(pod_template(name, spec, m)) or "" for m in modes)
 
 
 def template_hash(template: dict[str, Any]) -> str | None:
@@ -360,15 +396,31 @@ def rolling_strategy(*, surge: bool) -> dict[str, Any]:
     return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
 
 
-def deployment(owner: Owner, spec: crd.AutoGLMDeploymentSpec, *, surge: bool = True) -> Manifest:
-    template = pod_template(owner.name, spec)
+def deployment(
+    owner: Owner,
+    spec: crd.AutoGLMDeploymentSpec,
+    *,
+    surge: bool = True,
+    mode: Mode | None = None,
+    replicas: int | None = None,
+) -> Manifest:
+    """The InPlace Deployment (mode None), or one mode's Deployment under Rolling.
+
+    Under Rolling `<name>` runs the streaming pods (its selector is immutable, so it stays the
+    InPlace one; ReplicaSets never adopt a pod another controller owns) and `<name>-batching`
+    the batching pods; `replicas` is that mode's share, which the reconcile loop steps.
+    """
+    template = pod_template(owner.name, spec, mode)
+    selector = selector_labels(owner.name)
+    if mode is Mode.BATCHING:
+        selector = {**selector, MODE_LABEL: mode.value}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(owner, owner.name),
+        "metadata": _metadata(owner, deployment_name(owner.name, mode)),
         "spec": {
-            "replicas": spec.replicas,
-            "selector": {"matchLabels": selector_labels(owner.name)},
+            "replicas": spec.replicas if replicas is None else replicas,
+            "selector": {"matchLabels": selector},
             "strategy": rolling_strategy(surge=surge),
             "revisionHistoryLimit": 3,
             # The model load is part of every rollout step.
@@ -438,12 +490,27 @@ def admin_secret(owner: Owner, token: str) -> Manifest:
 
 
 def children(
-    owner: Owner, spec: crd.AutoGLMDeploymentSpec, *, surge: bool = True
+    owner: Owner,
+    spec: crd.AutoGLMDeploymentSpec,
+    *,
+    surge: bool = True,
+    split: Mapping[Mode, int] | None = None,
 ) -> list[Manifest]:
-    """Every child except the admin Secret (whose token is not a function of the spec)."""
+    """Every child except the admin Secret (whose token is not a function of the spec).
+
+    Under switchStrategy Rolling, `split` is how many replicas each mode's Deployment runs.
+    """
+    if rolling(spec):
+        split = split or {initial_mode(spec): spec.replicas}
+        deployments = [
+            deployment(owner, spec, surge=surge, mode=mode, replicas=split.get(mode, 0))
+            for mode in Mode
+        ]
+    else:
+        deployments = [deployment(owner, spec, surge=surge)]
     return [
         config_map(owner, spec),
-        deployment(owner, spec, surge=surge),
+        *deployments,
         service(owner, spec),
         service(owner, spec, Mode.STREAMING),
         service(owner, spec, Mode.BATCHING),

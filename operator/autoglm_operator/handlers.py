@@ -25,7 +25,7 @@ from autoglm_operator import settings as settings_
 from autoglm_operator import spec as crd
 from autoglm_operator import status as status_
 from autoglm_operator.operator_metrics import METRICS
-from autoglm_runtime.profiles import MODE_LABEL
+from autoglm_runtime.profiles import MODE_LABEL, Mode
 
 AGD = (crd.GROUP, crd.VERSION, crd.PLURAL)
 CHILD_FILTER = {builders.MANAGED_BY_LABEL: builders.MANAGER}
@@ -203,9 +203,15 @@ class Reconciler:
     ) -> status_.Problem | None:
         meta = observed.body["metadata"]
         owner = builders.Owner(meta["name"], meta["namespace"], meta["uid"])
-        desired_hash = builders.template_hash(builders.pod_template(owner.name, spec)) or ""
-        surge = plan.surge_allowed(spec, desired_hash, observed.deployment, observed.pods)
-        desired = builders.children(owner, spec, surge=surge)
+        desired_hashes = builders.desired_template_hashes(owner.name, spec)
+        desired_hash = ", ".join(sorted(desired_hashes))
+        surge = plan.surge_allowed(spec, desired_hashes, observed.deployment, observed.pods)
+        split = None
+        if builders.rolling(spec):
+            step = self._rolling_step(owner, spec, observed)
+            await self._retire(body, owner, step, observed.pods)
+            split = step.split
+        desired = builders.children(owner, spec, surge=surge, split=split)
         now = time.monotonic()
         actions = plan.plan_children(desired, observed.children, state.written, now=now)
         for action in actions:
@@ -232,7 +238,83 @@ class Reconciler:
 
         await self._ensure_admin_secret(body, owner, observed.secret, state)
         await self._label_new_pods(owner, spec, observed.pods, state)
+        if not builders.rolling(spec):
+            await self._remove_batching_deployment(body, owner, spec, observed, desired_hashes)
         return None
+
+    def _rolling_step(
+        self, owner: builders.Owner, spec: crd.AutoGLMDeploymentSpec, observed: Observed
+    ) -> plan.RollingStep:
+        """switchStrategy Rolling: the replicas each mode's Deployment should have now."""
+        current = plan.deployment_split(observed.children, owner.name)
+        adaptive_state = (observed.body.get("status") or {}).get("adaptiveState") or {}
+        stored = adaptive_state.get("batchingTarget")
+        target = plan.rolling_batching_target(
+            spec, int(stored) if stored is not None else None, current
+        )
+        hashes = {
+            mode: builders.template_hash(builders.pod_template(owner.name, spec, mode)) or ""
+            for mode in Mode
+        }
+        return plan.rolling_step(
+            spec.replicas, target, current or {}, observed.pods, hashes, spec.gpu_resource_name
+        )
+
+    async def _retire(
+        self,
+        body: kopf.Body,
+        owner: builders.Owner,
+        step: plan.RollingStep,
+        pods: list[dict[str, Any]],
+    ) -> None:
+        """Mark the old-mode pods a shrinking Deployment must remove (their replacements are
+        ready, or cannot start without their GPUs): the ReplicaSet removes the lowest deletion
+        cost first."""
+        by_name = {p["metadata"]["name"]: p for p in pods}
+        for name in step.retire:
+            pod = by_name[name]
+            annotations = pod["metadata"].get("annotations") or {}
+            if annotations.get(plan.DELETION_COST_ANNOTATION) == plan.RETIRE_COST:
+                continue
+            patch = {"metadata": {"annotations": {plan.DELETION_COST_ANNOTATION: plan.RETIRE_COST}}}
+            await self.call(self.kube.merge_patch, "Pod", owner.namespace, name, patch)
+            mode = status_.pod_mode(pod)
+            new = "batching" if mode is Mode.STREAMING else "streaming"
+            message = (
+                f"Replacing {mode.value if mode else 'unlabelled'} pod {name} with a {new} pod "
+                "(switchStrategy Rolling): removing it now that its replacement is ready, or "
+                "needs its GPUs"
+            )
+            kube.event(body, reason="PodReplaced", message=message)
+            self.logger.info(message)
+
+    async def _remove_batching_deployment(
+        self,
+        body: kopf.Body,
+        owner: builders.Owner,
+        spec: crd.AutoGLMDeploymentSpec,
+        observed: Observed,
+        desired_hashes: frozenset[str],
+    ) -> None:
+        """Back from Rolling to InPlace: drop `<name>-batching` once `<name>` serves every
+        replica with the current template (make-before-break for the strategy change too)."""
+        name = builders.deployment_name(owner.name, Mode.BATCHING)
+        stale = observed.children.get(("Deployment", name))
+        if stale is None or status_.is_terminating(stale):
+            return
+        current_ready = sum(
+            1
+            for p in observed.pods
+            if status_.is_live(p)
+            and status_.is_ready(p)
+            and status_.pod_template_hash(p) in desired_hashes
+        )
+        if current_ready < spec.replicas:
+            return
+        await self.call(self.kube.delete, "Deployment", owner.namespace, name)
+        message = f"Deleted Deployment {name}: switchStrategy is InPlace"
+        kube.event(body, reason="Deleted", message=message)
+        self.logger.info(message)
 
     async def _ensure_admin_secret(
         self,

@@ -9,6 +9,7 @@ cannot make the operator write in a loop).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from autoglm_operator import builders
 from autoglm_operator import spec as crd
 from autoglm_operator import status as status_
+from autoglm_runtime.profiles import Mode
 
 Key = tuple[str, str]  # (kind, name)
 
@@ -191,25 +193,27 @@ def is_rollout(action: Action, actual: dict[Key, dict[str, Any]]) -> bool:
 
 def surge_allowed(
     spec: crd.AutoGLMDeploymentSpec,
-    desired_hash: str,
+    desired_hash: str | frozenset[str],
     deployment: dict[str, Any] | None,
     pods: list[dict[str, Any]],
 ) -> bool:
     """Make-before-break unless a rollout is stuck because the surge pod finds no GPU.
 
     Then the rollout goes one replica down at a time, and stays so until it completes.
+    desired_hash: the current template's digest, or the set of them (one per mode, Rolling).
     """
+    hashes = {desired_hash} if isinstance(desired_hash, str) else desired_hash
     live = [p for p in pods if status_.is_live(p)]
-    outdated = [p for p in live if status_.pod_template_hash(p) != desired_hash]
+    outdated = [p for p in live if status_.pod_template_hash(p) not in hashes]
     if not outdated:
         return True
-    current = [p for p in live if status_.pod_template_hash(p) == desired_hash]
+    current = [p for p in live if status_.pod_template_hash(p) in hashes]
     if any(status_.lacks_gpu(p, spec.gpu_resource_name) for p in current):
         return False
     strategy = ((deployment or {}).get("spec") or {}).get("strategy") or {}
     live_template = ((deployment or {}).get("spec") or {}).get("template") or {}
     already_fell_back = (strategy.get("rollingUpdate") or {}).get("maxSurge") in (0, "0", "0%")
-    return not (already_fell_back and builders.template_hash(live_template) == desired_hash)
+    return not (already_fell_back and builders.template_hash(live_template) in hashes)
 
 
 def pods_to_label(pods: list[dict[str, Any]]) -> list[str]:
@@ -217,3 +221,133 @@ def pods_to_label(pods: list[dict[str, Any]]) -> list[str]:
     return sorted(
         p["metadata"]["name"] for p in pods if status_.is_live(p) and status_.pod_mode(p) is None
     )
+
+
+# -- switchStrategy Rolling: a flip replaces a pod, make-before-break --------------------------
+
+# The Kubernetes pod-deletion-cost annotation: a ReplicaSet scaling down removes the pod with
+# the lowest cost among equally ready ones, so the operator picks which old-mode pod goes.
+DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
+RETIRE_COST = "-1000"
+
+
+def rolling_batching_target(
+    spec: crd.AutoGLMDeploymentSpec,
+    stored_target: int | None,
+    current: Mapping[Mode, int] | None,
+) -> int:
+    """How many replicas should run the batching template under switchStrategy Rolling.
+
+    Pinned policies say it outright; Adaptive takes what the adaptive loop decided (kept in
+    status.adaptiveState.batchingTarget); dryRun and a loop that decided nothing yet hold the
+    split the Deployments have (all in the initial mode when there are none).
+    """
+    replicas = spec.replicas
+    adaptive = spec.mode_policy is crd.ModePolicy.ADAPTIVE
+    if spec.adaptive.dry_run or (adaptive and stored_target is None):
+        if current is None:
+            wanted = replicas if builders.initial_mode(spec) is Mode.BATCHING else 0
+        else:
+            wanted = current.get(Mode.BATCHING, 0)
+    elif spec.mode_policy is crd.ModePolicy.BATCHING:
+        wanted = replicas
+    elif spec.mode_policy is crd.ModePolicy.STREAMING:
+        wanted = 0
+    else:
+        assert stored_target is not None
+        wanted = min(stored_target, replicas - min(spec.adaptive.min_streaming_replicas, replicas))
+    return max(0, min(wanted, replicas))
+
+
+@dataclass(frozen=True)
+class RollingStep:
+    """The replicas each mode's Deployment should have now, and the old pods to retire."""
+
+    split: dict[Mode, int]
+    retire: tuple[str, ...] = ()  # pods to mark with the lowest deletion cost first
+
+    @property
+    def in_progress(self) -> bool:
+        return bool(self.retire)
+
+
+def _other(mode: Mode) -> Mode:
+    return Mode.STREAMING if mode is Mode.BATCHING else Mode.BATCHING
+
+
+def rolling_step(
+    replicas: int,
+    batching_target: int,
+    current: Mapping[Mode, int],
+    pods: list[dict[str, Any]],
+    current_hashes: Mapping[Mode, str],
+    gpu_resource: str = "nvidia.com/gpu",
+) -> RollingStep:
+    """One make-before-break step from the Deployments' replica counts toward the target split.
+
+    A mode's Deployment grows first, by at most one pod beyond `replicas` in all (a surge); the
+    other mode's Deployment shrinks only by that surplus, and only once every pod of the growing
+    mode runs its current template and is ready. So ready replicas never fall below `replicas`
+    during a flip. When the surge pod cannot be scheduled for lack of GPUs, one old pod goes
+    first instead (one replica down, as the PodDisruptionBudget's maxUnavailable 1 allows), so a
+    cluster without a spare replica's GPUs still flips, one replica at a time.
+    """
+    want = {Mode.BATCHING: batching_target, Mode.STREAMING: replicas - batching_target}
+    split = {mode: int(current.get(mode, 0)) for mode in Mode}
+    live = [p for p in pods if status_.is_live(p)]
+
+    def ready(mode: Mode) -> int:
+        return sum(
+            1
+            for p in live
+            if status_.pod_mode(p) is mode
+            and status_.pod_template_hash(p) == current_hashes[mode]
+            and status_.is_ready(p)
+        )
+
+    def starved(mode: Mode) -> int:
+        of_mode = (p for p in live if status_.pod_mode(p) is mode)
+        return sum(1 for p in of_mode if status_.lacks_gpu(p, gpu_resource))
+
+    retire: list[str] = []
+    # Break: remove the surplus of a mode above its share once the other mode's pods are up.
+    for mode in Mode:
+        surplus = min(split[mode] - want[mode], sum(split.values()) - replicas)
+        other = _other(mode)
+        if surplus > 0 and ready(other) < split[other] and starved(other):
+            # Every new pod is up or waits for GPUs: free one old pod's GPUs, one at a time.
+            surplus = 1 if ready(other) + starved(other) >= split[other] else 0
+        elif ready(other) < split[other]:
+            surplus = 0
+        if surplus > 0:
+            split[mode] -= surplus
+            if 0 < split[other] <= want[other]:  # a replacement, not a plain scale-down
+                retire += [p["metadata"]["name"] for p in _retire_order(live, mode)[:surplus]]
+    # Make: grow a mode below its share, at most one pod beyond `replicas` in all.
+    for mode in Mode:
+        room = replicas + 1 - sum(split.values())
+        if split[mode] < want[mode] and room > 0 and not starved(mode):
+            split[mode] += min(want[mode] - split[mode], room)
+    return RollingStep(split=split, retire=tuple(retire))
+
+
+def _retire_order(live: list[dict[str, Any]], mode: Mode) -> list[dict[str, Any]]:
+    """The pods of a mode in the order a ReplicaSet would remove them, marked ones first."""
+
+    def key(pod: dict[str, Any]) -> tuple[bool, bool, str, str]:
+        meta = pod.get("metadata") or {}
+        marked = (meta.get("annotations") or {}).get(DELETION_COST_ANNOTATION) == RETIRE_COST
+        return (not marked, status_.is_ready(pod), str(meta.get("creationTimestamp") or ""),
+                str(meta.get("name")))
+
+    return sorted((p for p in live if status_.pod_mode(p) is mode), key=key)
+
+
+def deployment_split(children: Mapping[Key, dict[str, Any]], name: str) -> dict[Mode, int] | None:
+    """The replicas each mode's Deployment has now under Rolling; None when neither exists."""
+    found: dict[Mode, int] = {}
+    for mode in Mode:
+        live = children.get(("Deployment", builders.deployment_name(name, mode)))
+        if live is not None:
+            found[mode] = int((live.get("spec") or {}).get("replicas") or 0)
+    return found or None

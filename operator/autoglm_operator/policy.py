@@ -115,12 +115,12 @@ class LoopState:
             stored = AdaptiveLoopState.model_validate(stored)
         flips: dict[str, tuple[float, Mode]] = {}
         for record in stored.last_flips:
-            when = _parse_iso(record.time)
+            when = parse_iso(record.time)
             if when is not None and record.mode in {m.value for m in Mode}:
                 flips[record.pod] = (when, Mode(record.mode))
         return cls(
-            high_since=_parse_iso(stored.high_since),
-            low_since=_parse_iso(stored.low_since),
+            high_since=parse_iso(stored.high_since),
+            low_since=parse_iso(stored.low_since),
             last_flips=flips,
         )
 
@@ -420,7 +420,7 @@ def _iso(when: float | None) -> str | None:
     )
 
 
-def _parse_iso(text: str | None) -> float | None:
+def parse_iso(text: str | None) -> float | None:
     if not text:
         return None
     try:

@@ -342,6 +342,11 @@ class AdaptiveLoopState(CamelModel):
         default=None, description="Since when load has stayed below every low threshold."
     )
     last_flips: list[ReplicaFlip] = Field(default_factory=list, max_length=256)
+    batching_target: int | None = Field(
+        default=None,
+        ge=0,
+        description="switchStrategy Rolling: how many replicas the loop decided run batching pods.",
+    )
 
 
 class AutoGLMDeploymentStatus(CamelModel):

@@ -172,14 +172,14 @@ def _degraded(
 def _progressing(
     generation: int,
     desired: int,
-    desired_hash: str,
+    desired_hashes: frozenset[str],
     deployment: dict[str, Any] | None,
     live: list[dict[str, Any]],
     ready: int,
 ) -> dict[str, Any]:
     if deployment is None:
         return _cond(PROGRESSING, True, "Creating", "Creating the Deployment.")
-    updated = [p for p in live if pod_template_hash(p) == desired_hash]
+    updated = [p for p in live if pod_template_hash(p) in desired_hashes]
     outdated = len(live) - len(updated)
     dep_status = deployment.get("status") or {}
     dep_generation = (deployment.get("metadata") or {}).get("generation")
@@ -241,12 +241,12 @@ def compute(
     live = [p for p in pods if is_live(p)]
     ready = sum(1 for p in live if is_ready(p))
     desired = spec.replicas
-    desired_hash = builders.template_hash(builders.pod_template(name, spec)) or ""
+    desired_hashes = builders.desired_template_hashes(name, spec)
 
     degraded = _degraded(spec, deployment, live, problem)
     conditions = [
         _ready(desired, ready, degraded, problem),
-        _progressing(generation, desired, desired_hash, deployment, live, ready),
+        _progressing(generation, desired, desired_hashes, deployment, live, ready),
         degraded,
     ]
     previous = {c.get("type"): c for c in current.get("conditions") or []}

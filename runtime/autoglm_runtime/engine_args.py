@@ -35,6 +35,7 @@ MANAGED_FLAGS = (
     "--middleware",
     "--reasoning-parser",
     "--max-num-batched-tokens",
+    "--stream-interval",
 )
 
 
@@ -54,6 +55,9 @@ class EngineSettings(CamelModel):
     enable_prefix_caching: bool = True
     shutdown_timeout_seconds: int = Field(default=30, ge=1, le=3600)
     reasoning_parser: str | None = "glm45"
+    # Tokens per streamed chunk; None leaves vLLM's default (1). Set only for a pod that starts
+    # in one mode for good (switchStrategy Rolling), where the engine may coalesce the stream.
+    stream_interval: int | None = Field(default=None, ge=1, le=64)
     extra_args: tuple[str, ...] = ()
 
 
@@ -80,6 +84,8 @@ def build_vllm_argv(settings: EngineSettings) -> list[str]:
         argv += ["--max-num-batched-tokens", str(settings.max_num_batched_tokens)]
     if settings.reasoning_parser:
         argv += ["--reasoning-parser", settings.reasoning_parser]
+    if settings.stream_interval is not None:
+        argv += ["--stream-interval", str(settings.stream_interval)]
     argv += list(settings.extra_args)
     return argv
 

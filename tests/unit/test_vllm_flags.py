@@ -19,7 +19,8 @@ SETTINGS = [
     EngineSettings(model="/models/autoglm-phone-9b"),
     EngineSettings(model="zai-org/AutoGLM-Phone-9B", dtype="bfloat16", tensor_parallel_size=1,
                    max_num_batched_tokens=4096, enable_prefix_caching=False,
-                   reasoning_parser=None, shutdown_timeout_seconds=120),
+                   reasoning_parser=None, shutdown_timeout_seconds=120,
+                   max_num_seqs=8, stream_interval=4),
     EngineSettings(model="/m", extra_args=("--enforce-eager", "--seed=0",
                                           "--limit-mm-per-prompt", '{"image": 2}')),
 ]

@@ -229,9 +229,8 @@ async def test_dry_run_decides_and_records_but_touches_nothing() -> None:
     assert [e.reason for e in result.events] == ["DryRunFlip"]
 
 
-async def test_rolling_switch_strategy_is_never_flipped_live() -> None:
-    io = FakeIO(three_streaming(), reading=healthy(qps=12.0))
-    the_spec = AutoGLMDeploymentSpec.model_validate(
+def rolling_spec(**extra: Any) -> AutoGLMDeploymentSpec:
+    return AutoGLMDeploymentSpec.model_validate(
         {
             "replicas": 3,
             "switchStrategy": "Rolling",
@@ -239,13 +238,75 @@ async def test_rolling_switch_strategy_is_never_flipped_live() -> None:
                 "prometheus": {"url": "http://p:9090"},
                 "toBatchingStabilizationSeconds": 0,
             },
+            **extra,
         }
     )
-    result = await one_pass(io, the_spec)
+
+
+async def test_rolling_decides_a_batching_share_and_never_flips_live() -> None:
+    io = FakeIO(three_streaming(), reading=healthy(qps=12.0))
+    result = await one_pass(io, rolling_spec())
     assert not [c for c in io.calls if c[0] in ("set_label", "set_runtime_mode")]
+    patch = result.status_patch
+    last = patch["lastDecision"]
+    assert (last["applied"], last["fromBatching"], last["toBatching"]) == (False, 0, 1)
+    assert "switchStrategy Rolling" in last["message"]
+    assert patch["adaptiveState"]["batchingTarget"] == 1
+    assert condition(patch, "ModeTransitioning")["status"] == "True"
+    assert condition(patch, "ModeTransitioning")["reason"] == "Replacing"
+    assert [(e.type, e.reason) for e in result.events] == [("Normal", "ModeReplacing")]
+
+    # A surge pod in batching mode is up, the old streaming pod not yet gone: still replacing,
+    # and no new decision is recorded or taken.
+    status = apply_patch({}, patch)
+    io.pods["agd-new"] = FakePod("agd-new", "10.0.0.9", Mode.BATCHING, Mode.BATCHING)
+    during = await one_pass(io, rolling_spec(), status, now=NOW + 2)
+    assert "lastDecision" not in during.status_patch
+    assert during.events == []
+    status = apply_patch(status, during.status_patch)
+    assert condition(status, "ModeTransitioning")["status"] == "True"
+
+    # The old pod is gone: the decision is recorded as applied, and the condition clears.
+    del io.pods["agd-0"]
+    done = await one_pass(io, rolling_spec(), status, now=NOW + 7)
+    last = done.status_patch["lastDecision"]
+    assert (last["applied"], last["fromBatching"], last["toBatching"]) == (True, 0, 1)
+    assert "replacement done in 7s" in last["message"]
+    assert condition(done.status_patch, "ModeTransitioning")["status"] == "False"
+    assert [e.reason for e in done.events] == ["ModeReplaced"]
+    assert not [c for c in io.calls if c[0] in ("set_label", "set_runtime_mode")]
+
+
+async def test_rolling_pinned_policy_reports_until_every_pod_is_replaced() -> None:
+    io = FakeIO(three_streaming(), reading=healthy(qps=0.0))
+    the_spec = rolling_spec(modePolicy="Batching")
+    first = await one_pass(io, the_spec)
+    assert first.status_patch["lastDecision"]["reason"] == pol.PINNED_BATCHING
+    assert first.status_patch["lastDecision"]["applied"] is False
+    assert first.status_patch["adaptiveState"]["batchingTarget"] == 3
+    status = apply_patch({}, first.status_patch)
+    io.pods = fleet(
+        *(FakePod(f"agd-b{i}", f"10.0.1.{i}", Mode.BATCHING, Mode.BATCHING) for i in range(3))
+    )
+    done = await one_pass(io, the_spec, status, now=NOW + 30)
+    last = done.status_patch["lastDecision"]
+    assert (last["applied"], last["toBatching"], last["reason"]) == (True, 3, pol.PINNED_BATCHING)
+    # A quiet pass afterwards writes nothing new.
+    status = apply_patch(status, done.status_patch)
+    quiet = await one_pass(io, the_spec, status, now=NOW + 45)
+    assert "lastDecision" not in quiet.status_patch
+
+
+async def test_rolling_with_dry_run_moves_nothing() -> None:
+    io = FakeIO(three_streaming(), reading=healthy(qps=12.0))
+    the_spec = rolling_spec()
+    the_spec = the_spec.model_copy(
+        update={"adaptive": the_spec.adaptive.model_copy(update={"dry_run": True})}
+    )
+    result = await one_pass(io, the_spec)
     assert result.status_patch["lastDecision"]["applied"] is False
-    assert "switchStrategy Rolling" in result.status_patch["lastDecision"]["message"]
-    assert [(e.type, e.reason) for e in result.events] == [("Warning", "FlipNotApplied")]
+    assert "batchingTarget" not in result.status_patch.get("adaptiveState", {})
+    assert [e.reason for e in result.events] == ["DryRunFlip"]
 
 
 async def test_pinned_batching_flips_every_pod_without_reading_metrics() -> None:
