@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from loadgen import LoadReport, percentile, run_load
-from localcluster import LOOPBACK_POD_CIDR, LocalCluster, free_port, running_cluster
+from localcluster import LocalCluster, free_port, loopback_pod_cidr, running_cluster
 from localprom import LocalPrometheus
 from podrunner import PodRunner
 
@@ -278,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         step("Starting the control plane (etcd, kube-apiserver, controllers, kwok GPU nodes)")
         cluster = stack.enter_context(
-            running_cluster(gpu_nodes=2, pod_cidr=LOOPBACK_POD_CIDR, workdir=workdir / "cluster")
+            running_cluster(gpu_nodes=2, pod_cidr=loopback_pod_cidr(), workdir=workdir / "cluster")
         )
         print(cluster.kubectl("get", "nodes", "-L", "nvidia.com/gpu.count").stdout)
 

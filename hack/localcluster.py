@@ -35,7 +35,12 @@ SERVICE_CIDR = "10.96.0.0/16"
 # Pod IPs kwok hands out. A loopback range lets a local runner bind each pod's IP (the demo and
 # end-to-end tests); EndpointSlices refuse loopback addresses, so Services then have no endpoints.
 DEFAULT_POD_CIDR = "10.244.0.1/16"
-LOOPBACK_POD_CIDR = "127.42.0.1/16"
+
+
+def loopback_pod_cidr() -> str:
+    """A loopback /16 of its own, so two clusters on one machine never share pod addresses."""
+    return f"127.{secrets.randbelow(200) + 40}.0.1/16"
+
 GPU_RESOURCE = "nvidia.com/gpu"
 
 

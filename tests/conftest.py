@@ -8,12 +8,13 @@ deselected, never because the binaries are missing: then the fixture builds them
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from localcluster import LOOPBACK_POD_CIDR, LocalCluster, running_cluster
+from localcluster import LocalCluster, loopback_pod_cidr, running_cluster
 
 REPO = Path(__file__).resolve().parent.parent
 CRD_FILE = REPO / "crds" / "autoglm.io_autoglmdeployments.yaml"
@@ -22,7 +23,7 @@ CRD_FILE = REPO / "crds" / "autoglm.io_autoglmdeployments.yaml"
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[LocalCluster]:
     # Loopback pod IPs let the end-to-end tier run a sim runtime at each pod's own address.
-    with running_cluster(gpu_nodes=2, pod_cidr=LOOPBACK_POD_CIDR) as local:
+    with running_cluster(gpu_nodes=2, pod_cidr=loopback_pod_cidr()) as local:
         yield local
 
 
@@ -31,7 +32,12 @@ def crd(cluster: LocalCluster) -> str:
     """The AutoGLMDeployment CRD, installed and established."""
     cluster.kubectl("apply", "--server-side", "-f", str(CRD_FILE))
     name = "autoglmdeployments.autoglm.io"
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    # Polled rather than `kubectl wait`, which errors while the new CRD has no conditions yet.
+    jsonpath = '{.status.conditions[?(@.type=="Established")].status}'
+    deadline = time.monotonic() + 60
+    while cluster.kubectl("get", "crd", name, "-o", f"jsonpath={jsonpath}").stdout != "True":
+        assert time.monotonic() < deadline, f"CRD {name} not Established after 60s"
+        time.sleep(0.2)
     return name
 
 
