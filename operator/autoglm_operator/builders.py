@@ -171,8 +171,17 @@ def engine_settings(spec: crd.AutoGLMDeploymentSpec, mode: Mode | None = None) -
 
 def runtime_config(spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
     """The runtime's config file (the ConfigMap): live settings, read without a restart."""
+    profiles = spec.profiles
+    if rolling(spec):
+        # The engine's --stream-interval coalesces under Rolling; the middleware must not again.
+        profiles = profiles.model_copy(
+            update={
+                "streaming": profiles.streaming.model_copy(update={"stream_coalesce_chunks": 1}),
+                "batching": profiles.batching.model_copy(update={"stream_coalesce_chunks": 1}),
+            }
+        )
     return {
-        "profiles": spec.profiles.model_dump(by_alias=True, mode="json"),
+        "profiles": profiles.model_dump(by_alias=True, mode="json"),
         "servedModelName": spec.model.served_name,
         "maxModelLen": spec.max_model_len,
         "defaultMaxTokens": min(DEFAULT_MAX_TOKENS, spec.max_model_len),

@@ -62,6 +62,17 @@ def test_rolling_has_one_deployment_per_mode_with_that_modes_engine_flags() -> N
     assert builders.template_hash(batching["spec"]["template"]) in hashes
 
 
+def test_stream_coalescing_happens_once_engine_or_middleware() -> None:
+    """Under Rolling the engine's --stream-interval merges chunks, so the runtime's ConfigMap
+    turns the middleware's coalescing off; InPlace leaves it to the middleware."""
+    rolling_profiles = builders.runtime_config(ROLLING)["profiles"]
+    assert rolling_profiles["batching"]["streamCoalesceChunks"] == 1
+    batching_args = build_vllm_argv(builders.engine_settings(ROLLING, Mode.BATCHING))
+    assert flag(batching_args, "--stream-interval") == "4"
+    in_place_profiles = builders.runtime_config(IN_PLACE)["profiles"]
+    assert in_place_profiles["batching"]["streamCoalesceChunks"] == 4
+
+
 def test_rolling_without_a_split_starts_all_in_the_initial_mode() -> None:
     batching = ROLLING.model_copy(update={"mode_policy": crd.ModePolicy.BATCHING})
     by_name = {
