@@ -346,19 +346,10 @@ async def run_pass(
         metrics=decision.metrics,
     )
     transitioning = _transitioning_condition(mismatched, unreachable, inp.generation)
-    conditions = merge_conditions(
-        status.get("conditions") or [],
-        [_metrics_condition(reading, spec, inp.generation), transitioning],
-        now_iso,
-    )
-    # Metrics news comes before the flips it enabled or held.
-    events[after_repairs:after_repairs] = _availability_events(
-        status.get("conditions") or [], conditions
-    )
-
-    patch: dict[str, Any] = {}
-    if conditions != list(status.get("conditions") or []):
-        patch["conditions"] = conditions
+    patch = _conditions_patch(
+        status, [_metrics_condition(reading, spec, inp.generation), transitioning], now_iso,
+        events, after_repairs,
+    )  # fmt: skip
     last = status.get("lastDecision")
     if decision.flips or failed or _differs(last, record):
         recorded = record.model_dump(by_alias=True, exclude_none=True)
@@ -492,17 +483,10 @@ def _rolling_pass(
         )
     else:
         transitioning = _transitioning_condition(mismatched, unreachable, inp.generation)
-    conditions = merge_conditions(
-        status.get("conditions") or [],
-        [_metrics_condition(reading, spec, inp.generation), transitioning],
-        now_iso,
-    )
-    events[after_repairs:after_repairs] = _availability_events(
-        status.get("conditions") or [], conditions
-    )
-    patch: dict[str, Any] = {}
-    if conditions != list(status.get("conditions") or []):
-        patch["conditions"] = conditions
+    patch = _conditions_patch(
+        status, [_metrics_condition(reading, spec, inp.generation), transitioning], now_iso,
+        events, after_repairs,
+    )  # fmt: skip
     if record is not None:
         recorded = record.model_dump(by_alias=True, exclude_none=True)
         patch["lastDecision"] = recorded
@@ -515,6 +499,21 @@ def _rolling_pass(
     return PassResult(
         status_patch=patch, events=events, decision=decision, reading=reading, repairs=repairs
     )
+
+
+def _conditions_patch(
+    status: Mapping[str, Any],
+    owned: list[Condition],
+    now_iso: str,
+    events: list[Event],
+    after_repairs: int,
+) -> dict[str, Any]:
+    """Merge the loop's conditions into status; a patch holding them when they changed. Their
+    Events go in before the flips': metrics news comes before the flips it enabled or held."""
+    current = list(status.get("conditions") or [])
+    conditions = merge_conditions(current, owned, now_iso)
+    events[after_repairs:after_repairs] = _availability_events(current, conditions)
+    return {"conditions": conditions} if conditions != current else {}
 
 
 def _safe_state(raw: Any) -> Mapping[str, Any] | None:
