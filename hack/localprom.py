@@ -61,6 +61,8 @@ class LocalPrometheus:
     workdir: Path
     scrape_interval: str = "1s"
     extra_static_targets: dict[str, str] = field(default_factory=dict)
+    # A whole prometheus.yml instead of the pod-runner one (tests with their own targets/rules).
+    custom_config: dict[str, Any] | None = None
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
 
@@ -74,6 +76,8 @@ class LocalPrometheus:
         return self.workdir / "targets.json"
 
     def config(self) -> dict[str, Any]:
+        if self.custom_config is not None:
+            return self.custom_config
         if not self.targets_file.exists():
             self.targets_file.write_text("[]")
         scrape_configs: list[dict[str, Any]] = [
@@ -104,7 +108,7 @@ class LocalPrometheus:
                 "--web.enable-lifecycle",
                 "--log.level=warn",
             ],
-            stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.workdir,
         )  # fmt: skip
         logfile.close()
         deadline = time.monotonic() + 30

@@ -9,27 +9,20 @@ override, and Prometheus going away. About 15 s; everything on ephemeral loopbac
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 import requests
+import yaml
 
 from autoglm_operator.prom import Availability, PrometheusReader
 from autoglm_operator.spec import PrometheusSource, QueryOverrides
 from localcluster import free_port
-from localprom import serve_exposition
+from localprom import LocalPrometheus, serve_exposition
 
-PROMETHEUS = os.environ.get("PROMETHEUS_BIN") or shutil.which("prometheus") or "/usr/bin/prometheus"
-pytestmark = pytest.mark.skipif(
-    not Path(PROMETHEUS).exists(), reason="Prometheus binary not found (set PROMETHEUS_BIN)"
-)
 GIB = 1024**3
 
 
@@ -99,29 +92,15 @@ def prometheus(
             f"      - targets: ['127.0.0.1:{server.server_address[1]}']\n"
             f"        labels: {{namespace: prod, pod: {name}}}\n"
         )
-    config = workdir / "prometheus.yml"
-    config.write_text(
+    config = yaml.safe_load(
         "global: {scrape_interval: 1s, scrape_timeout: 900ms, evaluation_interval: 1s}\n"
         "scrape_configs:\n" + "".join(jobs)
     )
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={workdir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--log.level=warn",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    url = f"http://127.0.0.1:{port}"
+    prom = LocalPrometheus(workdir, custom_config=config).start()
+    url = prom.url
     try:
         deadline = time.monotonic() + 60
         while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"Prometheus exited: {process.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
             try:
                 query = "count(rate(vllm:request_success_total[1m]) > 0)"
                 answer = requests.get(f"{url}/api/v1/query", params={"query": query}, timeout=2)
@@ -135,12 +114,7 @@ def prometheus(
             time.sleep(0.5)
         yield url, servers
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        prom.stop()
         for server in servers.values():
             server.shutdown()
             server.server_close()

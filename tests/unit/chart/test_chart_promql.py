@@ -33,7 +33,7 @@ from chartkit import CHART, one, render
 from prometheus_client import CollectorRegistry, generate_latest
 
 from localcluster import free_port
-from localprom import serve_exposition
+from localprom import LocalPrometheus, serve_exposition
 
 FULLNAME = "agl-autoglm"
 MONITORING_ON = {
@@ -41,7 +41,6 @@ MONITORING_ON = {
     "monitoring.plainPrometheusConfig.enabled": True,
     "monitoring.dashboard.enabled": True,
 }
-PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"
 # What the dashboard's variables are set to while its expressions run.
 NAMESPACE, DEPLOYMENT = "team-a", "phone"
@@ -392,33 +391,9 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "rule_files": ["rules.yaml"],
         "scrape_configs": [runtime_job, operator_job],
     }
-    (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    log = open(workdir / "prometheus.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [
-            _tool(PROMETHEUS), f"--config.file={workdir / 'prometheus.yml'}",
-            f"--storage.tsdb.path={workdir / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
-            "--log.level=warn",
-        ],
-        stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
+    prom = LocalPrometheus(workdir, custom_config=config).start()
+    url = prom.url
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(
-                    f"prometheus exited: {(workdir / 'prometheus.log').read_text()[-2000:]}"
-                )
-            try:
-                with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "prometheus not ready in 30s"
-            time.sleep(0.2)
         # rate() over 30s needs two samples of every target, and every rule evaluated once.
         deadline = time.monotonic() + 30
         while _count("count(up == 1)", url) < 3 or _count("count_over_time(up[30s])", url) < 3 * 3:
@@ -426,13 +401,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             time.sleep(0.5)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+        prom.stop()
         for server in [*servers, operator]:
             server.shutdown()
             server.server_close()
