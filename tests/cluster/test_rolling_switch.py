@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import urllib3
 from kubernetes import client, config, watch
-from test_operator_reconcile import (  # noqa: F401  (operator: the fixture)
+from operator_kit import (
     INSTANCE,
     MODE_LABEL,
     NAME,
@@ -26,7 +26,6 @@ from test_operator_reconcile import (  # noqa: F401  (operator: the fixture)
     events,
     get,
     live_pods,
-    operator,
     patch_agd,
     status,
     wait_for,
@@ -156,7 +155,7 @@ def check_make_before_break(
 
 
 def test_rolling_switch_replaces_pods_make_before_break(
-    cluster: LocalCluster, namespace: str, operator: Operator  # noqa: F811
+    cluster: LocalCluster, namespace: str, operator: Operator
 ) -> None:
     obj = agd_object(switchStrategy="Rolling", modePolicy="Streaming")
     obj["spec"]["adaptive"]["intervalSeconds"] = 5

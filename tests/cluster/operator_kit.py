@@ -1,0 +1,224 @@
+"""What the cluster tests share: the operator as a subprocess that logs its API calls, and
+probes on the example AutoGLMDeployment's objects."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlparse
+
+import yaml
+
+from localcluster import LocalCluster, free_port
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = yaml.safe_load((REPO / "examples" / "autoglm.yaml").read_text())
+NAME = EXAMPLE["metadata"]["name"]
+HASH_ANNOTATION = "autoglm.io/template-hash"
+MODE_LABEL = "autoglm.io/mode"
+INSTANCE = f"app.kubernetes.io/instance={NAME}"
+
+# Runs the console script's main() after wrapping both HTTP stacks the operator uses (kopf's
+# aiohttp, the kubernetes client's urllib3) so each request is logged with its time.
+COUNTING_WRAPPER = r"""
+import json, sys, time
+import aiohttp, urllib3
+log = open(sys.argv[1], "a", buffering=1)
+def note(client, method, url):
+    row = {"t": time.time(), "client": client, "method": str(method).upper(), "url": str(url)}
+    log.write(json.dumps(row) + "\n")
+aio_request = aiohttp.ClientSession._request
+async def _request(self, method, url, *args, **kwargs):
+    params = kwargs.get("params")
+    note("kopf", method, f"{url}?{params}" if params else url)
+    return await aio_request(self, method, url, *args, **kwargs)
+aiohttp.ClientSession._request = _request
+pool_urlopen = urllib3.PoolManager.urlopen
+def urlopen(self, method, url, *args, **kwargs):
+    agent = (kwargs.get("headers") or {}).get("User-Agent", "")
+    note(agent if agent.startswith("autoglm-operator") else "kubernetes-client", method, url)
+    return pool_urlopen(self, method, url, *args, **kwargs)
+urllib3.PoolManager.urlopen = urlopen
+from autoglm_operator.cli import main
+main(sys.argv[2:])
+"""
+
+T = TypeVar("T")
+
+
+def wait_for(
+    what: str, probe: Callable[[], T | None], timeout: float = 60, every: float = 0.5
+) -> T:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = probe()
+        except subprocess.CalledProcessError as err:
+            last = err.stderr
+        if last:
+            return last  # type: ignore[no-any-return]
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+@dataclass
+class Operator:
+    cluster: LocalCluster
+    namespace: str
+    workdir: Path
+    args: list[str] = field(default_factory=list)
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    @property
+    def calls_file(self) -> Path:
+        return self.workdir / "api-calls.jsonl"
+
+    @property
+    def log_file(self) -> Path:
+        return self.workdir / f"operator-{self.starts}.log"
+
+    def start(self, *extra: str) -> Operator:
+        self.starts += 1
+        wrapper = self.workdir / "run_counted.py"
+        wrapper.write_text(COUNTING_WRAPPER)
+        argv = ["run", "--namespace", self.namespace, "--lease-seconds", "15", *self.args, *extra]
+        self.proc = subprocess.Popen(
+            [sys.executable, str(wrapper), str(self.calls_file), *argv],
+            env={
+                **self.cluster.env,
+                "PYTHONUNBUFFERED": "1",
+                "AUTOGLM_OPERATOR_METRICS_PORT": str(free_port()),
+                "AUTOGLM_OPERATOR_METRICS_ADDR": "127.0.0.1",
+            },
+            stdout=self.log_file.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, sig)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def logs(self) -> str:
+        return "\n".join(
+            p.read_text(errors="replace") for p in sorted(self.workdir.glob("operator-*.log"))
+        )
+
+    def calls(self, since: float, until: float) -> list[dict[str, Any]]:
+        """Requests the operator sent to the apiserver in [since, until)."""
+        if not self.calls_file.exists():
+            return []
+        api = urlparse(self.cluster.server).netloc
+        rows = [json.loads(line) for line in self.calls_file.read_text().splitlines() if line]
+        return [r for r in rows if since <= r["t"] < until and api in r["url"]]
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def agd_object(**spec: Any) -> dict[str, Any]:
+    obj = json.loads(json.dumps(EXAMPLE))
+    obj["spec"].update(spec)
+    return obj
+
+
+def get(cluster: LocalCluster, ns: str, *what: str) -> dict[str, Any]:
+    return cluster.get_json(*what, "-n", ns)
+
+
+def status(cluster: LocalCluster, ns: str) -> dict[str, Any]:
+    return get(cluster, ns, "agd", NAME).get("status") or {}
+
+
+def condition(st: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in st.get("conditions") or [] if c["type"] == kind), {})
+
+
+def live_pods(cluster: LocalCluster, ns: str) -> list[dict[str, Any]]:
+    items = get(cluster, ns, "pods", "-l", INSTANCE)["items"]
+    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+
+def ready_as(cluster: LocalCluster, ns: str, ready: str) -> Callable[[], dict[str, Any] | None]:
+    """A probe: the status once it says Ready=True, `ready` replicas, rollout settled."""
+
+    def probe() -> dict[str, Any] | None:
+        st = status(cluster, ns)
+        settled = (
+            st.get("ready") == ready
+            and condition(st, "Ready").get("status") == "True"
+            and condition(st, "Progressing").get("status") == "False"
+            and len(live_pods(cluster, ns)) == int(ready.split("/")[1])
+            # every pod labelled with a mode
+            and st.get("streamingReplicas", 0) + st.get("batchingReplicas", 0) == st.get("replicas")
+        )
+        return st if settled else None
+
+    return probe
+
+
+def deploy(cluster: LocalCluster, ns: str, obj: dict[str, Any], ready: str) -> dict[str, Any]:
+    cluster.apply(obj, namespace=ns)
+    return wait_for(f"status {ready} Ready", ready_as(cluster, ns, ready), timeout=60)
+
+
+def patch_agd(cluster: LocalCluster, ns: str, patch: dict[str, Any]) -> None:
+    cluster.kubectl("patch", "agd", NAME, "-n", ns, "--type=merge", "-p", json.dumps(patch))
+
+
+def events(cluster: LocalCluster, ns: str) -> list[dict[str, Any]]:
+    return get(cluster, ns, "events", "--field-selector", f"involvedObject.name={NAME}")["items"]
+
+
+OPERATOR_RESOURCES = {
+    "autoglmdeployments", "deployments", "services", "configmaps", "secrets",
+    "poddisruptionbudgets", "pods", "events",
+}  # fmt: skip
+
+
+def apiserver_requests(cluster: LocalCluster) -> dict[tuple[str, str], float]:
+    """apiserver_request_total by (resource, verb), for the kinds the operator touches."""
+    totals: dict[tuple[str, str], float] = {}
+    for line in cluster.kubectl("get", "--raw", "/metrics").stdout.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels = dict(
+            part.split("=", 1) for part in line[line.index("{") + 1 : line.rindex("}")].split(",")
+        )
+        resource, verb = labels.get("resource", "").strip('"'), labels.get("verb", "").strip('"')
+        if resource in OPERATOR_RESOURCES and verb != "WATCH":
+            key = (resource, verb)
+            totals[key] = totals.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def admin_token(cluster: LocalCluster, ns: str) -> str:
+    data = get(cluster, ns, "secret", f"{NAME}-admin")["data"]["token"]
+    return base64.b64decode(data).decode()
