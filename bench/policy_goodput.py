@@ -370,7 +370,8 @@ def check(results: Sequence[dict], names: Sequence[str], policies: Sequence[str]
             verdict(
                 f"{n}: adaptive has the highest non-oracle goodput",
                 ad >= others[best_p],
-                f"adaptive {ad:.3f} vs best other {best_p} {others[best_p]:.3f} req/s",
+                f"adaptive {ad:.3f} vs best other {best_p} {others[best_p]:.3f} req/s"
+                + (" (a tie: the same moves)" if ad == others[best_p] else ""),
             )
         if "oracle" in policies and traces.TRACES[n].judged_within_oracle:
             orc = by[(n, "oracle")]["goodput"]

@@ -453,8 +453,9 @@ class Pool:
 
         qps: sum(rate(vllm:request_success_total[1m])) -- completions in the last minute / 60
         (the elapsed time while the trace is younger than a minute); queue: vLLM waiting plus the
-        middleware's admission queue; gpu memory: 100 * max over pods of used / total; TTFT p95
-        over the last minute (exact quantile, not histogram buckets).
+        middleware's admission queue, of streaming replicas only; gpu memory: 100 * max over
+        pods of used / total; TTFT p95 over the last minute (exact quantile, not histogram
+        buckets).
         """
         now = self.now
         self.expire_queues()
@@ -465,7 +466,9 @@ class Pool:
             self.ttfts.popleft()
         span = min(window, now) or 1.0
         qps = len(self.completions) / span
-        queue = float(sum(len(r.waiting) + len(r.queue) for r in self.replicas))
+        queue = float(
+            sum(len(r.waiting) + len(r.queue) for r in self.replicas if r.mode is Mode.STREAMING)
+        )
         mem = self.env.memory
         total = mem.gpus * mem.gpu_total_bytes
         gpu = max(

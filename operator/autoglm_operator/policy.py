@@ -7,10 +7,20 @@ How it decides, per pass:
 - Load is *high* when any signal is at or above its high threshold (QPS per replica, GPU memory
   percent, queue depth per replica) and *low* when every available signal is at or below its low
   threshold; in between is the hysteresis band, where nothing moves and pending windows reset.
-- High load must persist for `toBatchingStabilizationSeconds` before a step moves replicas to
-  batching; low load must persist for `toStreamingStabilizationSeconds` before a step returns them.
-  Each step restarts its window, so a long peak moves replicas one step at a time.
-- A step flips at most `maxFlipsPerStep` replicas, never one that flipped within
+- High load must persist before a step moves replicas to batching: the whole
+  `toBatchingStabilizationSeconds` just above the threshold, less the further above it is, none
+  at twice it (the window filters noise around the threshold; load at twice it is not noise, and
+  waiting there turns requests away). A step moves one replica with the queue just above its
+  threshold and every replica there is room for at twice it, in proportion between; one when
+  only QPS or GPU memory is high. Low load must persist for the
+  whole `toStreamingStabilizationSeconds` before a step returns one replica. Each step restarts
+  its window, so a long peak moves replicas step by step.
+- High QPS alone moves only the first replica: once one replica batches, batch work has a home
+  and the streaming replicas keep up unless requests queue in front of them (the queue signal
+  counts the requests waiting for streaming replicas: batching queues by design) or GPU memory
+  runs short. Further steps need that evidence.
+- A step toward batching flips at most `maxFlipsPerStep` replicas; a return flips one (quick to
+  relieve, slow to give back). No step flips a replica that flipped within
   `cooldownSeconds`, the ones that flipped longest ago first, and never leaves fewer than
   `minStreamingReplicas` ready replicas streaming.
 - Missing, NaN or infinite QPS or queue data holds every replica where it is and resets the
@@ -42,6 +52,7 @@ WITHIN_BAND = "WithinBand"
 STABILIZING = "Stabilizing"
 COOLDOWN = "Cooldown"
 MAX_BATCHING_REACHED = "MaxBatchingReached"
+KEEPING_UP = "KeepingUp"
 ALL_STREAMING = "AllStreaming"
 MIN_STREAMING_REPLICAS = "MinStreamingReplicas"
 METRICS_UNAVAILABLE = "MetricsUnavailable"
@@ -218,6 +229,13 @@ def decide(
         high_since = history.high_since if history.high_since is not None else now
         state = LoopState(high_since=high_since, low_since=None, last_flips=kept)
         room = len(ready) - min_streaming - len(ready_batching)
+        if load.high == (QPS_ABOVE_HIGH,) and ready_batching and room > 0:
+            message = (
+                f"{load.summary}; {len(ready_batching)} of {len(ready)} ready replicas batching "
+                "and no queue in front of the streaming ones: they keep up"
+            )
+            # The evidence a further step needs is a queue, not QPS: its window starts then.
+            return result(KEEPING_UP, message, [], _reset(kept))
         if room <= 0:
             message = (
                 f"{load.summary}; {len(ready_batching)} of {len(ready)} ready replicas batching, "
@@ -225,9 +243,9 @@ def decide(
             )
             return result(MAX_BATCHING_REACHED, message, [], state)
         waited = now - high_since
-        window = config.to_batching_stabilization_seconds
+        window = _evidence_window(config.to_batching_stabilization_seconds, load.severity)
         if waited < window:
-            message = f"{load.summary}; high for {waited:.0f}s of {window}s before a flip"
+            message = f"{load.summary}; high for {waited:.0f}s of {window:.0f}s before a flip"
             return result(STABILIZING, message, [], state)
         eligible = [r for r in ready_streaming if _cooled(r.name, kept, now, config)]
         if not eligible:
@@ -237,7 +255,8 @@ def decide(
                 [],
                 state,
             )
-        chosen = _oldest_first(eligible, kept)[: min(config.max_flips_per_step, room)]
+        step = min(config.max_flips_per_step, room, _step_size(room, load.shortage))
+        chosen = _oldest_first(eligible, kept)[:step]
         flips = [Flip(r.name, Mode.STREAMING, Mode.BATCHING) for r in chosen]
         # Restart the window: the next step needs fresh evidence that load stays high.
         state = replace(state, high_since=now)
@@ -263,7 +282,7 @@ def decide(
                 [],
                 state,
             )
-        chosen = _oldest_first(eligible, kept)[: config.max_flips_per_step]
+        chosen = _oldest_first(eligible, kept)[:1]
         flips = [Flip(r.name, Mode.BATCHING, Mode.STREAMING) for r in chosen]
         state = replace(state, low_since=now)
         return result(LOAD_BELOW_LOW, _with_flips(load.summary, flips), flips, state)
@@ -274,9 +293,27 @@ def decide(
 @dataclass(frozen=True)
 class _Load:
     high: tuple[str, ...] = ()
+    # How far above its high threshold the furthest signal is: 1.0 at the threshold, 2.0 at twice.
+    severity: float = 0.0
+    # The same for the signals that show capacity running short (queue, GPU memory); QPS alone
+    # says the deployment is busy, not that it is short, and moves one replica at a time.
+    shortage: float = 1.0
     low: bool = False
     unavailable: str = ""
     summary: str = ""
+
+
+def _evidence_window(window: float, severity: float) -> float:
+    """The stabilization a high load needs: the full window at the threshold, shrinking linearly
+    to none at twice it. The window guards against noise around the threshold; load at twice the
+    threshold is not noise, and every second spent waiting there is requests turned away."""
+    return window * min(1.0, max(0.0, 2.0 - severity))
+
+
+def _step_size(room: int, shortage: float) -> int:
+    """Replicas one step moves toward batching: one just above the threshold, every replica
+    there is room for at twice it, in proportion between."""
+    return max(1, math.ceil(room * (shortage - 1.0) - 1e-9))
 
 
 def _finite(value: float | None) -> bool:
@@ -313,12 +350,15 @@ def _classify(samples: Samples | None, divisor: int, config: AdaptiveSettings) -
     gpu = samples.gpu_memory_percent if _finite(samples.gpu_memory_percent) else None
 
     high: list[str] = []
-    if qps_milli >= q.high:
-        high.append(QPS_ABOVE_HIGH)
+    shortage = 1.0  # a percent near 100 has no "twice the threshold": GPU memory counts as 1
     if gpu is not None and gpu >= g.high:
         high.append(GPU_MEMORY_ABOVE_HIGH)
     if queue >= c.high:
         high.append(QUEUE_ABOVE_HIGH)
+        shortage = queue / c.high
+    if qps_milli >= q.high:
+        high.insert(0, QPS_ABOVE_HIGH)
+    severity = max(shortage, qps_milli / q.high) if high else 0.0
     low = qps_milli <= q.low and queue <= c.low and (gpu is None or gpu <= g.low)
 
     parts = [
@@ -333,7 +373,8 @@ def _classify(samples: Samples | None, divisor: int, config: AdaptiveSettings) -
     ]
     if _finite(samples.ttft_p95_seconds):
         parts.append(f"ttft p95 {samples.ttft_p95_seconds:.3f}s")
-    return _Load(high=tuple(high), low=low, summary=", ".join(parts))
+    summary = ", ".join(parts)
+    return _Load(high=tuple(high), severity=severity, shortage=shortage, low=low, summary=summary)
 
 
 def _cooled(

@@ -58,11 +58,16 @@ DEFAULT_QUERIES: Mapping[str, str] = {
         + " or "
         + _DCGM_PERCENT.format(sel="$exported_selector")
     ),
-    # vLLM's own queue plus the runtime middleware's admission queue: in streaming mode the
-    # middleware caps concurrency below vLLM's max-num-seqs, so the wait happens in front of vLLM.
+    # Requests waiting in front of streaming replicas: vLLM's own queue plus the runtime
+    # middleware's admission queue (streaming caps concurrency below vLLM's max-num-seqs, so the
+    # wait happens in front of vLLM). Batching replicas queue by design to fill their batches:
+    # autoglm_mode{mode="streaming"} is 0 there and zeroes them out.
     QUEUE_DEPTH: (
-        "sum(vllm:num_requests_waiting{$selector})"
-        " + (sum(autoglm_requests_queued{$selector}) or vector(0))"
+        "sum("
+        "(sum by (pod) (vllm:num_requests_waiting{$selector})"
+        " + (sum by (pod) (autoglm_requests_queued{$selector})"
+        " or 0 * sum by (pod) (vllm:num_requests_waiting{$selector})))"
+        ' * on (pod) sum by (pod) (autoglm_mode{$selector,mode="streaming"}))'
     ),
     KV_CACHE_PERCENT: "100 * avg(vllm:kv_cache_usage_perc{$selector})",
     TTFT_P95_SECONDS: (

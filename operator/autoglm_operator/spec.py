@@ -183,7 +183,15 @@ class AdaptiveSettings(CamelModel):
     cooldown_seconds: int = Field(
         default=120, ge=0, le=86400, description="Least time between two flips of one replica."
     )
-    max_flips_per_step: int = Field(default=1, ge=1, le=64)
+    max_flips_per_step: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description=(
+            "Most replicas one step moves toward batching (steps grow with the overload; a "
+            "return to streaming moves one replica per step)."
+        ),
+    )
     min_streaming_replicas: int = Field(
         default=1, ge=0, description="Replicas that always stay streaming for interactive chat."
     )

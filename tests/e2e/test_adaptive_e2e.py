@@ -110,12 +110,17 @@ def resource(prometheus_url: str) -> dict[str, Any]:
                     "queries": {"qps": "sum(rate(vllm:request_success_total{$selector}[10s]))"},
                 },
                 "qpsPerReplicaMilli": {"high": int(HIGH_QPS_PER_REPLICA * 1000), "low": 600},
+                "queueDepthPerReplica": {"high": 2, "low": 1},
                 "toBatchingStabilizationSeconds": 5,
                 "toStreamingStabilizationSeconds": 10,
                 "cooldownSeconds": 10,
                 "minStreamingReplicas": 1,
                 "maxFlipsPerStep": 1,
             },
+            # A small streaming concurrency cap (~1.9 req/s of 64-token streams per replica): the
+            # test's load queues in front of streaming replicas, the evidence the policy needs for
+            # a second step; a long queue timeout keeps those waiting requests from failing.
+            "profiles": {"streaming": {"maxConcurrency": 3, "queueTimeoutSeconds": 120}},
         },
     }
 
@@ -223,7 +228,8 @@ def test_load_flips_replicas_step_by_step_and_back_and_an_outage_holds_them(
         await asyncio.gather(load, return_exceptions=True)
 
     async def scenario() -> None:
-        # High: 9 req/s over 3 replicas is 3 req/s each, twice the 1.5 high threshold.
+        # High: 9 req/s over 3 replicas is 3 req/s each, twice the 1.5 high threshold. That
+        # moves one replica; the queue building in front of the streaming ones moves the next.
         await phase(9.0, lambda: batching_count(cluster, namespace) >= 1, 90, "first_flip")
         await phase(9.0, lambda: batching_count(cluster, namespace) == REPLICAS - 1, 90, "peak")
         await asyncio.to_thread(modes_agree, cluster, namespace, pod_runner, prometheus, token)
@@ -232,9 +238,10 @@ def test_load_flips_replicas_step_by_step_and_back_and_an_outage_holds_them(
 
     load_started = time.time()
     asyncio.run(scenario())
-    assert "first_flip" in timings, "no replica flipped to batching under load"
-    assert "peak" in timings, "replicas did not step to batching up to minStreamingReplicas"
-    assert "back" in timings, "replicas did not return to streaming when load fell"
+    last = agd(cluster, namespace).get("status", {}).get("decisionHistory", [])[-3:]
+    assert "first_flip" in timings, f"no replica flipped to batching under load: {last}"
+    assert "peak" in timings, f"replicas did not step to batching up to the floor: {last}"
+    assert "back" in timings, f"replicas did not return to streaming when load fell: {last}"
     labels = modes_agree(cluster, namespace, pod_runner, prometheus, token)
     assert set(labels.values()) == {"streaming"}
     assert report.results, "no load was sent"

@@ -35,6 +35,7 @@ class FakePod:
     kv: float
     gpu_used: tuple[float, float]  # GiB used on each of 2 GPUs of 48 GiB
     ttft_fast_share: float  # share of requests under 0.25 s
+    mode: str = "streaming"
     started: float = field(default_factory=time.time)
 
     def exposition(self) -> str:
@@ -51,6 +52,9 @@ class FakePod:
             f'vllm:kv_cache_usage_perc{{model_name="autoglm-phone-9b",engine="0"}} {self.kv}',
             "# TYPE autoglm_requests_queued gauge",
             f"autoglm_requests_queued {self.queued}",
+            "# TYPE autoglm_mode gauge",
+            f'autoglm_mode{{mode="streaming"}} {int(self.mode == "streaming")}',
+            f'autoglm_mode{{mode="batching"}} {int(self.mode == "batching")}',
             "# TYPE autoglm_gpu_memory_used_bytes gauge",
             "# TYPE autoglm_gpu_memory_total_bytes gauge",
             "# TYPE vllm:time_to_first_token_seconds histogram",
@@ -73,7 +77,7 @@ def serve(pod: FakePod) -> ThreadingHTTPServer:
 
 OURS = [
     FakePod("chat-5d8f9c7b4-aaaaa", 2.0, 1, 2, 0.30, (30.0, 36.0), 0.9),
-    FakePod("chat-5d8f9c7b4-bbbbb", 3.0, 0, 3, 0.50, (20.0, 24.0), 0.5),
+    FakePod("chat-5d8f9c7b4-bbbbb", 3.0, 4, 3, 0.50, (20.0, 24.0), 0.5, mode="batching"),
 ]
 NEIGHBOUR = FakePod("chat-batch-6c4d8f7b9-ccccc", 50.0, 40, 40, 0.99, (47.0, 47.0), 0.0)
 
@@ -145,7 +149,7 @@ def test_default_queries_read_only_this_deployment(prometheus: tuple[str, dict])
             break
         time.sleep(0.5)
     assert qps == pytest.approx(5.0, rel=0.1), "2 + 3 req/s, not the neighbour's 50"
-    assert samples.queue_depth == 6, "vLLM waiting 1 + 0 plus middleware queued 2 + 3"
+    assert samples.queue_depth == 3, "the streaming pod's vLLM waiting 1 + middleware queued 2"
     assert samples.gpu_memory_percent == pytest.approx(75.0), "the fullest GPU: 36 of 48 GiB"
     assert samples.kv_cache_percent == pytest.approx(40.0)
     assert samples.ttft_p95_seconds is not None and 0.25 < samples.ttft_p95_seconds <= 1.0

@@ -21,8 +21,8 @@ INTERVAL = 15.0
 
 
 def config(**overrides: object) -> AdaptiveSettings:
-    # Defaults: QPS/replica high 3.0 low 1.5, GPU 85/70, queue 4/1, to batching 30 s, to streaming
-    # 300 s, cooldown 120 s, one flip per step, one replica always streaming.
+    # Defaults: QPS/replica high 3.0 low 1.5, GPU 98/95, queue 4/1, to batching 30 s, to streaming
+    # 300 s, cooldown 120 s, up to 4 flips per step, one replica always streaming.
     return AdaptiveSettings.model_validate(overrides)
 
 
@@ -44,26 +44,70 @@ def flips(steps: list[Step]) -> list[tuple[float, str, Mode]]:
 
 
 def test_ramp_moves_to_batching_in_steps_and_keeps_min_streaming() -> None:
-    # 4 replicas; total QPS climbs from 2 to 24 over 20 minutes (0.5 -> 6 per replica), then holds.
-    values = [2 + 22 * min(i / 80, 1) for i in range(120)]
-    steps = simulate(trace(values), 4, config())
+    # 4 replicas; total QPS climbs from 2 to 14 over 20 minutes (0.5 -> 3.5 per replica) while the
+    # queue in front of the streaming replicas grows to 6 per replica, then both hold.
+    def ramp(i: int) -> pol.Samples:
+        x = min(i / 80, 1)
+        return load(2 + 12 * x, queue=4 * 6 * x)
+
+    samples = [(1_000_000.0 + i * INTERVAL, ramp(i)) for i in range(120)]
+    steps = simulate(samples, 4, config())
     batching = [s.batching for s in steps]
 
     assert batching == sorted(batching), "a rising load never returns a replica"
-    assert all(b - a <= 1 for a, b in itertools.pairwise(batching))
+    assert all(b - a <= 1 for a, b in itertools.pairwise(batching)), "just above: one at a time"
     assert max(batching) == 3, "minStreamingReplicas=1 keeps one of 4 streaming"
     assert all(s.streaming >= 1 for s in steps)
-    first_high = next(s.time for s in steps if s.samples.qps is not None and s.samples.qps / 4 >= 3)
+    first_high = next(s.time for s in steps if s.decision.state.high_since is not None)
     first_flip = flips(steps)[0][0]
-    assert first_flip - first_high == 30, "flips once load stayed high for the 30 s window"
+    assert first_flip - first_high == 30, "just above the threshold the whole 30 s window holds"
     times = [t for t, _, _ in flips(steps)]
-    assert all(b - a >= 30 for a, b in itertools.pairwise(times)), "one step per window"
+    assert all(b - a >= 15 for a, b in itertools.pairwise(times)), "one step per window"
     assert steps[-1].decision.reason == pol.MAX_BATCHING_REACHED
 
 
+def test_high_qps_without_a_queue_moves_only_the_first_replica() -> None:
+    # 5 req/s per replica, served without a queue: one replica takes the batch work, the rest keep
+    # streaming; a queue building in front of them moves more.
+    calm = [load(20.0, queue=0.0)] * 20
+    queued = [load(20.0, queue=24.0)] * 10
+    samples = [(1_000_000.0 + i * INTERVAL, s) for i, s in enumerate(calm + queued)]
+    steps = simulate(samples, 4, config())
+
+    assert [s.batching for s in steps[:20]][-1] == 1
+    assert steps[19].decision.reason == pol.KEEPING_UP
+    assert "keep up" in steps[19].decision.message
+    assert steps[-1].batching == 3
+
+
+def test_the_further_above_the_threshold_the_shorter_the_wait_and_the_bigger_the_step() -> None:
+    replicas = [pol.ReplicaState(f"r{i}", Mode.STREAMING) for i in range(8)]
+    cfg = config(maxFlipsPerStep=8)
+    started = pol.LoopState(high_since=1000.0)
+
+    def after(seconds: float, queue_per_replica: float) -> pol.PolicyDecision:
+        samples = load(0.0, queue=8 * queue_per_replica)
+        return pol.decide(samples, replicas, started, cfg, ModePolicy.ADAPTIVE, 1000.0 + seconds)
+
+    # Queue high is 4 per replica: at 4 the whole 30 s window, at 6 (1.5x) half of it, at 8 none.
+    assert after(29, 4.0).reason == pol.STABILIZING
+    assert len(after(30, 4.0).flips) == 1
+    assert after(14, 6.0).reason == pol.STABILIZING
+    assert len(after(15, 6.0).flips) == math.ceil(7 * 0.5), "half of the room of 7"
+    assert len(after(0, 8.0).flips) == 7, "twice the threshold: every replica there is room for"
+    assert len(after(0, 40.0).flips) == 7
+    capped = pol.decide(
+        load(0.0, queue=64), replicas, started, config(maxFlipsPerStep=2), ModePolicy.ADAPTIVE, 1000
+    )
+    assert len(capped.flips) == 2, "maxFlipsPerStep caps the step"
+
+
 def test_fall_returns_one_replica_per_slow_window() -> None:
-    values = [20.0] * 20 + [2.0] * 200  # a peak, then quiet (0.5 req/s per replica)
-    steps = simulate(trace(values), 4, config())
+    # A peak with a queue in front of the streaming replicas, then quiet (0.5 req/s per replica).
+    peak = [load(20.0, queue=24.0)] * 20
+    quiet = [load(2.0)] * 200
+    samples = [(1_000_000.0 + i * INTERVAL, s) for i, s in enumerate(peak + quiet)]
+    steps = simulate(samples, 4, config())
     peak_end = steps[20].time
     returns = [(t, pod) for t, pod, mode in flips(steps) if mode is Mode.STREAMING]
 
@@ -75,7 +119,8 @@ def test_fall_returns_one_replica_per_slow_window() -> None:
 
 
 def test_max_flips_per_step_moves_several_at_once() -> None:
-    steps = simulate(trace([40.0] * 10), 8, config(maxFlipsPerStep=3, minStreamingReplicas=2))
+    samples = [(1_000_000.0 + i * INTERVAL, load(40.0, queue=80.0)) for i in range(10)]
+    steps = simulate(samples, 8, config(maxFlipsPerStep=3, minStreamingReplicas=2))
     per_step = [len(s.decision.flips) for s in steps if s.decision.flips]
     assert per_step == [3, 3], "3, 3, then the cap of 8 - 2 = 6 batching"
     assert steps[-1].batching == 6
@@ -118,7 +163,8 @@ def test_noise_spanning_both_thresholds_respects_cooldown_per_replica() -> None:
 
 @pytest.mark.parametrize("gap", [None, math.nan, math.inf])
 def test_missing_data_holds_and_restarts_the_window(gap: float | None) -> None:
-    values: list[float | None] = [20.0, 20.0] + [gap] * 10 + [20.0] * 4
+    # 3.25 req/s per replica: just above the threshold, so the whole 30 s window applies.
+    values: list[float | None] = [13.0, 13.0] + [gap] * 10 + [13.0] * 4
     steps = simulate(trace(values), 4, config())
     held = steps[2:12]
     assert all(s.decision.reason == pol.METRICS_UNAVAILABLE and not s.decision.flips for s in held)
@@ -226,14 +272,15 @@ def test_oldest_flip_goes_first() -> None:
     history = pol.LoopState(last_flips={"a": (100.0, Mode.STREAMING), "b": (50.0, Mode.STREAMING)})
     replicas = [pol.ReplicaState(n, Mode.STREAMING) for n in ("a", "b", "c", "d")]
     cfg = config(toBatchingStabilizationSeconds=0, maxFlipsPerStep=2, cooldownSeconds=10)
-    decision = pol.decide(load(40), replicas, history, cfg, ModePolicy.ADAPTIVE, 1000)
+    overloaded = load(40, queue=40)  # twice the queue threshold: a step of maxFlipsPerStep
+    decision = pol.decide(overloaded, replicas, history, cfg, ModePolicy.ADAPTIVE, 1000)
     assert [f.pod for f in decision.flips] == ["c", "d"], "never flipped first"
     history = pol.LoopState(
         last_flips={
             n: (t, Mode.STREAMING) for n, t in (("a", 100.0), ("b", 50.0), ("c", 70.0), ("d", 90.0))
         }
     )
-    decision = pol.decide(load(40), replicas, history, cfg, ModePolicy.ADAPTIVE, 1000)
+    decision = pol.decide(overloaded, replicas, history, cfg, ModePolicy.ADAPTIVE, 1000)
     assert [f.pod for f in decision.flips] == ["b", "c"]
     assert decision.state.last_flips["b"] == (1000, Mode.BATCHING)
 
