@@ -210,7 +210,10 @@ async def run(
             now = time.monotonic()
             window = min(15.0, now - t0)
             qps = sum(1 for c in completions if c > now - window) / window
-            queue = float(sum(mw.controller.queued for mw in mws))
+            # As the default PromQL reads it: the queue in front of streaming replicas.
+            queue = float(
+                sum(mw.controller.queued for mw in mws if mw.mode is Mode.STREAMING)
+            )
             samples = pol.Samples(qps=qps, queue_depth=queue, reporting_replicas=REPLICAS)
             reps = [pol.ReplicaState(f"r{i}", mw.mode) for i, mw in enumerate(mws)]
             decision = pol.decide(samples, reps, state, SETTINGS, ModePolicy.ADAPTIVE, time.time())
