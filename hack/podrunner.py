@@ -101,6 +101,15 @@ class PodRunner:
                     return f"http://{pod.ip}:{RUNTIME_PORT}"
         return None
 
+    def runtime_urls(self, namespace: str) -> dict[str, str]:
+        """Pod name -> runtime URL of every pod of `namespace` that has a runtime now."""
+        with self._lock:
+            return {
+                pod.name: f"http://{pod.ip}:{RUNTIME_PORT}"
+                for pod in self.pods.values()
+                if pod.namespace == namespace
+            }
+
     # -- the watch -------------------------------------------------------------------------------
 
     def _watch_forever(self) -> None:

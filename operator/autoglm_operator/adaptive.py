@@ -402,7 +402,9 @@ def _rolling_pass(
     in_flight = batching != target or len(inp.pods) > replicas
     last = status.get("lastDecision")
     last = last if isinstance(last, Mapping) else {}
-    kept_state = state  # while pods are replaced the loop holds its windows where they were
+    # While pods are replaced the loop holds its windows where they were; a pass that flips
+    # nothing keeps the policy's (when load turned high or low), or no window would ever fill.
+    kept_state = state if in_flight or decision.flips else decision.state
     pending = last.get("applied") is False and last.get("toBatching") == target
     completed = pending and not in_flight  # recorded first; a next step waits for next pass
     adaptive = spec.mode_policy is ModePolicy.ADAPTIVE

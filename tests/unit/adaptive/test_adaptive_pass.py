@@ -409,3 +409,22 @@ async def test_a_deployment_without_pods_is_unknown_not_failing() -> None:
     metrics = condition(result.status_patch, "MetricsAvailable")
     assert (metrics["status"], metrics["reason"]) == ("Unknown", "NoPods")
     assert result.events == [], "a new deployment is not a warning"
+
+
+async def test_rolling_keeps_the_stabilization_window_between_passes() -> None:
+    io = FakeIO(three_streaming(), reading=healthy(qps=12.0))
+    the_spec = rolling_spec(
+        adaptive={"prometheus": {"url": "http://p:9090"}, "toBatchingStabilizationSeconds": 10}
+    )
+    first = await one_pass(io, the_spec)
+    assert first.status_patch["lastDecision"]["reason"] == pol.STABILIZING
+    assert first.status_patch["adaptiveState"]["highSince"]
+    status = apply_patch({}, first.status_patch)
+    waiting = await one_pass(io, the_spec, status, now=NOW + 5)
+    status = apply_patch(status, waiting.status_patch)
+    assert status["lastDecision"]["reason"] == pol.STABILIZING
+    # High for the whole window since the first pass: the replacement starts.
+    due = await one_pass(io, the_spec, status, now=NOW + 10)
+    last = due.status_patch["lastDecision"]
+    assert (last["applied"], last["fromBatching"], last["toBatching"]) == (False, 0, 1)
+    assert due.status_patch["adaptiveState"]["batchingTarget"] == 1

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -123,6 +124,15 @@ async def test_switch_mode(make_client: MakeClient, engine: FakeEngine) -> None:
     assert sample(middleware, "autoglm_mode_switches_total") == 1
     await client.post(CHAT, json=chat(stream=True))
     assert engine.bodies[-1]["priority"] == 0  # batching: no stream preference
+
+
+async def test_since_is_the_moment_of_the_switch(make_client: MakeClient) -> None:
+    # Timing tools (bench/adaptive_reaction.py) read it as the switch time, to the microsecond.
+    _, client = make_client()
+    before = datetime.now(UTC)
+    switched = (await client.put(MODE_PATH, json={"mode": "batching"}, headers=auth())).json()
+    after = datetime.now(UTC)
+    assert before <= datetime.fromisoformat(switched["since"].replace("Z", "+00:00")) <= after
 
 
 async def test_mode_from_labels(make_client: MakeClient) -> None:
