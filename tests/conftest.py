@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from _pytest.terminal import TerminalReporter
 
 from localcluster import LocalCluster, loopback_pod_cidr, running_cluster
 
@@ -32,10 +33,14 @@ def crd(cluster: LocalCluster) -> str:
     """The AutoGLMDeployment CRD, installed and established."""
     cluster.kubectl("apply", "--server-side", "-f", str(CRD_FILE))
     name = "autoglmdeployments.autoglm.io"
-    # Polled rather than `kubectl wait`, which errors while the new CRD has no conditions yet.
+    # Polled rather than `kubectl wait`, which errors while the new CRD has no conditions yet
+    # (so does this jsonpath: an error is "not yet").
     jsonpath = '{.status.conditions[?(@.type=="Established")].status}'
     deadline = time.monotonic() + 60
-    while cluster.kubectl("get", "crd", name, "-o", f"jsonpath={jsonpath}").stdout != "True":
+    while (
+        cluster.kubectl("get", "crd", name, "-o", f"jsonpath={jsonpath}", check=False).stdout
+        != "True"
+    ):
         assert time.monotonic() < deadline, f"CRD {name} not Established after 60s"
         time.sleep(0.2)
     return name
@@ -51,3 +56,42 @@ def namespace(cluster: LocalCluster) -> Iterator[str]:
     )
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+class InputTally:
+    """Bad input tried at each boundary, and how much of it got the answer it must get.
+
+    Each boundary test records every input it sends; the totals close the run's summary, so a
+    CI log shows how many cases each boundary was tried with, not only that the tests passed.
+    """
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str], list[int]] = {}
+
+    def record(self, boundary: str, outcome: str, passed: bool) -> None:
+        counts = self.counts.setdefault((boundary, outcome), [0, 0])
+        counts[0] += 1
+        counts[1] += int(passed)
+
+    def lines(self) -> list[str]:
+        return [
+            f"{boundary}: {tried} tried, {passed} {outcome}"
+            for (boundary, outcome), (tried, passed) in self.counts.items()
+        ]
+
+
+_TALLY = InputTally()
+
+
+@pytest.fixture(scope="session")
+def record_input() -> Callable[[str, str, bool], None]:
+    """record_input(boundary, outcome, passed): one bad input sent, and whether it got `outcome`."""
+    return _TALLY.record
+
+
+def pytest_terminal_summary(terminalreporter: TerminalReporter) -> None:
+    lines = _TALLY.lines()
+    if lines:
+        terminalreporter.section("bad input")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -46,6 +46,9 @@ def _structural(node: dict[str, Any]) -> dict[str, Any]:
         types = {b.get("type") for b in branches}
         if types == {"integer", "string"}:
             node["x-kubernetes-int-or-string"] = True
+            # Each branch's own checks (an integer's minimum, a string's pattern) still hold.
+            for branch in branches:
+                node.update({k: v for k, v in branch.items() if k != "type"})
         elif len(branches) == 1:
             node = {**branches[0], **node}
         else:
@@ -120,6 +123,7 @@ def openapi_schema() -> dict[str, Any]:
         },
         # No default for spec: an Adaptive deployment needs at least a Prometheus URL.
         "required": ["spec"],
+        "x-kubernetes-validations": spec.OBJECT_VALIDATIONS,
     }
 
 

@@ -14,7 +14,7 @@ from pydantic import ConfigDict, Field
 from pydantic.json_schema import JsonDict
 
 from autoglm_runtime.engine_args import DEFAULT_SERVED_MODEL_NAME, MANAGED_FLAGS
-from autoglm_runtime.profiles import CamelModel, ModeProfiles
+from autoglm_runtime.profiles import CamelModel, Mode, ModeProfiles
 
 GROUP = "autoglm.io"
 VERSION = "v1alpha1"
@@ -26,6 +26,20 @@ SHORT_NAMES = ["agd"]
 # AutoGLM-Phone-9B's position embeddings end here; vLLM refuses a longer --max-model-len.
 MODEL_CONTEXT_LIMIT = 8192
 DEFAULT_IMAGE = "ghcr.io/autoglm/autoglm-runtime:0.1.0"
+# Services are named <name>-streaming and <name>-batching: DNS-1035 labels of at most 63.
+MAX_NAME_LENGTH = 63 - len("-") - max(len(mode.value) for mode in Mode)
+# Names of the objects a field refers to (PVC, Secret, PriorityClass): DNS-1123 subdomains.
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# A label value (nodeSelector): empty, or alphanumerics with -_. inside, at most 63 characters.
+_LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+# An extended resource: domain-qualified (nvidia.com/gpu, amd.com/gpu).
+_EXTENDED_RESOURCE = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+# A Kubernetes quantity (500m, 4, 16Gi) as the apiserver's own schema spells it, less the sign:
+# requests and limits are never negative.
+_QUANTITY = (
+    r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
 
 
 def _cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
@@ -37,6 +51,18 @@ def _cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
 
 def _validations(*rules: JsonDict) -> ConfigDict:
     return ConfigDict(json_schema_extra={"x-kubernetes-validations": list(rules)})
+
+
+# Rules on the whole object, at the CRD's root schema: the only place CEL sees metadata.name.
+OBJECT_VALIDATIONS: list[JsonDict] = [
+    _cel(
+        f"self.metadata.name.size() <= {MAX_NAME_LENGTH} && "
+        "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+        f"metadata.name must be a DNS-1035 label of at most {MAX_NAME_LENGTH} characters "
+        "(lowercase letters, digits and '-', starting with a letter): the Services are named "
+        "<name>-streaming and <name>-batching",
+    ),
+]
 
 
 class ModePolicy(StrEnum):
@@ -74,13 +100,20 @@ class ModelSource(CamelModel):
     source: str = Field(
         default="zai-org/AutoGLM-Phone-9B",
         min_length=1,
+        # vLLM's first argument: a leading '-' would make it a flag.
+        pattern=r"^[^-\s]",
         description="What vLLM loads: a path under mountPath, or a model id in its cache.",
     )
     pvc_name: str | None = Field(
-        default=None, description="PersistentVolumeClaim holding the weights, mounted read-only."
+        default=None,
+        max_length=253,
+        pattern=_DNS_SUBDOMAIN,
+        description="PersistentVolumeClaim holding the weights, mounted read-only.",
     )
     host_path: str | None = Field(
-        default=None, description="Node directory holding the weights (single-node trials)."
+        default=None,
+        pattern=r"^/",
+        description="Node directory holding the weights (single-node trials); absolute.",
     )
     mount_path: str = Field(default="/models", pattern=r"^/.*")
 
@@ -94,7 +127,10 @@ class EngineOptions(CamelModel):
     )
     max_num_batched_tokens: int | None = Field(default=None, ge=128, le=1048576)
     reasoning_parser: str | None = Field(
-        default="glm45", description="vLLM reasoning parser that splits out the thinking text."
+        default="glm45",
+        # A flag's value: a leading '-' would make it a flag. Empty turns the parser off.
+        pattern=r"^([A-Za-z0-9_][A-Za-z0-9_.-]*)?$",
+        description="vLLM reasoning parser that splits out the thinking text; empty: none.",
     )
     shutdown_timeout_seconds: int = Field(
         default=30, ge=1, le=3600, description="How long a stopping pod drains running requests."
@@ -132,7 +168,7 @@ class QueryOverrides(CamelModel):
 class PrometheusSource(CamelModel):
     url: str | None = Field(
         default=None,
-        pattern=r"^https?://",
+        pattern=r"^https?://[^\s/?#]+([/?#]\S*)?$",
         description="Base URL of the Prometheus HTTP API, e.g. http://prometheus.monitoring:9090",
     )
     timeout_seconds: int = Field(default=5, ge=1, le=60)
@@ -199,7 +235,10 @@ class AdaptiveSettings(CamelModel):
     paused: bool = Field(default=False, description="Hold the current modes; query nothing.")
 
 
-IntOrString = Annotated[int | str, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
+Quantity = Annotated[
+    Annotated[int, Field(ge=0)] | Annotated[str, Field(pattern=_QUANTITY)],
+    Field(json_schema_extra={"x-kubernetes-int-or-string": True}),
+]
 
 
 class ResourceSettings(CamelModel):
@@ -215,15 +254,17 @@ class ResourceSettings(CamelModel):
             "resources.requests may not name a GPU: use gpusPerReplica",
         ),
     )
-    requests: dict[str, IntOrString] | None = Field(default=None, max_length=32)
-    limits: dict[str, IntOrString] | None = Field(default=None, max_length=32)
+    requests: dict[str, Quantity] | None = Field(default=None, max_length=32)
+    limits: dict[str, Quantity] | None = Field(default=None, max_length=32)
 
 
 class SchedulingSettings(CamelModel):
-    node_selector: dict[str, str] | None = None
+    node_selector: dict[str, Annotated[str, Field(max_length=63, pattern=_LABEL_VALUE)]] | None = (
+        None
+    )
     tolerations: list[dict[str, Any]] | None = None
     affinity: dict[str, Any] | None = None
-    priority_class_name: str | None = None
+    priority_class_name: str | None = Field(default=None, max_length=253, pattern=_DNS_SUBDOMAIN)
 
 
 class ServiceSettings(CamelModel):
@@ -240,8 +281,8 @@ class ServiceSettings(CamelModel):
 
 
 class SecretKeyRef(CamelModel):
-    name: str = Field(min_length=1, max_length=253)
-    key: str = Field(default="api-key", min_length=1)
+    name: str = Field(min_length=1, max_length=253, pattern=_DNS_SUBDOMAIN)
+    key: str = Field(default="api-key", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
 
 
 class AutoGLMDeploymentSpec(CamelModel):
@@ -281,12 +322,12 @@ class AutoGLMDeploymentSpec(CamelModel):
 
     replicas: int = Field(default=1, ge=0, le=256)
     model: ModelSource = Field(default_factory=ModelSource)
-    image: str = Field(default=DEFAULT_IMAGE, min_length=1)
+    image: str = Field(default=DEFAULT_IMAGE, min_length=1, pattern=r"^\S+$")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     gpus_per_replica: int = Field(
         default=2, ge=1, le=8, description="GPUs per replica; also vLLM's tensor parallel size."
     )
-    gpu_resource_name: str = Field(default="nvidia.com/gpu", min_length=1)
+    gpu_resource_name: str = Field(default="nvidia.com/gpu", pattern=_EXTENDED_RESOURCE)
     dtype: Literal["float16", "bfloat16"] = "float16"
     max_model_len: int = Field(default=2048, ge=128)
     engine: EngineOptions = Field(default_factory=EngineOptions)

@@ -39,7 +39,9 @@ def natural_length(seed: str, low: int = 24, high: int = 200) -> int:
 
 
 def _rng(seed: str) -> random.Random:
-    return random.Random(hashlib.sha256(seed.encode()).digest())
+    # JSON may carry lone surrogates ("\ud800"): plain UTF-8 cannot encode them, and the seed
+    # only has to be stable.
+    return random.Random(hashlib.sha256(seed.encode("utf-8", "surrogatepass")).digest())
 
 
 def generate(seed: str, count: int, reasoning: int) -> list[tuple[str, str]]:

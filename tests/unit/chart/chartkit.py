@@ -106,13 +106,6 @@ def render(
     return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
 
 
-def render_error(values: Mapping[str, Any], *, helm: str | None = None) -> str:
-    """The error helm prints for values that must be refused; fails if helm accepts them."""
-    out = run_helm(*template_args(values), helm=helm, check=False)
-    assert out.returncode != 0, f"helm accepted values it must refuse: {values}\n{out.stdout[:500]}"
-    return out.stderr
-
-
 def by_kind(docs: Iterable[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [d for d in docs if d.get("kind") == kind]
 

@@ -6,72 +6,189 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 import yaml
-from chartkit import CHART, CHART_CRD, CRD_SOURCE, REPO, one, render, render_error
+from chartkit import CHART, CHART_CRD, CRD_SOURCE, REPO, one, render, run_helm, template_args
 
-# (values, text the error must contain)
-BAD_VALUES: list[tuple[dict[str, Any], str]] = [
-    (
-        {"operator.scope": "Clusterwide"},
-        "at '/operator/scope': value must be one of 'Cluster', 'Namespace'",
-    ),
-    ({"operator.replicas": -1}, "at '/operator/replicas'"),
-    ({"operator.replicas": 6}, "at '/operator/replicas'"),
-    ({"operator.replicas": "2"}, "at '/operator/replicas': got string, want integer"),
-    ({"operator.logLevel": "trace"}, "at '/operator/logLevel'"),
-    ({"operator.healthPort": 70000}, "at '/operator/healthPort'"),
-    ({"operator.watchNamespaces": ["Bad_NS"]}, "at '/operator/watchNamespaces/0'"),
-    ({"operatr": {"replicas": 2}}, "additional properties 'operatr' not allowed"),
-    ({"image.pullPolicy": "Sometimes"}, "at '/image/pullPolicy'"),
-    ({"image.digest": "latest"}, "at '/image/digest'"),
-    (
-        {"monitoring.podMonitor.interval": 15},
-        "at '/monitoring/podMonitor/interval': got number, want string",
-    ),
-    (
-        {"monitoring.prometheusRule.flappingWindow": "half an hour"},
-        "at '/monitoring/prometheusRule/flappingWindow'",
-    ),
-    (
-        {"monitoring.prometheusRule.maxModeSwitches": 0},
-        "at '/monitoring/prometheusRule/maxModeSwitches'",
-    ),
-    ({"deployment.name": "Phone_9B"}, "at '/deployment/name'"),
-    ({"deployment.spec": "replicas: 2"}, "at '/deployment/spec': got string, want object"),
-    ({"tests.endpoint": "http://phone:8000"}, "at '/tests/endpoint'"),
+# (the key a case is about, the values, text the error must contain)
+BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
+    ("nameOverride", {"nameOverride": "AutoGLM_Operator"}, "at '/nameOverride'"),
+    ("fullnameOverride", {"fullnameOverride": "x" * 64}, "at '/fullnameOverride'"),
+    ("image.repository", {"image.repository": "ghcr.io/AutoGLM/operator"},
+     "at '/image/repository'"),
+    ("image.tag", {"image.tag": "0.1.0 latest"}, "at '/image/tag'"),
+    ("image.digest", {"image.digest": "latest"}, "at '/image/digest'"),
+    ("image.pullPolicy", {"image.pullPolicy": "Sometimes"}, "at '/image/pullPolicy'"),
+    ("imagePullSecrets", {"imagePullSecrets": [{"name": "Registry Key"}]},
+     "at '/imagePullSecrets/0/name'"),
+    ("imagePullSecrets", {"imagePullSecrets": ["regcred"]},
+     "at '/imagePullSecrets/0': got string, want object"),
+    ("operator.replicas", {"operator.replicas": -1}, "at '/operator/replicas'"),
+    ("operator.replicas", {"operator.replicas": 6}, "at '/operator/replicas'"),
+    ("operator.replicas", {"operator.replicas": "2"},
+     "at '/operator/replicas': got string, want integer"),
+    ("operator.scope", {"operator.scope": "Clusterwide"},
+     "at '/operator/scope': value must be one of 'Cluster', 'Namespace'"),
+    ("operator.watchNamespaces", {"operator.watchNamespaces": ["Bad_NS"]},
+     "at '/operator/watchNamespaces/0'"),
+    ("operator.watchNamespaces",
+     {"operator.scope": "Namespace", "operator.watchNamespaces": ["a", "a"]},
+     "at '/operator/watchNamespaces'"),
+    ("operator.healthPort", {"operator.healthPort": 70000}, "at '/operator/healthPort'"),
+    ("operator.metricsPort", {"operator.metricsPort": 0}, "at '/operator/metricsPort'"),
+    ("operator.logLevel", {"operator.logLevel": "trace"}, "at '/operator/logLevel'"),
+    ("operator.extraArgs", {"operator.extraArgs": "--verbose"},
+     "at '/operator/extraArgs': got string, want array"),
+    ("operator.extraEnv", {"operator.extraEnv": [{"value": "1"}]},
+     "at '/operator/extraEnv/0': missing property 'name'"),
+    ("operator.resources", {"operator.resources": {"limits": {"memory": True}}},
+     "at '/operator/resources/limits/memory'"),
+    ("operator.podAnnotations", {"operator.podAnnotations": {"team": 7}},
+     "at '/operator/podAnnotations/team': got number, want string"),
+    ("operator.podLabels", {"operator.podLabels": {"tier": True}},
+     "at '/operator/podLabels/tier': got boolean, want string"),
+    ("operator.nodeSelector", {"operator.nodeSelector": ["linux"]},
+     "at '/operator/nodeSelector': got array, want object"),
+    ("operator.tolerations", {"operator.tolerations": ["gpu"]},
+     "at '/operator/tolerations/0': got string, want object"),
+    ("operator.affinity", {"operator.affinity": "zone-a"},
+     "at '/operator/affinity': got string, want object"),
+    ("operator.priorityClassName", {"operator.priorityClassName": "High Priority"},
+     "at '/operator/priorityClassName'"),
+    ("operator.podDisruptionBudget.enabled", {"operator.podDisruptionBudget.enabled": "yes"},
+     "at '/operator/podDisruptionBudget/enabled': got string, want boolean"),
+    ("operatr", {"operatr": {"replicas": 2}}, "additional properties 'operatr' not allowed"),
+    ("serviceAccount.create", {"serviceAccount.create": "false"},
+     "at '/serviceAccount/create': got string, want boolean"),
+    ("serviceAccount.name", {"serviceAccount.name": "Operator SA"}, "at '/serviceAccount/name'"),
+    ("serviceAccount.annotations", {"serviceAccount.annotations": {"role-arn": 12}},
+     "at '/serviceAccount/annotations/role-arn': got number, want string"),
+    ("rbac.create", {"rbac.create": "yes"}, "at '/rbac/create': got string, want boolean"),
+    ("rbac.userRoles", {"rbac.userRoles": 1}, "at '/rbac/userRoles': got number, want boolean"),
+    ("monitoring.scrapeAnnotations", {"monitoring.scrapeAnnotations": "true"},
+     "at '/monitoring/scrapeAnnotations': got string, want boolean"),
+    ("monitoring.deploymentLabel", {"monitoring.deploymentLabel": "app instance"},
+     "at '/monitoring/deploymentLabel'"),
+    ("monitoring.podMonitor.enabled", {"monitoring.podMonitor.enabled": "on"},
+     "at '/monitoring/podMonitor/enabled': got string, want boolean"),
+    ("monitoring.podMonitor.interval", {"monitoring.podMonitor.interval": 15},
+     "at '/monitoring/podMonitor/interval': got number, want string"),
+    ("monitoring.podMonitor.scrapeTimeout", {"monitoring.podMonitor.scrapeTimeout": "10 s"},
+     "at '/monitoring/podMonitor/scrapeTimeout'"),
+    ("monitoring.podMonitor.labels", {"monitoring.podMonitor.labels": {"release": 1}},
+     "at '/monitoring/podMonitor/labels/release': got number, want string"),
+    ("monitoring.serviceMonitor.enabled", {"monitoring.serviceMonitor.enabled": 1},
+     "at '/monitoring/serviceMonitor/enabled': got number, want boolean"),
+    ("monitoring.serviceMonitor.interval", {"monitoring.serviceMonitor.interval": "half a minute"},
+     "at '/monitoring/serviceMonitor/interval'"),
+    ("monitoring.serviceMonitor.scrapeTimeout", {"monitoring.serviceMonitor.scrapeTimeout": "-5s"},
+     "at '/monitoring/serviceMonitor/scrapeTimeout'"),
+    ("monitoring.serviceMonitor.labels", {"monitoring.serviceMonitor.labels": "release=prom"},
+     "at '/monitoring/serviceMonitor/labels': got string, want object"),
+    ("monitoring.prometheusRule.enabled", {"monitoring.prometheusRule.enabled": "no"},
+     "at '/monitoring/prometheusRule/enabled': got string, want boolean"),
+    ("monitoring.prometheusRule.labels", {"monitoring.prometheusRule.labels": {"team": False}},
+     "at '/monitoring/prometheusRule/labels/team': got boolean, want string"),
+    ("monitoring.prometheusRule.replicasNotReadyFor",
+     {"monitoring.prometheusRule.replicasNotReadyFor": "10 minutes"},
+     "at '/monitoring/prometheusRule/replicasNotReadyFor'"),
+    ("monitoring.prometheusRule.metricsUnavailableFor",
+     {"monitoring.prometheusRule.metricsUnavailableFor": 300},
+     "at '/monitoring/prometheusRule/metricsUnavailableFor': got number, want string"),
+    ("monitoring.prometheusRule.flappingWindow",
+     {"monitoring.prometheusRule.flappingWindow": "half an hour"},
+     "at '/monitoring/prometheusRule/flappingWindow'"),
+    ("monitoring.prometheusRule.maxModeSwitches", {"monitoring.prometheusRule.maxModeSwitches": 0},
+     "at '/monitoring/prometheusRule/maxModeSwitches'"),
+    ("monitoring.plainPrometheusConfig.enabled",
+     {"monitoring.plainPrometheusConfig.enabled": "true"},
+     "at '/monitoring/plainPrometheusConfig/enabled': got string, want boolean"),
+    ("monitoring.dashboard.enabled", {"monitoring.dashboard.enabled": "yes"},
+     "at '/monitoring/dashboard/enabled': got string, want boolean"),
+    ("monitoring.dashboard.namespace", {"monitoring.dashboard.namespace": "Grafana"},
+     "at '/monitoring/dashboard/namespace'"),
+    ("monitoring.dashboard.labels", {"monitoring.dashboard.labels": {"grafana_dashboard": 1}},
+     "at '/monitoring/dashboard/labels/grafana_dashboard': got number, want string"),
+    ("monitoring.dashboard.annotations", {"monitoring.dashboard.annotations": ["folder"]},
+     "at '/monitoring/dashboard/annotations': got array, want object"),
+    ("deployment.create", {"deployment.create": "true"},
+     "at '/deployment/create': got string, want boolean"),
+    ("deployment.name", {"deployment.name": "Phone_9B"}, "at '/deployment/name'"),
+    ("deployment.name", {"deployment.name": "p" * 54}, "at '/deployment/name'"),
+    ("deployment.spec", {"deployment.spec": "replicas: 2"},
+     "at '/deployment/spec': got string, want object"),
+    ("tests.image.repository", {"tests.image.repository": ""}, "at '/tests/image/repository'"),
+    ("tests.image.tag", {"tests.image.tag": ""}, "at '/tests/image/tag'"),
+    ("tests.image.pullPolicy", {"tests.image.pullPolicy": "always"},
+     "at '/tests/image/pullPolicy'"),
+    ("tests.deploymentName", {"tests.deploymentName": "phone.9b"}, "at '/tests/deploymentName'"),
+    ("tests.namespace", {"tests.namespace": "-serving"}, "at '/tests/namespace'"),
+    ("tests.endpoint", {"tests.endpoint": "http://phone:8000"}, "at '/tests/endpoint'"),
+    ("tests.expectModel", {"tests.expectModel": "autoglm phone"}, "at '/tests/expectModel'"),
+    ("tests.apiKeySecret.name", {"tests.apiKeySecret.name": "API_KEY"},
+     "at '/tests/apiKeySecret/name'"),
+    ("tests.apiKeySecret.key", {"tests.apiKeySecret.key": "api key"},
+     "at '/tests/apiKeySecret/key'"),
+    ("tests.timeoutSeconds", {"tests.timeoutSeconds": 5}, "at '/tests/timeoutSeconds'"),
+    ("tests.podAnnotations", {"tests.podAnnotations": {"kwok.x-k8s.io/status": 1}},
+     "at '/tests/podAnnotations/kwok.x-k8s.io~1status': got number, want string"),
     # Rules across values: the template says what to change.
-    (
-        {"operator.watchNamespaces": ["a"]},
-        "operator.watchNamespaces only applies with operator.scope=Namespace",
-    ),
-    ({"operator.metricsPort": 8080}, "operator.healthPort and operator.metricsPort must differ"),
-    (
-        {"serviceAccount.create": False},
-        "serviceAccount.name is required when serviceAccount.create is false",
-    ),
-    (
-        {"monitoring.podMonitor.enabled": True, "monitoring.podMonitor.scrapeTimeout": "1m"},
-        "monitoring.podMonitor.scrapeTimeout (1m) must not exceed its interval (15s)",
-    ),
-    (
-        {
-            "deployment.create": True,
-            "operator.scope": "Namespace",
-            "operator.watchNamespaces": ["other"],
-        },
-        "which the operator does not watch: add it to operator.watchNamespaces",
-    ),
-]
+    ("operator.watchNamespaces", {"operator.watchNamespaces": ["a"]},
+     "operator.watchNamespaces only applies with operator.scope=Namespace"),
+    ("operator.metricsPort", {"operator.metricsPort": 8080},
+     "operator.healthPort and operator.metricsPort must differ"),
+    ("serviceAccount.create", {"serviceAccount.create": False},
+     "serviceAccount.name is required when serviceAccount.create is false"),
+    ("monitoring.podMonitor.scrapeTimeout",
+     {"monitoring.podMonitor.enabled": True, "monitoring.podMonitor.scrapeTimeout": "1m"},
+     "monitoring.podMonitor.scrapeTimeout (1m) must not exceed its interval (15s)"),
+    ("deployment.create",
+     {"deployment.create": True, "operator.scope": "Namespace",
+      "operator.watchNamespaces": ["other"]},
+     "which the operator does not watch: add it to operator.watchNamespaces"),
+]  # fmt: skip
+BOUNDARY = "malformed Helm values (helm template)"
 
 
-@pytest.mark.parametrize(("values", "message"), BAD_VALUES, ids=[m[:40] for _, m in BAD_VALUES])
-def test_bad_values_are_refused_with_a_clear_message(values: dict[str, Any], message: str) -> None:
-    assert message in render_error(values)
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [case[1:] for case in BAD_VALUES],
+    ids=[f"{key}-{index}" for index, (key, _, _) in enumerate(BAD_VALUES)],
+)
+def test_bad_values_are_refused_with_a_clear_message(
+    values: dict[str, Any], message: str, record_input: Callable[[str, str, bool], None]
+) -> None:
+    out = run_helm(*template_args(values), check=False)
+    refused = out.returncode != 0 and message in out.stderr
+    record_input(BOUNDARY, "refused with a message naming the value", refused)
+    assert out.returncode != 0, f"helm accepted values it must refuse: {values}"
+    assert message in out.stderr, out.stderr
+
+
+def _schema_keys(node: dict[str, Any], path: str = "") -> list[str]:
+    """Every key a user sets: our own settings down to their leaves; Kubernetes types
+    (resources, tolerations) and free maps (labels) count as one key each."""
+    keys = []
+    for key, sub in node.get("properties", {}).items():
+        if key == "global":  # helm's own, shared with subcharts
+            continue
+        if sub.get("additionalProperties") is False and "properties" in sub:
+            keys += _schema_keys(sub, f"{path}{key}.")
+        else:
+            keys.append(f"{path}{key}")
+    return keys
+
+
+def test_every_values_key_has_a_bad_value_case() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    keys = _schema_keys(schema)
+    covered = {key for key, _, _ in BAD_VALUES}
+    assert not set(keys) - covered, f"no bad-value case for {sorted(set(keys) - covered)}"
+    print(f"{len(keys)} values keys, {len(BAD_VALUES)} bad-value cases")
 
 
 def test_values_yaml_documents_every_key_the_schema_knows() -> None:

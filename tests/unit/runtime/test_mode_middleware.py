@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx
 import pytest
-from asgi_kit import FakeEngine, MakeClient, auth
+from asgi_kit import TOKEN, FakeEngine, MakeClient, auth
 
 from autoglm_runtime.profiles import DRAIN_PATH, MODE_PATH
 
@@ -92,6 +92,47 @@ async def test_admin_needs_the_token(make_client: MakeClient) -> None:
     assert bad.status_code == 400 and "turbo" in bad.json()["error"]["message"]
     assert (await client.put(MODE_PATH, content=b"{", headers=auth())).status_code == 400
     assert (await client.delete(MODE_PATH, headers=auth())).status_code == 405
+
+
+# Authorization headers that must not open the admin endpoint (None: no header at all).
+REFUSED_AUTH = {
+    "missing": None,
+    "basic-scheme": f"Basic {TOKEN}",
+    "token-scheme": f"Token {TOKEN}",
+    "no-scheme": TOKEN,
+    "empty-token": "Bearer ",
+    "scheme-only": "Bearer",
+    "wrong-token": "Bearer nope",
+    "token-prefix": f"Bearer {TOKEN[:-1]}",
+    "token-with-more": f"Bearer {TOKEN}x",
+    "two-tokens": f"Bearer nope {TOKEN}",
+    "non-ascii-token": "Bearer t\u00f6ken",
+}
+
+
+@pytest.mark.parametrize("header", list(REFUSED_AUTH.values()), ids=list(REFUSED_AUTH))
+async def test_a_refused_admin_call_changes_nothing(
+    make_client: MakeClient, engine: FakeEngine, header: str | None
+) -> None:
+    middleware, client = make_client()
+    headers = {"Authorization": header.encode()} if header is not None else {}
+    before = (await client.get(MODE_PATH, headers=auth())).json()
+    for method, path, body in (("PUT", MODE_PATH, {"mode": "batching"}),
+                               ("GET", MODE_PATH, None),
+                               ("POST", DRAIN_PATH, None)):
+        response = await client.request(method, path, json=body, headers=headers)
+        assert response.status_code == 401, (method, path, response.text)
+        assert response.headers["www-authenticate"] == "Bearer"
+        error = response.json()["error"]
+        assert error["type"] == "authentication_error" and error["code"] == 401
+        assert TOKEN not in response.text
+    # Nothing moved: same mode, no switch counted, not draining, still serving.
+    assert (await client.get(MODE_PATH, headers=auth())).json() == before
+    assert not middleware.draining
+    assert sample(middleware, "autoglm_mode_switches_total") == 0
+    assert sample(middleware, "autoglm_mode", {"mode": "streaming"}) == 1
+    assert (await client.post(CHAT, json=chat())).status_code == 200
+    assert engine.bodies  # the request reached the engine
 
 
 async def test_admin_without_a_configured_token_refuses(make_client: MakeClient) -> None:
