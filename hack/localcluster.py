@@ -42,6 +42,18 @@ def loopback_pod_cidr() -> str:
     return f"127.{secrets.randbelow(200) + 40}.0.1/16"
 
 GPU_RESOURCE = "nvidia.com/gpu"
+# The apiserver's audit log records requests made with ServiceAccount tokens (the operator run
+# under the chart's account), at Metadata level: who did which verb to which resource, never a
+# body. Everything else (the admin kubeconfig the tests, controllers and kwok use) goes unlogged.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "Metadata", "userGroups": ["system:serviceaccounts"]},
+        {"level": "None"},
+    ],
+}
 
 
 class KubectlError(subprocess.CalledProcessError):
@@ -102,6 +114,7 @@ class LocalCluster:
     workdir: Path
     bin_dir: Path
     pod_cidr: str = DEFAULT_POD_CIDR
+    audit: bool = True
     api_port: int = 0
     etcd_port: int = 0
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -117,6 +130,10 @@ class LocalCluster:
     @property
     def ca_file(self) -> str:
         return str(self.workdir / "pki" / "ca.crt")
+
+    @property
+    def audit_log(self) -> Path:
+        return self.workdir / "audit.log"
 
     @property
     def admin_token(self) -> str:
@@ -221,9 +238,17 @@ class LocalCluster:
             "--service-account-key-file", str(pki / "sa.pub"),
             "--service-account-signing-key-file", str(pki / "sa.key"),
             "--allow-privileged=true",
+            *self._audit_args(),
             "--profiling=false", "--v", "1",
         ])  # fmt: skip
         self._wait("kube-apiserver", self._apiserver_ready, timeout=90)
+
+    def _audit_args(self) -> list[str]:
+        if not self.audit:
+            return []
+        policy = self.workdir / "audit-policy.json"
+        policy.write_text(json.dumps(AUDIT_POLICY))
+        return ["--audit-policy-file", str(policy), "--audit-log-path", str(self.audit_log)]
 
     def _apiserver_ready(self) -> bool:
         out = self.kubectl("get", "--raw", "/readyz", check=False)
@@ -333,6 +358,18 @@ class LocalCluster:
         }
         self.kubectl("apply", "-f", "-", input=json.dumps(node))
         self.kubectl("wait", "--for=condition=Ready", f"node/{name}", "--timeout=60s")
+
+    def audit_events(self, username: str) -> list[dict[str, Any]]:
+        """The audit log's events of one user (a ServiceAccount: only those are logged), one per
+        request: the last stage seen of each (a watch logs when it starts and when it ends)."""
+        if not self.audit_log.exists():
+            return []
+        events: dict[str, dict[str, Any]] = {}
+        for line in self.audit_log.read_text().splitlines():
+            event = json.loads(line)
+            if event.get("user", {}).get("username") == username:
+                events[event["auditID"]] = event
+        return list(events.values())
 
     def delete_node(self, name: str) -> None:
         self.kubectl("delete", "node", name, "--ignore-not-found", "--wait=true")

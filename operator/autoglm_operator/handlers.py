@@ -325,11 +325,18 @@ class Reconciler:
     ) -> None:
         """Generate the admin token once; only a missing or emptied Secret gets a new one."""
         key = ("Secret", builders.admin_secret_name(owner.name))
-        if secret is not None and secret.get("hasToken"):
-            return
+        seen = str(((secret or {}).get("metadata") or {}).get("resourceVersion") or "")
         written = state.written.get(key)
-        if written and time.monotonic() - written.at < plan.WATCH_GRACE_SECONDS:
-            return  # our write has not come back through the watch yet
+        if secret is not None and secret.get("hasToken"):
+            if written and seen == written.resource_version:
+                del state.written[key]  # our write is back: what happens next is someone else's
+            return
+        if (
+            written
+            and written.based_on == seen
+            and time.monotonic() - written.at < plan.WATCH_GRACE_SECONDS
+        ):
+            return  # we still see what our write replaced: it has not come back yet
         manifest = builders.admin_secret(owner, secrets.token_urlsafe(32))
         if secret is None:
             result = await self.call(self.kube.create, manifest)
@@ -341,7 +348,8 @@ class Reconciler:
             message = f"{verb} Secret {key[1]} with a new admin token"
             kube.event(body, reason=verb, message=message)
             self.logger.info(message)
-        state.written[key] = plan.Written("", "", "", time.monotonic())
+        rv = str(((result or {}).get("metadata") or {}).get("resourceVersion") or "")
+        state.written[key] = plan.Written("", rv, seen, time.monotonic())
 
     async def _label_new_pods(
         self,

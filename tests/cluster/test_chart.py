@@ -7,13 +7,15 @@
 - the ServiceAccount's permissions are what files/operator-rules.yaml says: `kubectl auth can-i`
   as that ServiceAccount, in scope Cluster and scope Namespace;
 - the real operator, run with the chart's ServiceAccount token and the chart's arguments,
-  reconciles an AutoGLMDeployment with exactly those permissions;
+  reconciles an AutoGLMDeployment with exactly those permissions, and over a whole lifecycle
+  uses every one of them (the apiserver's audit log says which it used);
 - `helm test`: the hook pod's script runs for real (this test acts as its kubelet: kwok is told
   to leave the pod alone) against a local /v1/models server.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -21,14 +23,16 @@ import socket
 import subprocess
 import sys
 import threading
-import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+import operator_kit as kit
 import pytest
 import yaml
+from operator_kit import wait_for
 
 from localcluster import LocalCluster
 
@@ -50,18 +54,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 CRD_NAME = "autoglmdeployments.autoglm.io"
 # Kinds from the Prometheus Operator; this control plane has no such CRDs.
 PROMETHEUS_OPERATOR_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
-T = TypeVar("T")
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60) -> T:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last  # type: ignore[no-any-return]
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +69,12 @@ def helm(cluster: LocalCluster) -> Callable[..., subprocess.CompletedProcess[str
         )  # fmt: skip
 
     return run
+
+
+def _assert_restricted(cluster: LocalCluster, namespace: str) -> None:
+    """Pods created here are admitted only if they pass Pod Security `restricted`."""
+    labels = cluster.get_json("namespace", namespace)["metadata"]["labels"]
+    assert labels.get("pod-security.kubernetes.io/enforce") == "restricted", labels
 
 
 def _exists(cluster: LocalCluster, *args: str) -> bool:
@@ -206,6 +204,7 @@ def test_install_upgrade_uninstall(
         assert agd["spec"]["gpusPerReplica"] == 2  # defaulted by the apiserver from the CRD
         deployment = cluster.get_json("deployment", fullname, "-n", namespace)
         assert deployment["status"].get("readyReplicas") == 1
+        _assert_restricted(cluster, namespace)  # so the operator pod passed `restricted`
         assert _exists(cluster, "clusterrole", fullname)
         assert _exists(cluster, "clusterrolebinding", fullname)
         assert _exists(cluster, "role", f"{fullname}-leader-election", "-n", namespace)
@@ -376,36 +375,39 @@ def _service_account_kubeconfig(cluster: LocalCluster, namespace: str, sa: str, 
     return path
 
 
-@pytest.fixture
-def chart_operator(
-    cluster: LocalCluster, crd: str, namespace: str, helm: Callable[..., Any], tmp_path: Path
+@contextlib.contextmanager
+def _run_under_the_charts_account(
+    cluster: LocalCluster,
+    namespace: str,
+    helm: Callable[..., Any],
+    workdir: Path,
+    release: str,
+    scope: str,
 ) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
-    """`helm install` in scope Namespace, then the operator process run exactly as the chart's
-    Deployment would run it, with its ServiceAccount's token (kwok only fakes the pod)."""
-    helm(
-        "install",
-        "live",
-        str(CHART),
-        "-n",
-        namespace,
-        "--skip-crds",
-        "--set",
-        "operator.scope=Namespace",
-    )
-    deployment = cluster.get_json("deployment", "live-autoglm", "-n", namespace)
+    """`helm install` in `scope`, then the operator process run exactly as the chart's
+    Deployment would run it, with its ServiceAccount's token (kwok only fakes the pod).
+
+    In scope Cluster it watches only the test namespace (--namespace instead of the chart's
+    --all-namespaces): the other tests' objects in this shared cluster are none of its business.
+    """
+    helm("install", release, str(CHART), "-n", namespace, "--skip-crds",
+         "--set", f"operator.scope={scope}")  # fmt: skip
+    fullname = f"{release}-autoglm"
+    deployment = cluster.get_json("deployment", fullname, "-n", namespace)
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    pod_name = "live-autoglm-local"
+    pod_name = f"{fullname}-local"
     health, metrics = _free_port(), _free_port()
     args = [
         a.replace("$(POD_NAME)", pod_name).replace(":8080/", f":{health}/")
         for a in container["args"]
     ]
+    args = [f"--namespace={namespace}" if a == "--all-namespaces" else a for a in args]
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     env["AUTOGLM_OPERATOR_METRICS_PORT"] = str(metrics)
     kubeconfig = _service_account_kubeconfig(
-        cluster, namespace, "live-autoglm", tmp_path / "sa.kubeconfig"
+        cluster, namespace, fullname, workdir / "sa.kubeconfig"
     )
-    log = tmp_path / "operator.log"
+    log = workdir / "operator.log"
     proc = subprocess.Popen(
         [str(Path(sys.executable).with_name("autoglm-operator")), *args],
         env={**os.environ, **env, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"},
@@ -417,15 +419,30 @@ def chart_operator(
         cluster.kubectl(
             "delete", "agd", "--all", "-n", namespace, "--wait=true", "--timeout=30s", check=False
         )
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+        _stop(proc)
         print(log.read_text(errors="replace")[-4000:])
-        helm("uninstall", "live", "-n", namespace, "--wait", check=False)
+        helm("uninstall", release, "-n", namespace, "--wait", check=False)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+@pytest.fixture
+def chart_operator(
+    cluster: LocalCluster, crd: str, namespace: str, helm: Callable[..., Any], tmp_path: Path
+) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """The operator under the ServiceAccount of a scope-Namespace install."""
+    with _run_under_the_charts_account(
+        cluster, namespace, helm, tmp_path, release="live", scope="Namespace"
+    ) as running:
+        yield running
 
 
 def test_operator_reconciles_with_exactly_the_charts_permissions(
@@ -477,6 +494,168 @@ def test_operator_reconciles_with_exactly_the_charts_permissions(
         and "customresourcedefinitions" not in line and "namespaces" not in line
     ]  # fmt: skip
     assert not refusals, "\n".join(refusals)
+
+
+# -- the permissions the operator uses: the apiserver's audit log ---------------------------------
+
+# (apiGroup, resource, subresource, verb), as RBAC rules and audit events both name a request.
+Permission = tuple[str, str, str, str]
+
+
+def _granted(cluster: LocalCluster, namespace: str, account: str) -> set[Permission]:
+    """Every permission the chart's (Cluster)RoleBindings give the ServiceAccount, expanded."""
+    rules: list[dict[str, Any]] = []
+    for kind, where in (("clusterrolebindings", ()), ("rolebindings", ("-n", namespace))):
+        for binding in cluster.get_json(kind, *where)["items"]:
+            subjects = binding.get("subjects") or []
+            if not any(
+                s["kind"] == "ServiceAccount" and s["name"] == account
+                and s.get("namespace") == namespace
+                for s in subjects
+            ):  # fmt: skip
+                continue
+            ref = binding["roleRef"]
+            scope = where if ref["kind"] == "Role" else ()
+            rules += cluster.get_json(ref["kind"].lower(), ref["name"], *scope)["rules"]
+    granted = set()
+    for rule in rules:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                plural, _, sub = resource.partition("/")
+                granted |= {(group, plural, sub, verb) for verb in rule["verbs"]}
+    return granted
+
+
+def _audited(events: list[dict[str, Any]], decision: str) -> Counter[Permission]:
+    """Requests on resources by the authorizer's decision ("allow" or "forbid"), counted.
+
+    A server-side apply that creates its object (201) is authorized as patch and as create."""
+    counts: Counter[Permission] = Counter()
+    for event in events:
+        ref = event.get("objectRef")
+        annotations = event.get("annotations") or {}
+        if ref is None or annotations.get("authorization.k8s.io/decision") != decision:
+            continue  # discovery (non-resource URLs), or the other decision
+        key = (ref.get("apiGroup", ""), ref["resource"], ref.get("subresource", ""))
+        counts[(*key, event["verb"])] += 1
+        if event["verb"] == "patch" and event.get("responseStatus", {}).get("code") == 201:
+            counts[(*key, "create")] += 1
+    return counts
+
+
+def _table(granted: set[Permission], used: Counter[Permission]) -> str:
+    rows = [f"{'permission':<58} {'granted':>7} {'requests':>8}"]
+    for group, resource, sub, verb in sorted(granted | set(used)):
+        name = f"{group or 'core'} {resource}{'/' + sub if sub else ''} {verb}"
+        mark = "yes" if (group, resource, sub, verb) in granted else "NO"
+        rows.append(f"{name:<58} {mark:>7} {used[(group, resource, sub, verb)]:>8}")
+    return "\n".join(rows)
+
+
+@pytest.mark.timeout(600)
+def test_a_whole_lifecycle_uses_every_permission_the_chart_grants(
+    cluster: LocalCluster, crd: str, namespace: str, helm: Callable[..., Any], tmp_path: Path
+) -> None:
+    """The chart grants no verb the operator never calls.
+
+    The operator runs under the ServiceAccount of a scope-Cluster install (ClusterRole, CRD
+    watch, Lease Role) through everything it does to an AutoGLMDeployment; the apiserver's
+    audit log (hack/localcluster.py logs ServiceAccount requests) then says which permissions
+    it used. The test above shows the grants suffice; this one, that none is spare.
+    """
+    release = "audit"
+    account = f"{release}-autoglm"
+    user = f"system:serviceaccount:{namespace}:{account}"
+    ns = namespace
+    cluster.kubectl(
+        "create", "secret", "generic", "phone-key", "-n", ns, "--from-literal=api-key=k"
+    )
+    obj = kit.agd_object(
+        replicas=1, modePolicy="Streaming", switchStrategy="Rolling",
+        apiKeySecretRef={"name": "phone-key"},
+    )  # fmt: skip
+    obj["spec"]["adaptive"]["intervalSeconds"] = 5
+    with _run_under_the_charts_account(cluster, ns, helm, tmp_path, release, "Cluster") as (
+        proc,
+        log,
+    ):
+
+        def settled(ready: str) -> Callable[[], dict[str, Any] | None]:
+            probe = kit.ready_as(cluster, ns, ready)
+
+            def alive_and_settled() -> dict[str, Any] | None:
+                assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+                return probe()
+
+            return alive_and_settled
+
+        def deployments() -> set[str]:
+            items = kit.get(cluster, ns, "deployments", "-l", kit.INSTANCE)["items"]
+            return {d["metadata"]["name"] for d in items}
+
+        # Create (kopf's CRD scan and namespace fallback take about a minute in front of it).
+        cluster.apply(obj, namespace=ns)
+        wait_for("1/1", settled("1/1"), timeout=180)
+        # Scale.
+        cluster.kubectl("scale", "agd", kit.NAME, "-n", ns, "--replicas=2")
+        wait_for("2/2", settled("2/2"), timeout=90)
+        # A mode flip by pinning the policy; under Rolling it replaces the pods.
+        kit.patch_agd(cluster, ns, {"spec": {"modePolicy": "Batching"}})
+
+        def all_batching() -> bool:
+            pods = kit.live_pods(cluster, ns)
+            return len(pods) == 2 and all(
+                p["metadata"]["labels"].get(kit.MODE_LABEL) == "batching" for p in pods
+            ) and kit.status(cluster, ns).get("batchingReplicas") == 2
+
+        wait_for("both replicas batching", all_batching, timeout=180)
+        # An engine change: the pods roll.
+        kit.patch_agd(cluster, ns, {"spec": {"maxModelLen": 4096}})
+
+        def rolled() -> bool:
+            pods = kit.live_pods(cluster, ns)
+            args = [p["spec"]["containers"][0]["args"] for p in pods]
+            return len(pods) == 2 and all(a[a.index("--max-model-len") + 1] == "4096" for a in args)
+
+        wait_for("the engine change rolled out", rolled, timeout=180)
+        wait_for("2/2 after the roll", settled("2/2"), timeout=90)
+        # Back to streaming, InPlace: `<name>-batching` is deleted once `<name>` serves.
+        back = {"spec": {"modePolicy": "Streaming", "switchStrategy": "InPlace"}}
+        kit.patch_agd(cluster, ns, back)
+        wait_for("one Deployment again", lambda: deployments() == {kit.NAME}, timeout=180)
+        wait_for("2/2 in place", settled("2/2"), timeout=90)
+        # Children deleted or emptied by hand, and repaired.
+        admin = f"{kit.NAME}-admin"
+        cluster.kubectl("delete", "service", f"{kit.NAME}-streaming", "-n", ns)
+        cluster.kubectl("delete", "secret", admin, "-n", ns)
+        wait_for(
+            "the Service and the admin Secret back",
+            lambda: cluster.kubectl("get", "service", f"{kit.NAME}-streaming", "-n", ns,
+                                    check=False).returncode == 0
+            and cluster.kubectl("get", "secret", admin, "-n", ns, check=False).returncode == 0,
+        )  # fmt: skip
+        emptied = json.dumps([{"op": "replace", "path": "/data/token", "value": ""}])
+        cluster.kubectl("patch", "secret", admin, "-n", ns, "--type=json", "-p", emptied)
+        wait_for(
+            "a new admin token",
+            lambda: kit.get(cluster, ns, "secret", admin).get("data", {}).get("token"),
+        )
+        # Delete: the operator takes its finalizer off.
+        cluster.kubectl("delete", "agd", kit.NAME, "-n", ns, "--timeout=60s")
+        _stop(proc)  # hands the Lease back: an update
+        assert proc.returncode == 0, log.read_text(errors="replace")[-3000:]
+        granted = _granted(cluster, ns, account)  # before the uninstall takes the roles away
+
+    events = cluster.audit_events(user)
+    used, refused = _audited(events, "allow"), _audited(events, "forbid")
+    print(f"{len(events)} requests by {user}\n{_table(granted, used)}")
+    print("refused:", dict(refused))
+    assert granted, "no (Cluster)RoleBinding names the chart's ServiceAccount"
+    assert not set(used) - granted, "used beyond the chart's grants"
+    assert not granted - set(used), f"granted but never used: {sorted(granted - set(used))}"
+    # Only kopf's namespace observer is refused: scope Cluster grants no namespace listing, and
+    # with --namespace kopf falls back to the named namespace.
+    assert {(g, r) for g, r, _, _ in refused} <= {("", "namespaces")}, refused
 
 
 # -- helm test -------------------------------------------------------------------------------------
@@ -544,6 +723,7 @@ def test_helm_test_runs_the_hook_and_reports_its_result(
         out = helm("test", "hook", "-n", namespace, "--timeout", "90s", check=False)
         thread.join(timeout=30)
         assert results, "the hook pod never ran"
+        _assert_restricted(cluster, namespace)  # so the hook pod passed `restricted`
         assert "PASS: model autoglm-phone-9b is served" in results[0].stdout
         assert out.returncode == 0, out.stdout + out.stderr
         assert "Phase:          Succeeded" in out.stdout

@@ -131,6 +131,34 @@ async def test_a_deleted_secret_gets_a_new_token_and_an_edited_service_is_restor
     assert any("restored spec.ports" in m for r, m in recorded_events if r == "Updated")
 
 
+async def test_an_admin_token_emptied_right_after_its_creation_is_replaced_at_once() -> None:
+    api, state = FakeKube(), handlers.LoopState()
+    await run_pass(api, body({}), state)
+    secret = api.objects[("Secret", NS, f"{NAME}-admin")]
+    secret["data"]["token"] = ""
+    api._store(secret)  # a hand edit: a new resourceVersion, inside the watch grace time
+    api.calls.clear()
+    emptied = await run_pass(api, body({}), state)
+    assert ("apply", "Secret", f"{NAME}-admin") in api.calls
+    assert api.objects[("Secret", NS, f"{NAME}-admin")]["data"]["token"]
+    # A pass that still sees the emptied Secret (the watch has not brought our write back):
+    # no second token.
+    api.calls.clear()
+    reconciler = handlers.Reconciler(api, logging.getLogger("test"))  # type: ignore[arg-type]
+    await reconciler.pass_once(body({}), emptied, state)  # type: ignore[arg-type]
+    assert ("apply", "Secret", f"{NAME}-admin") not in api.calls
+
+
+async def test_an_admin_secret_deleted_right_after_its_creation_is_recreated_at_once() -> None:
+    api, state = FakeKube(), handlers.LoopState()
+    await run_pass(api, body({}), state)  # creates the Secret
+    await run_pass(api, body({}), state)  # sees it come back
+    api.objects.pop(("Secret", NS, f"{NAME}-admin"))  # deleted, inside the watch grace time
+    api.calls.clear()
+    await run_pass(api, body({}), state)
+    assert ("create", "Secret", f"{NAME}-admin") in api.calls
+
+
 async def test_missing_api_key_secret_blocks_until_the_generation_changes(
     recorded_events: list[tuple[str, str]],
 ) -> None:
