@@ -382,7 +382,8 @@ def test_two_replicas_never_fight_and_a_standby_takes_over(
 def test_an_object_the_apiserver_rejects_is_reported_until_the_spec_changes(
     cluster: LocalCluster, namespace: str, operator: Operator
 ) -> None:
-    bad = agd_object(scheduling={"nodeSelector": {"pool": "not a label value!"}})
+    # The CRD checks node selector values, not keys: this key only the Deployment refuses.
+    bad = agd_object(scheduling={"nodeSelector": {"not a label key!": "gpu"}})
     cluster.apply(bad, namespace=namespace)
 
     def rejected() -> dict[str, Any] | None:
