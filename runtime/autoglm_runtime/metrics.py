@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -42,12 +43,15 @@ class RuntimeMetrics:
 
 
 _lock = threading.Lock()
-_by_registry: dict[int, RuntimeMetrics] = {}
+# Keyed by the registry itself, not its id(): a new registry may reuse a collected one's id.
+_by_registry: weakref.WeakKeyDictionary[CollectorRegistry, RuntimeMetrics] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def runtime_metrics(registry: CollectorRegistry = REGISTRY) -> RuntimeMetrics:
     with _lock:
-        found = _by_registry.get(id(registry))
+        found = _by_registry.get(registry)
         if found is not None:
             return found
         rejected = Counter(
@@ -92,7 +96,7 @@ def runtime_metrics(registry: CollectorRegistry = REGISTRY) -> RuntimeMetrics:
             ),
             gpu=gpu,
         )
-        _by_registry[id(registry)] = metrics
+        _by_registry[registry] = metrics
         return metrics
 
 

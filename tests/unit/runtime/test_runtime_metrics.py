@@ -43,3 +43,13 @@ def test_nvml_without_a_gpu_is_none() -> None:
     # This machine has no NVIDIA driver: the runtime must carry on without GPU metrics.
     source = nvml_source()
     assert source is None or all(len(sample) == 3 for sample in source())
+
+
+def test_a_new_registry_never_gets_the_metrics_of_a_collected_one() -> None:
+    # CPython hands a new object the id of one just freed: metrics cached by id() would go to
+    # the dead registry, and the new one would serve none.
+    for _ in range(50):
+        registry = CollectorRegistry()
+        runtime_metrics(registry).gpu.source = lambda: [(0, 5, 10)]
+        assert registry.get_sample_value("autoglm_gpu_memory_used_bytes", {"gpu": "0"}) == 5
+        del registry
