@@ -48,7 +48,8 @@ test-e2e: venv binaries  ## control plane + Prometheus + sim runtimes + load
 test: lint test-unit test-cluster test-e2e  ## every tier CI runs
 
 BENCHMARKS := bench/runtime_calibration.py bench/runtime_middleware_overhead.py \
-              bench/policy_goodput.py bench/policy_crosscheck.py bench/adaptive_reaction.py
+              bench/policy_goodput.py bench/policy_crosscheck.py bench/adaptive_reaction.py \
+              bench/operator_scale.py
 
 bench: venv binaries  ## benchmarks: tables on stdout, JSON and PNG under out/bench/
 	@failed=""; for b in $(BENCHMARKS); do echo "== $$b"; $(PY) $$b || failed="$$failed $$b"; done; \

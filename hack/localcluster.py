@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,9 @@ class LocalCluster:
     bin_dir: Path
     pod_cidr: str = DEFAULT_POD_CIDR
     audit: bool = True
+    # kube-controller-manager controllers to leave off, e.g. the endpoint controllers, which
+    # fail and retry forever on loopback pod IPs.
+    disabled_controllers: tuple[str, ...] = ()
     api_port: int = 0
     etcd_port: int = 0
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -263,6 +267,7 @@ class LocalCluster:
             "--service-account-private-key-file", str(pki / "sa.key"),
             "--root-ca-file", str(pki / "ca.crt"),
             "--service-cluster-ip-range", SERVICE_CIDR,
+            "--controllers", ",".join(["*", *(f"-{c}" for c in self.disabled_controllers)]),
             "--leader-elect=false", "--v", "1",
         ])  # fmt: skip
         self._spawn("kube-scheduler", [
@@ -335,28 +340,7 @@ class LocalCluster:
 
     def add_gpu_node(self, name: str, gpus: int = 8, labels: dict[str, str] | None = None) -> None:
         """A fake node that kwok keeps Ready, with `gpus` allocatable nvidia.com/gpu."""
-        capacity = {"cpu": "64", "memory": "512Gi", "pods": "110", GPU_RESOURCE: str(gpus)}
-        node = {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": name,
-                "annotations": {"kwok.x-k8s.io/node": "fake"},
-                "labels": {
-                    "kubernetes.io/hostname": name,
-                    "kubernetes.io/os": "linux",
-                    "kubernetes.io/arch": "amd64",
-                    "type": "kwok",
-                    "nvidia.com/gpu.present": "true",
-                    "nvidia.com/gpu.product": "NVIDIA-GeForce-RTX-4090",
-                    "nvidia.com/gpu.count": str(gpus),
-                    **(labels or {}),
-                },
-            },
-            "spec": {},
-            "status": {"capacity": capacity, "allocatable": capacity},
-        }
-        self.kubectl("apply", "-f", "-", input=json.dumps(node))
+        self.kubectl("apply", "-f", "-", input=json.dumps(gpu_node(name, gpus, labels)))
         self.kubectl("wait", "--for=condition=Ready", f"node/{name}", "--timeout=60s")
 
     def audit_events(self, username: str) -> list[dict[str, Any]]:
@@ -371,8 +355,60 @@ class LocalCluster:
                 events[event["auditID"]] = event
         return list(events.values())
 
+    def add_gpu_nodes(
+        self, names: list[str], gpus: int = 8, senders: int = 4, timeout: float = 600
+    ) -> None:
+        """Many fake GPU nodes at once: `senders` concurrent `kubectl create` of a List each
+        (kubectl paces its own requests), then wait until kwok reports every one Ready."""
+        chunks = [names[i::senders] for i in range(senders) if names[i::senders]]
+
+        def create(chunk: list[str]) -> None:
+            items = [gpu_node(name, gpus) for name in chunk]
+            listed = json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
+            self.kubectl("create", "-f", "-", "-o", "name", input=listed, timeout=timeout)
+
+        with ThreadPoolExecutor(max_workers=len(chunks)) as pool:
+            list(pool.map(create, chunks))
+        wanted = set(names)
+        ready_path = '{range .items[*]}{.metadata.name}={.status.conditions[?(@.type=="Ready")]' \
+            '.status}{"\\n"}{end}'
+        deadline = time.monotonic() + timeout
+        while True:
+            out = self.kubectl("get", "nodes", "-o", f"jsonpath={ready_path}", timeout=120).stdout
+            ready = {line[:-5] for line in out.splitlines() if line.endswith("=True")}
+            if wanted <= ready:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(wanted - ready)} of {len(wanted)} nodes not Ready")
+            time.sleep(2)
+
     def delete_node(self, name: str) -> None:
         self.kubectl("delete", "node", name, "--ignore-not-found", "--wait=true")
+
+
+def gpu_node(name: str, gpus: int = 8, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A Node kwok manages (annotation kwok.x-k8s.io/node=fake) with `gpus` nvidia.com/gpu."""
+    capacity = {"cpu": "64", "memory": "512Gi", "pods": "110", GPU_RESOURCE: str(gpus)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {"kwok.x-k8s.io/node": "fake"},
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                "nvidia.com/gpu.present": "true",
+                "nvidia.com/gpu.product": "NVIDIA-GeForce-RTX-4090",
+                "nvidia.com/gpu.count": str(gpus),
+                **(labels or {}),
+            },
+        },
+        "spec": {},
+        "status": {"capacity": capacity, "allocatable": capacity},
+    }
 
 
 def _http_ok(url: str) -> bool:

@@ -80,6 +80,7 @@ class Operator:
     args: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    metrics_port: int = 0  # the operator's own /metrics, on 127.0.0.1
 
     @property
     def calls_file(self) -> Path:
@@ -94,12 +95,13 @@ class Operator:
         wrapper = self.workdir / "run_counted.py"
         wrapper.write_text(COUNTING_WRAPPER)
         argv = ["run", "--namespace", self.namespace, "--lease-seconds", "15", *self.args, *extra]
+        self.metrics_port = free_port()
         self.proc = subprocess.Popen(
             [sys.executable, str(wrapper), str(self.calls_file), *argv],
             env={
                 **self.cluster.env,
                 "PYTHONUNBUFFERED": "1",
-                "AUTOGLM_OPERATOR_METRICS_PORT": str(free_port()),
+                "AUTOGLM_OPERATOR_METRICS_PORT": str(self.metrics_port),
                 "AUTOGLM_OPERATOR_METRICS_ADDR": "127.0.0.1",
             },
             stdout=self.log_file.open("wb"),
