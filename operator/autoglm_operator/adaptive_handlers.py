@@ -176,11 +176,13 @@ class KubeIO:
         name: str,
         spec: crd.AutoGLMDeploymentSpec,
         runtime: RuntimeClient | None,
+        prometheus: PrometheusReader | None,
     ) -> None:
         self.namespace = namespace
         self.name = name
         self.spec = spec
         self.runtime = runtime
+        self.prometheus = prometheus
         self.unauthorized = False
         self.status: Mapping[str, Any] = {}
 
@@ -190,11 +192,9 @@ class KubeIO:
         return self.runtime
 
     async def read_metrics(self, pods: Sequence[str]) -> Reading:
-        reader = PrometheusReader(self.spec.adaptive.prometheus, observer=METRICS.observe_query)
-        try:
-            return await asyncio.to_thread(reader.read, self.namespace, pods)
-        finally:
-            reader.close()
+        if self.prometheus is None:
+            raise ValueError("adaptive.prometheus.url is not set")
+        return await asyncio.to_thread(self.prometheus.read, self.namespace, pods)
 
     async def set_label(self, pod: str, mode: Mode) -> None:
         await asyncio.to_thread(patch_pod_mode, self.namespace, pod, mode)
@@ -244,17 +244,32 @@ def record(namespace: str, name: str, result: PassResult, dry_run: bool) -> None
 
 
 class DeploymentLoop:
-    """The state one daemon keeps in memory: an HTTP session and the admin token."""
+    """The state one daemon keeps in memory: HTTP sessions (runtime and Prometheus, kept alive
+    between passes) and the admin token."""
 
     def __init__(self, namespace: str, name: str) -> None:
         self.namespace = namespace
         self.name = name
         self.session: aiohttp.ClientSession | None = None
         self.token: str | None = None
+        self.prometheus: PrometheusReader | None = None
 
     async def close(self) -> None:
         if self.session is not None:
             await self.session.close()
+        if self.prometheus is not None:
+            self.prometheus.close()
+
+    def _prometheus(self, source: crd.PrometheusSource) -> PrometheusReader | None:
+        """One reader per deployment, made again only when its Prometheus settings change."""
+        if self.prometheus is not None and self.prometheus.source == source:
+            return self.prometheus
+        if self.prometheus is not None:
+            self.prometheus.close()
+            self.prometheus = None
+        if source.url:
+            self.prometheus = PrometheusReader(source, observer=METRICS.observe_query)
+        return self.prometheus
 
     async def _client(self) -> RuntimeClient | None:
         if self.session is None:
@@ -272,7 +287,13 @@ class DeploymentLoop:
         spec = crd.AutoGLMDeploymentSpec.model_validate(_plain(body.get("spec") or {}))
         started = time.perf_counter()
         status = _plain(body.get("status") or {})
-        io = KubeIO(self.namespace, self.name, spec, await self._client())
+        io = KubeIO(
+            self.namespace,
+            self.name,
+            spec,
+            await self._client(),
+            self._prometheus(spec.adaptive.prometheus),
+        )
         io.status = status
         result = await run_pass(
             PassInput(
