@@ -183,6 +183,28 @@ class LocalCluster:
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
 
+    # -- faults ----------------------------------------------------------------------------------
+
+    def restart(self, *names: str) -> float:
+        """Crash (SIGKILL) `etcd` and/or `kube-apiserver` and start them again with the same data
+        dir, ports and certificates; seconds until the apiserver is ready again. Clients keep
+        their kubeconfig and token; the controllers and kwok reconnect on their own."""
+        starters = {"etcd": self._start_etcd, "kube-apiserver": self._start_apiserver}
+        unknown = set(names) - set(starters)
+        if unknown:
+            raise ValueError(f"can only restart {sorted(starters)}, not {sorted(unknown)}")
+        started = time.monotonic()
+        for name in names:
+            proc = self.processes[name]  # the entry stays: a restart keeps its stop order
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        for name, start in starters.items():
+            if name in names:
+                start()
+        self._wait("kube-apiserver", self._apiserver_ready, timeout=90)
+        return time.monotonic() - started
+
     def __enter__(self) -> LocalCluster:
         return self.start()
 
