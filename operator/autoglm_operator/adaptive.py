@@ -262,11 +262,16 @@ async def run_pass(
     # 4. Apply. dryRun flips nothing, pinned policies included.
     why_not = "adaptive.dryRun is true"
     outcomes: list[FlipOutcome] = []
+    stored_state = decision.state.to_status().model_dump(by_alias=True, exclude_none=True)
     if decision.flips and not dry_run:
         ips = {p.name: p.ip for p in inp.pods}
         moves = ", ".join(f"{f.pod} to {f.to_mode.value}" for f in decision.flips)
+        # The loop state goes out with the announcement, before any pod is touched: an operator
+        # killed after a runtime switched but before the final status still finds each flip's
+        # cooldown (and the restarted stabilization window) when it starts again.
         await io.announce(
             {
+                "adaptiveState": stored_state,
                 "conditions": merge_conditions(
                     status.get("conditions") or [],
                     [
@@ -356,7 +361,6 @@ async def run_pass(
         patch["lastDecision"] = recorded
         history = list(status.get("decisionHistory") or [])
         patch["decisionHistory"] = [*history, recorded][-HISTORY_LIMIT:]
-    stored_state = decision.state.to_status().model_dump(by_alias=True, exclude_none=True)
     if stored_state != (status.get("adaptiveState") or {}):
         patch["adaptiveState"] = stored_state
 

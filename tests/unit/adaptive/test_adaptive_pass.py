@@ -177,6 +177,24 @@ async def test_an_interrupted_flip_is_finished_and_counts_for_the_cooldown() -> 
     assert stored == [{"pod": "agd-1", "time": pol.iso_time(NOW), "mode": "batching"}]
 
 
+async def test_a_flip_whose_status_write_was_lost_still_keeps_its_cooldown() -> None:
+    io = FakeIO(three_streaming(), reading=healthy(qps=12.0))
+    await one_pass(io, spec(cooldownSeconds=120))
+    # The operator dies after the runtime switched, before the pass's status write: only what
+    # it announced before touching the pod reached status.
+    announced = io.announced[0]
+    assert announced["adaptiveState"]["lastFlips"] == [
+        {"pod": "agd-0", "time": pol.iso_time(NOW), "mode": "batching"}
+    ]
+    io.reading = healthy(qps=0.3)
+    the_spec = spec(cooldownSeconds=120, toStreamingStabilizationSeconds=0)
+    result = await one_pass(io, the_spec, status=announced, now=NOW + 30)
+
+    assert result.repairs == []  # label and runtime already agree
+    assert result.decision is not None and result.decision.reason == pol.COOLDOWN
+    assert io.pods["agd-0"].label is Mode.BATCHING, "flipped back inside its cooldown"
+
+
 async def test_a_runtime_that_refuses_the_label_mode_gets_the_label_reverted() -> None:
     pods = three_streaming()
     pods["agd-2"].label = Mode.BATCHING
