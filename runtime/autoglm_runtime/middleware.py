@@ -160,9 +160,12 @@ class ModeMiddleware:
     async def _admitted(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         if self.draining:
             self.metrics.rejected.labels("draining").inc()
+            # Close the connection: a client's kept-alive connection to this pod outlives its
+            # Service endpoint (kube-proxy keeps established connections), and its retry must
+            # reconnect, through the Service to a ready replica, not come back here.
             await _respond(
                 send, 503, error_body("The replica is draining; retry another replica.", 503),
-                {"retry-after": "1"},
+                {"retry-after": "1"}, close=True,
             )
             return
         profile = self.controller.profile
@@ -425,7 +428,7 @@ async def _respond(
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     raw += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
     if close:
-        # The unread rest of an oversized body must not be parsed as the next request.
+        # No next request on this connection (an oversized body's unread rest, a drain).
         raw.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})

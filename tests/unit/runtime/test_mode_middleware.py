@@ -215,6 +215,7 @@ async def test_drain_gates_health_and_new_requests(make_client: MakeClient,
     assert (await client.get("/health")).status_code == 503
     refused = await client.post(CHAT, json=chat())
     assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert refused.headers["connection"] == "close"  # a retry must not reuse this connection
     engine.release.set()
     assert (await running).status_code == 200
     assert await middleware.drain(1) is True
