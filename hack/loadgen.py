@@ -11,6 +11,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import openai
 
@@ -43,7 +44,12 @@ class LoadReport:
         return [r for r in self.results if start <= r.started < end]
 
 
-async def one_request(client: openai.AsyncOpenAI, model: str, max_tokens: int) -> RequestResult:
+async def one_request(
+    client: openai.AsyncOpenAI,
+    model: str,
+    max_tokens: int,
+    extra_body: dict[str, Any] | None = None,
+) -> RequestResult:
     started = time.monotonic()
     first: float | None = None
     try:
@@ -52,6 +58,7 @@ async def one_request(client: openai.AsyncOpenAI, model: str, max_tokens: int) -
             messages=[{"role": "user", "content": random.choice(PROMPTS)}],
             max_tokens=max_tokens,
             stream=True,
+            extra_body=extra_body,
         )
         async for chunk in stream:
             if first is None and chunk.choices and (chunk.choices[0].delta.content or ""):
@@ -70,9 +77,13 @@ async def run_load(
     max_tokens: int = 64,
     max_requests: int = 20000,
     report: LoadReport | None = None,
+    extra_body: dict[str, Any] | None = None,
+    max_retries: int = 0,
 ) -> LoadReport:
     """Send requests for `duration` seconds at `qps_at(elapsed)` spread over `base_urls`
-    (a list, or a callable returning the current list, e.g. each ready replica)."""
+    (a list, or a callable returning the current list, e.g. each ready replica). `extra_body`
+    goes into every request, as vLLM's own sampling fields (`min_tokens`, ...). `max_retries` is
+    the client's own (the `openai` default is 2); 0 counts every refused attempt as a failure."""
     report = report or LoadReport()
     clients: dict[str, openai.AsyncOpenAI] = {}
     tasks: set[asyncio.Task[None]] = set()
@@ -82,7 +93,7 @@ async def run_load(
     last = start
 
     async def send(url: str) -> None:
-        result = await one_request(clients[url], model, max_tokens)
+        result = await one_request(clients[url], model, max_tokens, extra_body)
         result.target = url
         report.results.append(result)
 
@@ -94,7 +105,7 @@ async def run_load(
             url = urls[sent % len(urls)]
             if url not in clients:
                 clients[url] = openai.AsyncOpenAI(
-                    base_url=url, api_key="EMPTY", max_retries=0, timeout=120
+                    base_url=url, api_key="EMPTY", max_retries=max_retries, timeout=120
                 )
             task = asyncio.create_task(send(url))
             tasks.add(task)

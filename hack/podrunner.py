@@ -3,8 +3,9 @@
 kwok marks pods Running without running anything. With a loopback pod CIDR each pod's IP is a
 127.x address, so this runner starts `autoglm-runtime sim` bound to that IP, with the pod's
 ConfigMap, Secret and downward-API volumes written to a local folder and the pod's env pointed
-at them, the way the kubelet would mount them. A pod that is deleted gets SIGTERM (the runtime
-drains); a label change rewrites the downward-API labels file.
+at them, the way the kubelet would mount them. A pod that is deleted goes the kubelet's way
+down: its preStop exec hook runs, then SIGTERM (the runtime drains), then SIGKILL once the
+termination grace period is over. A label change rewrites the downward-API labels file.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -40,6 +42,8 @@ class RunningPod:
     process: subprocess.Popen[bytes]
     labels_file: Path | None
     instance: str
+    mounts: dict[str, Path]  # the container's mount paths, as local folders
+    sigterm_at: float | None = None  # time.time() of the kubelet's SIGTERM, once deleted
 
 
 def _downward_labels(labels: dict[str, str]) -> str:
@@ -64,6 +68,9 @@ class PodRunner:
         self.time_factor = time_factor
         self.sim_args = sim_args or []
         self.pods: dict[str, RunningPod] = {}
+        self.leaving: dict[int, RunningPod] = {}  # by process id: deleted, shutting down
+        self._deferred: dict[str, Any] = {}  # by IP: pods whose IP a leaving pod still holds
+        self._launching: set[str] = set()
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -81,7 +88,7 @@ class PodRunner:
     def stop(self) -> None:
         self._stop.set()
         with self._lock:
-            pods = list(self.pods.values())
+            pods = [*self.pods.values(), *self.leaving.values()]
             self.pods.clear()
         for pod in pods:
             self._terminate(pod)
@@ -133,7 +140,7 @@ class PodRunner:
                         return
                     pod = event["object"]
                     if event["type"] == "DELETED":
-                        self._remove(pod.metadata.uid)
+                        self._remove(pod.metadata.uid, pod)
                     else:
                         self._sync(pod)
             except Exception as exc:  # the apiserver may restart under us: list again
@@ -144,19 +151,41 @@ class PodRunner:
     def _sync(self, pod: Any) -> None:
         uid = pod.metadata.uid
         if pod.metadata.deletion_timestamp is not None:
-            self._remove(uid)
+            self._remove(uid, pod)
             return
+        ip = pod.status.pod_ip
         with self._lock:
             running = self.pods.get(uid)
-        if running is not None:
+        if running is not None and running.ip == ip:
             if running.labels_file is not None:
                 running.labels_file.write_text(_downward_labels(pod.metadata.labels or {}))
             return
-        if not pod.status.pod_ip or pod.status.phase != "Running":
+        if running is not None:
+            # kwok can rewrite a new pod's IP once (two renders of its ready stage race); a
+            # pod's address never changes on a real node, so follow it as a new sandbox would.
+            log(f"podrunner: {pod.metadata.name} moved from {running.ip} to {ip}")
+            self._remove(uid)
+        if not ip or pod.status.phase != "Running":
             return
-        started = self._launch(pod)
         with self._lock:
-            self.pods[uid] = started
+            if uid in self._launching:
+                return
+            self._forget_deferred(uid)  # this pod's latest state decides, not an older one
+            # kwok frees a pod's IP as soon as its object is deleted, while its runtime may
+            # still drain; a CNI would not hand the address out yet, so the new pod waits.
+            holder = next((p for p in self.leaving.values() if p.ip == ip), None)
+            if holder is not None:
+                self._deferred[ip] = pod
+                log(f"podrunner: {pod.metadata.name} waits for {ip}, held by {holder.name}")
+                return
+            self._launching.add(uid)
+        try:
+            started = self._launch(pod)
+            with self._lock:
+                self.pods[uid] = started
+        finally:
+            with self._lock:
+                self._launching.discard(uid)
         self._write_targets()
 
     def _write_targets(self) -> None:
@@ -175,14 +204,62 @@ class PodRunner:
         tmp.write_text(json.dumps(groups))
         tmp.replace(self.targets_file)  # atomic: Prometheus never reads half a file
 
-    def _remove(self, uid: str) -> None:
+    def _remove(self, uid: str, deleted: Any = None) -> None:
+        """Stop a pod's runtime; `deleted` (the pod object) brings its preStop hook and grace."""
         with self._lock:
             pod = self.pods.pop(uid, None)
+            if pod is not None:
+                self.leaving[pod.process.pid] = pod
+            self._forget_deferred(uid)
         if pod is not None:
             self._write_targets()
             log(f"podrunner: stopping sim for {pod.namespace}/{pod.name}")
-            self._terminate(pod)
-            threading.Thread(target=self._reap, args=(pod, 60), daemon=True).start()
+            threading.Thread(target=self._shut_down, args=(pod, deleted), daemon=True).start()
+
+    def _forget_deferred(self, uid: str) -> None:
+        for ip, waiting in list(self._deferred.items()):
+            if waiting.metadata.uid == uid:
+                del self._deferred[ip]
+
+    def _shut_down(self, pod: RunningPod, deleted: Any) -> None:
+        """The kubelet's order: preStop hook, SIGTERM, SIGKILL when the grace period is over."""
+        grace, command = 30.0, None
+        if deleted is not None:
+            grace = float(
+                deleted.metadata.deletion_grace_period_seconds
+                or deleted.spec.termination_grace_period_seconds
+                or grace
+            )
+            lifecycle = deleted.spec.containers[0].lifecycle
+            hook = lifecycle.pre_stop if lifecycle is not None else None
+            command = hook._exec.command if hook is not None and hook._exec is not None else None
+        deadline = time.monotonic() + grace
+        if command:
+            started = time.monotonic()
+            with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+                subprocess.run(
+                    [self._in_pod(arg, pod) for arg in command],
+                    capture_output=True, timeout=grace, check=False,
+                )  # fmt: skip
+            log(f"podrunner: preStop hook of {pod.namespace}/{pod.name} took "
+                f"{time.monotonic() - started:.1f}s")  # fmt: skip
+        pod.sigterm_at = time.time()
+        self._terminate(pod)
+        self._reap(pod, timeout=max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            self.leaving.pop(pod.process.pid, None)
+            waiting = self._deferred.pop(pod.ip, None)
+        if waiting is not None and not self._stop.is_set():
+            self._sync(waiting)
+
+    @staticmethod
+    def _in_pod(arg: str, pod: RunningPod) -> str:
+        """A hook argument as the container sees it: its mount paths are the pod's folders and
+        its loopback is the pod's own IP (each pod has its own network namespace)."""
+        places = {**pod.mounts, "127.0.0.1": pod.ip, "localhost": pod.ip}
+        # One pass, longest first, so a path already rewritten is never rewritten again.
+        pattern = "|".join(re.escape(k) for k in sorted(places, key=len, reverse=True))
+        return re.sub(pattern, lambda m: str(places[m.group(0)]), arg)
 
     # -- materializing a pod ---------------------------------------------------------------------
 
@@ -250,7 +327,8 @@ class PodRunner:
             f"at {pod.status.pod_ip}:{RUNTIME_PORT}")  # fmt: skip
         instance = (pod.metadata.labels or {}).get("app.kubernetes.io/instance", "")
         return RunningPod(pod.metadata.uid, pod.metadata.name, pod.metadata.namespace,
-                          pod.status.pod_ip, folder, process, labels_file, instance)  # fmt: skip
+                          pod.status.pod_ip, folder, process, labels_file, instance,
+                          mounts)  # fmt: skip
 
     @staticmethod
     def _write_items(folder: Path, items: dict[str, bytes]) -> None:

@@ -29,25 +29,37 @@ MODE_LABEL = "autoglm.io/mode"
 INSTANCE = f"app.kubernetes.io/instance={NAME}"
 
 # Runs the console script's main() after wrapping both HTTP stacks the operator uses (kopf's
-# aiohttp, the kubernetes client's urllib3) so each request is logged with its time.
+# aiohttp, which also carries the runtime admin calls, and the kubernetes client's urllib3) so
+# each request is logged with its time. A failpoint, DIE_AFTER_ENV = "METHOD url-part body-part",
+# SIGKILLs the process the moment the first matching request has been answered.
+DIE_AFTER_ENV = "OPERATOR_KIT_DIE_AFTER"
 COUNTING_WRAPPER = r"""
-import json, sys, time
+import json, os, signal, sys, time
 import aiohttp, urllib3
 log = open(sys.argv[1], "a", buffering=1)
+die_after = os.environ.get("OPERATOR_KIT_DIE_AFTER", "").split(" ")
 def note(client, method, url):
     row = {"t": time.time(), "client": client, "method": str(method).upper(), "url": str(url)}
     log.write(json.dumps(row) + "\n")
+def maybe_die(method, url, body):
+    if len(die_after) == 3 and str(method).upper() == die_after[0] and die_after[1] in str(url) \
+            and die_after[2] in str(body):
+        os.kill(os.getpid(), signal.SIGKILL)
 aio_request = aiohttp.ClientSession._request
 async def _request(self, method, url, *args, **kwargs):
     params = kwargs.get("params")
     note("kopf", method, f"{url}?{params}" if params else url)
-    return await aio_request(self, method, url, *args, **kwargs)
+    response = await aio_request(self, method, url, *args, **kwargs)
+    maybe_die(method, url, kwargs.get("json") or kwargs.get("data"))
+    return response
 aiohttp.ClientSession._request = _request
 pool_urlopen = urllib3.PoolManager.urlopen
 def urlopen(self, method, url, *args, **kwargs):
     agent = (kwargs.get("headers") or {}).get("User-Agent", "")
     note(agent if agent.startswith("autoglm-operator") else "kubernetes-client", method, url)
-    return pool_urlopen(self, method, url, *args, **kwargs)
+    response = pool_urlopen(self, method, url, *args, **kwargs)
+    maybe_die(method, url, kwargs.get("body"))
+    return response
 urllib3.PoolManager.urlopen = urlopen
 from autoglm_operator.cli import main
 main(sys.argv[2:])
@@ -90,7 +102,8 @@ class Operator:
     def log_file(self) -> Path:
         return self.workdir / f"operator-{self.starts}.log"
 
-    def start(self, *extra: str) -> Operator:
+    def start(self, *extra: str, die_after: str = "") -> Operator:
+        """Start the operator; `die_after` ("METHOD url-part body-part") arms the failpoint."""
         self.starts += 1
         wrapper = self.workdir / "run_counted.py"
         wrapper.write_text(COUNTING_WRAPPER)
@@ -103,6 +116,7 @@ class Operator:
                 "PYTHONUNBUFFERED": "1",
                 "AUTOGLM_OPERATOR_METRICS_PORT": str(self.metrics_port),
                 "AUTOGLM_OPERATOR_METRICS_ADDR": "127.0.0.1",
+                DIE_AFTER_ENV: die_after,
             },
             stdout=self.log_file.open("wb"),
             stderr=subprocess.STDOUT,

@@ -12,21 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
-from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from operator_kit import Operator
 
 from loadgen import LoadReport, run_load
-from localcluster import LocalCluster, free_port
+from localcluster import LocalCluster
 from localprom import LocalPrometheus
 from podrunner import PodRunner
 
@@ -48,50 +44,6 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float, every: fl
             return last  # type: ignore[no-any-return]
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
-
-
-@pytest.fixture(scope="module")
-def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPrometheus]:
-    prom = LocalPrometheus(tmp_path_factory.mktemp("prometheus")).start()
-    yield prom
-    prom.stop()
-
-
-@pytest.fixture(scope="module")
-def pod_runner(
-    cluster: LocalCluster, prometheus: LocalPrometheus, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[PodRunner]:
-    runner = PodRunner(
-        cluster, tmp_path_factory.mktemp("pods"), targets_file=prometheus.targets_file
-    ).start()
-    yield runner
-    runner.stop()
-
-
-@pytest.fixture
-def operator(cluster: LocalCluster, crd: str, namespace: str, tmp_path: Path) -> Iterator[int]:
-    """The operator as a subprocess; yields the port of its own /metrics."""
-    log = tmp_path / "operator.log"
-    metrics_port = free_port()
-    env = {
-        **cluster.env,
-        "AUTOGLM_OPERATOR_METRICS_PORT": str(metrics_port),
-        "AUTOGLM_OPERATOR_METRICS_ADDR": "127.0.0.1",
-        "PYTHONUNBUFFERED": "1",
-    }
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).with_name("autoglm-operator")), "run", "--namespace", namespace,
-         "--no-leader-election", "--liveness", f"http://127.0.0.1:{free_port()}/healthz"],
-        env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    yield metrics_port
-    cluster.kubectl("delete", "agd", "--all", "-n", namespace, "--timeout=30s", check=False)
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-    print(log.read_text(errors="replace")[-6000:])
 
 
 def resource(prometheus_url: str) -> dict[str, Any]:
@@ -185,7 +137,7 @@ def test_load_flips_replicas_step_by_step_and_back_and_an_outage_holds_them(
     namespace: str,
     prometheus: LocalPrometheus,
     pod_runner: PodRunner,
-    operator: int,
+    operator: Operator,
 ) -> None:
     cluster.apply(resource(prometheus.url), namespace)
 
@@ -255,7 +207,7 @@ def test_load_flips_replicas_step_by_step_and_back_and_an_outage_holds_them(
     events = cluster.get_json("events", "-n", namespace)["items"]
     assert any("batching" in (e.get("message") or "") for e in events), "no Event for a flip"
     crossing_to_flip = threshold_crossing_to_first_flip(prometheus, namespace, flips, load_started)
-    flip_seconds = operator_histogram(operator, "autoglm_operator_mode_flip_seconds")
+    flip_seconds = operator_histogram(operator.metrics_port, "autoglm_operator_mode_flip_seconds")
 
     # Prometheus goes away: modes hold and the condition says why; it returns: the loop resumes.
     before = pod_modes(cluster, namespace)

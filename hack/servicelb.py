@@ -1,0 +1,246 @@
+"""A kube-proxy for one Service whose pods live on loopback addresses.
+
+EndpointSlices refuse loopback addresses, so the endpoint controller cannot publish the local
+cluster's pods. This proxy works the endpoints out the way that controller does, from a pod
+watch: pods that match the Service's selector, have an IP, are Ready and are not terminating.
+kwok reports a pod Ready without probing anything, so the proxy also runs the container's HTTP
+readinessProbe itself, as the kubelet would, before the pod counts as ready.
+
+Like kube-proxy it balances connections, not requests: a new connection goes to the next ready
+endpoint, and an established connection stays with its pod until either side closes it.
+
+    with ServiceProxy(cluster, "demo", "phone-9b") as proxy:
+        openai.OpenAI(base_url=proxy.url + "/v1", api_key="EMPTY")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client, config, watch  # type: ignore[import-untyped]
+
+from localcluster import LocalCluster, log
+
+PROBE_EVERY_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    pod: str
+    address: str  # ip:port
+    probe_url: str | None  # the readinessProbe's URL; None: the pod has none
+
+
+@dataclass
+class ProxyStats:
+    """Connections sent to each pod, and when each pod stopped being a ready endpoint."""
+
+    connections: Counter[str] = field(default_factory=Counter)
+    connection_times: list[tuple[float, str]] = field(default_factory=list)
+    removed_at: dict[str, float] = field(default_factory=dict)
+    refused: int = 0  # connections that arrived while no endpoint was ready
+
+
+class ServiceProxy:
+    def __init__(self, cluster: LocalCluster, namespace: str, service: str) -> None:
+        self.namespace = namespace
+        self.service = service
+        api_client = config.new_client_from_config(config_file=cluster.kubeconfig)
+        self.core = client.CoreV1Api(api_client)
+        self.stats = ProxyStats()
+        self.port = 0
+        self._candidates: dict[str, Endpoint] = {}  # Ready per the API, not terminating
+        self._probed: set[str] = set()  # candidates whose readinessProbe passed last time
+        self._next = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.Server | None = None
+        self._open: set[asyncio.StreamWriter] = set()  # both ends of every proxied connection
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def endpoints(self) -> list[Endpoint]:
+        """The ready endpoints, by pod name."""
+        with self._lock:
+            ready = [e for name, e in self._candidates.items() if name in self._probed]
+        return sorted(ready, key=lambda e: e.pod)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> ServiceProxy:
+        svc = self.core.read_namespaced_service(self.service, self.namespace)
+        self.selector = ",".join(f"{k}={v}" for k, v in sorted(svc.spec.selector.items()))
+        self.target_port = svc.spec.ports[0].target_port
+        self._threads.append(_daemon(self._loop.run_forever, "servicelb"))
+        self._server = asyncio.run_coroutine_threadsafe(
+            asyncio.start_server(self._handle, "127.0.0.1", 0), self._loop
+        ).result(timeout=10)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        # Not joined on stop: it sees the stop flag when its watch call returns (30 s at most).
+        _daemon(self._watch_forever, "servicelb-watch")
+        self._threads.append(_daemon(self._probe_forever, "servicelb-probe"))
+        log(f"servicelb: {self.namespace}/{self.service} on {self.url}")
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        for thread in self._threads:
+            thread.join(timeout=10)
+
+    async def _close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._open):
+            writer.close()
+
+    def __enter__(self) -> ServiceProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- the endpoints ---------------------------------------------------------------------------
+
+    def _watch_forever(self) -> None:
+        while not self._stop.is_set():
+            try:
+                listing = self.core.list_namespaced_pod(
+                    self.namespace, label_selector=self.selector
+                )
+                listed = {pod.metadata.name for pod in listing.items}
+                with self._lock:
+                    vanished = [name for name in self._candidates if name not in listed]
+                for name in vanished:
+                    self._set(name, None)
+                for pod in listing.items:
+                    self._set(pod.metadata.name, self._endpoint(pod))
+                stream = watch.Watch().stream(
+                    self.core.list_namespaced_pod, self.namespace, label_selector=self.selector,
+                    resource_version=listing.metadata.resource_version, timeout_seconds=30,
+                )  # fmt: skip
+                for event in stream:
+                    if self._stop.is_set():
+                        return
+                    pod = event["object"]
+                    gone = event["type"] == "DELETED"
+                    self._set(pod.metadata.name, None if gone else self._endpoint(pod))
+            except Exception as exc:  # the apiserver may restart under us: list again
+                if not self._stop.is_set():
+                    log(f"servicelb: watch failed ({exc}); retrying")
+                    time.sleep(1)
+
+    def _set(self, pod: str, endpoint: Endpoint | None) -> None:
+        with self._lock:
+            if endpoint is not None:
+                self._candidates[pod] = endpoint
+                return
+            was_ready = pod in self._probed
+            self._candidates.pop(pod, None)
+            self._probed.discard(pod)
+            if was_ready:
+                self.stats.removed_at[pod] = time.time()
+
+    def _endpoint(self, pod: Any) -> Endpoint | None:
+        """The pod's endpoint if the EndpointSlice controller would list it as ready."""
+        ready = any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+        if pod.metadata.deletion_timestamp is not None or not pod.status.pod_ip or not ready:
+            return None
+        port = self._port(pod, self.target_port)
+        if port is None:
+            return None
+        probe = pod.spec.containers[0].readiness_probe
+        probe_url = None
+        if probe is not None and probe.http_get is not None:
+            probe_port = self._port(pod, probe.http_get.port)
+            probe_url = f"http://{pod.status.pod_ip}:{probe_port}{probe.http_get.path or '/'}"
+        return Endpoint(pod.metadata.name, f"{pod.status.pod_ip}:{port}", probe_url)
+
+    @staticmethod
+    def _port(pod: Any, port: int | str) -> int | None:
+        """A port number, or a named container port's number."""
+        if isinstance(port, int) or str(port).isdigit():
+            return int(port)
+        named = [p for c in pod.spec.containers for p in c.ports or [] if p.name == port]
+        return int(named[0].container_port) if named else None
+
+    def _probe_forever(self) -> None:
+        while not self._stop.wait(PROBE_EVERY_SECONDS):
+            with self._lock:
+                candidates = list(self._candidates.values())
+            passed = {e.pod for e in candidates if e.probe_url is None or _http_ok(e.probe_url)}
+            with self._lock:
+                for pod in self._probed - passed:
+                    self.stats.removed_at[pod] = time.time()
+                # A pod deleted while it was probed stays out.
+                self._probed = passed & set(self._candidates)
+
+    # -- the data path ---------------------------------------------------------------------------
+
+    def _pick(self) -> Endpoint | None:
+        ready = self.endpoints()
+        with self._lock:
+            if not ready:
+                self.stats.refused += 1
+                return None
+            endpoint = ready[self._next % len(ready)]
+            self._next += 1
+            self.stats.connections[endpoint.pod] += 1
+            self.stats.connection_times.append((time.time(), endpoint.pod))
+            return endpoint
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        endpoint = self._pick()
+        if endpoint is None:
+            writer.close()
+            return
+        host, port = endpoint.address.rsplit(":", 1)
+        try:
+            upstream_reader, upstream_writer = await asyncio.open_connection(host, int(port))
+        except OSError:
+            writer.close()  # as a refused connection through kube-proxy
+            return
+        self._open |= {writer, upstream_writer}
+        try:
+            await asyncio.gather(_pipe(reader, upstream_writer), _pipe(upstream_reader, writer))
+        finally:
+            self._open -= {writer, upstream_writer}
+
+
+def _daemon(target: Any, name: str) -> threading.Thread:
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copy until EOF or an error, then close this direction's writer (the other side sees EOF)."""
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            writer.close()

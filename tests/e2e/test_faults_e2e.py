@@ -1,0 +1,359 @@
+"""What survives a fault while traffic flows.
+
+The operator SIGKILLed in the middle of a mode flip, at the two points where the flip is half
+done: after the pod label changed but before the runtime was told, and after the runtime
+switched but before status recorded it (a failpoint in the operator's HTTP layer kills it the
+moment that request is answered, so the window is hit every time, not by luck). Restarted, the
+operator must finish the flip once: label, runtime and status agree, nothing else changed, and
+the replica does not flip back before its cooldown is over, though load has gone.
+
+A runtime pod deleted under load: the pod runner takes it down the kubelet's way (preStop hook,
+SIGTERM, SIGKILL after the grace period) and a kube-proxy-like Service proxy (hack/servicelb.py)
+stops sending it new connections, while the official `openai` client keeps sending through the
+Service. Every request the runtime admitted must finish, no request may fail, and the
+replacement pod must join the Service.
+
+Like kube-proxy, the proxy leaves established connections alone, so the client's kept-alive
+connections to the deleted pod still reach it while it drains; the drain answers those 503
+(connection closed, Retry-After) and the client's retry (the `openai` default, 2) goes through
+the Service to a ready pod. The test counts those refusals; a client without retries sees each
+one as a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from operator_kit import (
+    INSTANCE,
+    MODE_LABEL,
+    NAME,
+    Operator,
+    admin_token,
+    agd_object,
+    condition,
+    deploy,
+    events,
+    get,
+    live_pods,
+    ready_as,
+    status,
+    wait_for,
+)
+
+from loadgen import LoadReport, run_load
+from localcluster import LocalCluster
+from localprom import LocalPrometheus
+from podrunner import PodRunner, RunningPod
+from servicelb import ServiceProxy
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+# Long answers (~20 s each at ~20 ms per decode step): those the pod admitted before its
+# deletion are still streaming when SIGTERM comes, after the preStop hook's 5 s.
+LONG_ANSWER = {"min_tokens": 900}
+KILL_QPS = 0.8  # ~16 in flight over 3 replicas, ~8 over 2: within the streaming cap of 8
+KILL_AT = 10.0  # seconds into the load
+LOAD_SECONDS = 30.0
+CLIENT_RETRIES = 2  # the `openai` client's default
+
+ADMITTED = "autoglm_requests_admitted_total"
+IN_FLIGHT = "autoglm_requests_inflight"
+QUEUED = "autoglm_requests_queued"
+REFUSED_DRAINING = 'autoglm_requests_rejected_total{reason="draining"}'
+
+
+@dataclass
+class Sample:
+    t: float
+    series: dict[str, float]
+
+    def __getitem__(self, name: str) -> float:
+        """A series by its full name, or a metric summed over its label sets."""
+        if name in self.series:
+            return self.series[name]
+        return sum(v for k, v in self.series.items() if k.split("{")[0] == name)
+
+
+@dataclass
+class RuntimeSampler:
+    """Reads one runtime's /metrics every 0.1 s until it stops answering: the runtime's own
+    count of what it admitted, has in flight, finished and refused."""
+
+    url: str
+    samples: list[Sample] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> RuntimeSampler:
+        threading.Thread(target=self._run, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            try:
+                with urllib.request.urlopen(f"{self.url}/metrics", timeout=2) as response:
+                    text = response.read().decode()
+            except OSError:
+                if self.samples:
+                    return  # gone: the process exited
+                continue
+            series = {
+                line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line and not line.startswith("#")
+            }
+            self.samples.append(Sample(time.time(), series))
+
+    def last_before(self, when: float) -> Sample:
+        return [s for s in self.samples if s.t < when][-1]
+
+
+def runtime(pod_runner: PodRunner, pod: str) -> RunningPod | None:
+    return next((p for p in list(pod_runner.pods.values()) if p.name == pod), None)
+
+
+def test_a_runtime_pod_killed_under_load_finishes_what_it_admitted(
+    cluster: LocalCluster, namespace: str, pod_runner: PodRunner, operator: Operator
+) -> None:
+    # Pinned to streaming: no mode flip moves traffic, only the pod's deletion does.
+    deploy(cluster, namespace, agd_object(replicas=3, modePolicy="Streaming"), "3/3")
+    pods = [p["metadata"]["name"] for p in live_pods(cluster, namespace)]
+    wait_for("a runtime per pod", lambda: all(runtime(pod_runner, p) for p in pods), timeout=60)
+    with ServiceProxy(cluster, namespace, NAME) as proxy:
+        wait_for("3 ready endpoints", lambda: len(proxy.endpoints()) == 3, timeout=30)
+        victim = runtime(pod_runner, pods[0])
+        assert victim is not None
+        sampler = RuntimeSampler(f"http://{victim.ip}:8000").start()
+        report = LoadReport()
+        deleted_at = deleted_mono = 0.0
+
+        async def scenario() -> None:
+            nonlocal deleted_at, deleted_mono
+            load = asyncio.create_task(
+                run_load([proxy.url + "/v1"], lambda _: KILL_QPS, LOAD_SECONDS, max_tokens=1024,
+                         report=report, extra_body=LONG_ANSWER, max_retries=CLIENT_RETRIES)
+            )  # fmt: skip
+            await asyncio.sleep(KILL_AT)
+            deleted_at, deleted_mono = time.time(), time.monotonic()
+            await asyncio.to_thread(
+                cluster.kubectl, "delete", "pod", victim.name, "-n", namespace, "--wait=false"
+            )
+            await load
+
+        asyncio.run(scenario())
+        victim.process.wait(timeout=60)
+        sampler.stop()
+
+        def replacement() -> str | None:
+            return next((e.pod for e in proxy.endpoints() if e.pod not in pods), None)
+
+        joined = wait_for("the replacement in the Service", replacement, timeout=30)
+        during_load = proxy.stats.connections[joined]
+        # The running client keeps its connections; a new client's connections are balanced
+        # over every ready endpoint, the replacement included.
+        asyncio.run(run_load([proxy.url + "/v1"], lambda _: 3.0, 2.0, report=report))
+        stats = proxy.stats
+    wait_for("3/3 Ready again", ready_as(cluster, namespace, "3/3"), timeout=60)
+
+    assert victim.sigterm_at is not None, "the pod runner never sent SIGTERM"
+    at_sigterm = sampler.last_before(victim.sigterm_at)
+    final = sampler.samples[-1]
+    removed = stats.removed_at[victim.name]
+    late = [t for t, pod in stats.connection_times if pod == victim.name and t >= removed]
+    failures = [r.error for r in report.failures]
+    in_flight_at_sigterm = at_sigterm[IN_FLIGHT] + at_sigterm[QUEUED]
+    log = (victim.folder / "runtime.log").read_text(errors="replace")
+    drain_began = re.search(r"Started draining: (\d+) in flight, (\d+) queued", log)
+    assert drain_began is not None, log[-2000:]
+    print(
+        f"\nFAULTS pod killed under load: {len(report.results)} requests "
+        f"({len(report.window(deleted_mono, float('inf')))} sent after the delete), "
+        f"{len(failures)} failed; {victim.name} left the Service {removed - deleted_at:.2f}s "
+        f"after the delete, got SIGTERM {victim.sigterm_at - deleted_at:.1f}s after it with "
+        f"{in_flight_at_sigterm:.0f} requests in flight, answered its last "
+        f"{final.t - victim.sigterm_at:.1f}s after SIGTERM; it admitted {final[ADMITTED]:.0f} "
+        f"in all, {int(drain_began[1]) + int(drain_began[2])} in flight when the preStop hook "
+        f"began its drain, and refused {final[REFUSED_DRAINING]:.0f} attempts on kept-alive "
+        f"connections while draining (retried by the client); connections per pod "
+        f"{dict(stats.connections)}; replacement {joined}: {during_load} connections during the "
+        f"load, {stats.connections[joined]} with a new client's"
+    )
+
+    # The Service: the deleted pod got no new connection once it left; the replacement joined.
+    assert not late, f"{len(late)} connections went to {victim.name} after it left the Service"
+    assert stats.connections[joined] > 0, f"the replacement {joined} got no connection"
+    # The runtime: requests were in flight at SIGTERM, and it finished every one it admitted.
+    assert in_flight_at_sigterm > 0, "no request was in flight at SIGTERM: the test proves nothing"
+    # Drained: its own wait for idle returned with nothing in flight or queued, then it exited.
+    assert "Drained (all done)" in log and victim.process.returncode == 0, log[-2000:]
+    # The clients: nothing failed.
+    assert report.results, "no load was sent"
+    assert not failures, f"{len(failures)} of {len(report.results)} requests failed: {failures[:5]}"
+
+
+# -- the operator killed mid-flip -------------------------------------------------------------
+
+COOLDOWN = 40
+FLIP_QPS = 5.0  # 2.5 per replica, above the 1.5 high threshold
+
+
+def adaptive_object(prometheus_url: str) -> dict[str, Any]:
+    """Two replicas that flip at once under load and return at once when it goes, but for the
+    cooldown: a forgotten cooldown shows as a return well before it is over."""
+    return agd_object(
+        replicas=2,
+        adaptive={
+            "intervalSeconds": 5,
+            "prometheus": {
+                "url": prometheus_url,
+                "timeoutSeconds": 2,
+                "queries": {"qps": "sum(rate(vllm:request_success_total{$selector}[10s]))"},
+            },
+            "qpsPerReplicaMilli": {"high": 1500, "low": 600},
+            "toBatchingStabilizationSeconds": 0,
+            "toStreamingStabilizationSeconds": 0,
+            "cooldownSeconds": COOLDOWN,
+            "minStreamingReplicas": 1,
+            "maxFlipsPerStep": 1,
+        },
+    )
+
+
+def runtime_state(runner: PodRunner, pod: str, token: str) -> dict[str, Any]:
+    found = runtime(runner, pod)
+    assert found is not None, f"no runtime for {pod}"
+    request = urllib.request.Request(
+        f"http://{found.ip}:8000/autoglm/v1/mode", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.loads(response.read())  # type: ignore[no-any-return]
+
+
+def labels(cluster: LocalCluster, ns: str) -> dict[str, str]:
+    return {
+        p["metadata"]["name"]: p["metadata"]["labels"].get(MODE_LABEL, "")
+        for p in live_pods(cluster, ns)
+    }
+
+
+@pytest.mark.parametrize(
+    "die_after",
+    ["PATCH /pods/ batching", "PUT /autoglm/v1/mode batching"],
+    ids=["label-set-runtime-not-told", "runtime-told-status-not-written"],
+)
+def test_operator_killed_mid_flip_finishes_it_once_and_keeps_the_cooldown(
+    cluster: LocalCluster,
+    namespace: str,
+    prometheus: LocalPrometheus,
+    pod_runner: PodRunner,
+    operator: Operator,
+    die_after: str,
+) -> None:
+    operator.stop(signal.SIGKILL)  # nothing to clean up yet: start again with the failpoint
+    operator.start(die_after=die_after)
+    deploy(cluster, namespace, adaptive_object(prometheus.url), "2/2")
+    pods = sorted(labels(cluster, namespace))
+    wait_for("a runtime per pod", lambda: all(runtime(pod_runner, p) for p in pods), timeout=60)
+    token = admin_token(cluster, namespace)
+    wait_for(
+        "metrics in Prometheus",
+        lambda: condition(status(cluster, namespace), "MetricsAvailable").get("status") == "True",
+        timeout=60,
+    )
+    assert operator.proc is not None
+
+    with ServiceProxy(cluster, namespace, NAME) as proxy:
+        wait_for("2 ready endpoints", lambda: len(proxy.endpoints()) == 2, timeout=30)
+        report = LoadReport()
+
+        async def load_until_the_operator_dies() -> float:
+            load = asyncio.create_task(
+                run_load([proxy.url + "/v1"], lambda _: FLIP_QPS, 120, report=report)
+            )
+            try:
+                while operator.proc is not None and operator.proc.poll() is None:
+                    assert not load.done(), "load ended and no flip was tried"
+                    await asyncio.sleep(0.05)
+                return time.time()
+            finally:
+                load.cancel()  # load goes away with the operator: the loop would flip back
+                await asyncio.gather(load, return_exceptions=True)
+
+        killed_at = asyncio.run(load_until_the_operator_dies())
+
+    # The failpoint hit the window it names.
+    assert operator.proc.returncode == -signal.SIGKILL, operator.logs()[-3000:]
+    at_kill = labels(cluster, namespace)
+    flipped = [p for p, mode in at_kill.items() if mode == "batching"]
+    assert len(flipped) == 1, at_kill
+    (pod,) = flipped
+    other = next(p for p in pods if p != pod)
+    told = runtime_state(pod_runner, pod, token)["mode"]
+    assert told == ("streaming" if die_after.startswith("PATCH") else "batching"), told
+    assert status(cluster, namespace).get("batchingReplicas", 0) == 0, "status saw the flip"
+
+    operator.start()
+    restarted_at = time.time()
+
+    def converged() -> dict[str, Any] | None:
+        st = status(cluster, namespace)
+        modes = labels(cluster, namespace)
+        agree = all(runtime_state(pod_runner, p, token)["mode"] == m for p, m in modes.items())
+        settled = (
+            agree
+            and modes == {pod: "batching", other: "streaming"}
+            and (st.get("batchingReplicas"), st.get("streamingReplicas")) == (1, 1)
+            and st.get("readyReplicas") == 2
+            and condition(st, "ModeTransitioning").get("status") == "False"
+        )
+        return st if settled else None
+
+    st = wait_for("label, runtime and status to agree", converged, timeout=60)
+    converged_in = time.time() - restarted_at
+    flips = {f["pod"]: f for f in st["adaptiveState"].get("lastFlips", [])}
+    assert flips.get(pod, {}).get("mode") == "batching", st["adaptiveState"]
+    switches = {p: runtime_state(pod_runner, p, token)["switches"] for p in pods}
+    assert switches == {pod: 1, other: 0}, f"a runtime was switched more than once: {switches}"
+    assert sorted(labels(cluster, namespace)) == pods, "pods were replaced"
+    assert len(get(cluster, namespace, "deployments", "-l", INSTANCE)["items"]) == 1
+
+    # Load is gone, so the loop wants the replica back, but only once its cooldown is over.
+    def returned() -> bool:
+        return labels(cluster, namespace)[pod] == "streaming"
+
+    wait_for("the replica's return to streaming", returned, timeout=COOLDOWN + 45, every=0.5)
+    history = status(cluster, namespace).get("decisionHistory", [])
+    back = next(d for d in reversed(history) if d["fromBatching"] == 1 and d["toBatching"] == 0)
+    back_at = _epoch(back["time"])
+    held = [d["reason"] for d in history if _epoch(d["time"]) < back_at]
+    reasons = [e["reason"] for e in events(cluster, namespace)]
+    switches = {p: runtime_state(pod_runner, p, token)["switches"] for p in pods}
+    print(
+        f"\nFAULTS operator killed after {die_after!r}: {pod} label batching, runtime {told}; "
+        f"restarted, converged in {converged_in:.1f}s (events {sorted(set(reasons))}); "
+        f"returned to streaming {back_at - killed_at:.1f}s after the kill (cooldown "
+        f"{COOLDOWN}s; decisions before it {held}); runtime switches {switches}; "
+        f"requests {len(report.results)}, failed {len(report.failures)}"
+    )
+    assert back_at - killed_at >= COOLDOWN - 1, f"flipped back within the cooldown: {history}"
+    assert "Cooldown" in held, "the loop never held the replica for its cooldown"
+    assert switches == {pod: 2, other: 0}, switches
+    assert not report.failures, [r.error for r in report.failures][:5]
+
+
+def _epoch(iso: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
