@@ -101,12 +101,13 @@ class PodRunner:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def runtime_url(self, pod_name: str) -> str | None:
+    def running(self, pod_name: str) -> RunningPod | None:
         with self._lock:
-            for pod in self.pods.values():
-                if pod.name == pod_name:
-                    return f"http://{pod.ip}:{RUNTIME_PORT}"
-        return None
+            return next((p for p in self.pods.values() if p.name == pod_name), None)
+
+    def runtime_url(self, pod_name: str) -> str | None:
+        pod = self.running(pod_name)
+        return f"http://{pod.ip}:{RUNTIME_PORT}" if pod is not None else None
 
     def runtime_urls(self, namespace: str) -> dict[str, str]:
         """Pod name -> runtime URL of every pod of `namespace` that has a runtime now."""

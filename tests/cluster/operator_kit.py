@@ -174,6 +174,14 @@ def live_pods(cluster: LocalCluster, ns: str) -> list[dict[str, Any]]:
     return [p for p in items if not p["metadata"].get("deletionTimestamp")]
 
 
+def pod_modes(cluster: LocalCluster, ns: str) -> dict[str, str]:
+    """Each live pod's mode label ("" while it has none)."""
+    return {
+        p["metadata"]["name"]: (p["metadata"].get("labels") or {}).get(MODE_LABEL, "")
+        for p in live_pods(cluster, ns)
+    }
+
+
 def ready_as(cluster: LocalCluster, ns: str, ready: str) -> Callable[[], dict[str, Any] | None]:
     """A probe: the status once it says Ready=True, `ready` replicas, rollout settled."""
 
@@ -238,3 +246,12 @@ def http_ok(url: str) -> bool:
 def admin_token(cluster: LocalCluster, ns: str) -> str:
     data = get(cluster, ns, "secret", f"{NAME}-admin")["data"]["token"]
     return base64.b64decode(data).decode()
+
+
+def runtime_state(runtime_url: str, token: str) -> dict[str, Any]:
+    """A runtime's own account of its mode: GET /autoglm/v1/mode (mode, switches, inflight)."""
+    request = urllib.request.Request(
+        f"{runtime_url}/autoglm/v1/mode", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.loads(response.read())  # type: ignore[no-any-return]

@@ -11,7 +11,6 @@ it returns: the loop resumes.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import urllib.request
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import pytest
-from operator_kit import Operator
+from operator_kit import Operator, admin_token, pod_modes, runtime_state
 
 from loadgen import LoadReport, run_load
 from localcluster import LocalCluster
@@ -85,30 +84,6 @@ def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
     return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == kind), {})
 
 
-def pod_modes(cluster: LocalCluster, namespace: str) -> dict[str, str]:
-    pods = cluster.get_json("pods", "-n", namespace, "-l", f"app.kubernetes.io/instance={NAME}")
-    return {
-        p["metadata"]["name"]: p["metadata"].get("labels", {}).get("autoglm.io/mode", "")
-        for p in pods["items"]
-        if not p["metadata"].get("deletionTimestamp")
-    }
-
-
-def runtime_mode(url: str, token: str) -> str:
-    request = urllib.request.Request(
-        f"{url}/autoglm/v1/mode", headers={"Authorization": f"Bearer {token}"}
-    )
-    with urllib.request.urlopen(request, timeout=5) as response:
-        return str(json.loads(response.read())["mode"])
-
-
-def admin_token(cluster: LocalCluster, namespace: str) -> str:
-    import base64
-
-    secret = cluster.get_json("secret", f"{NAME}-admin", "-n", namespace)
-    return base64.b64decode(secret["data"]["token"]).decode()
-
-
 def batching_count(cluster: LocalCluster, namespace: str) -> int:
     return int(agd(cluster, namespace).get("status", {}).get("batchingReplicas", 0))
 
@@ -122,7 +97,8 @@ def modes_agree(
     for pod, label in labels.items():
         url = runner.runtime_url(pod)
         assert url is not None, f"no runtime for {pod}"
-        assert runtime_mode(url, token) == label, f"{pod}: label {label} but runtime disagrees"
+        mode = runtime_state(url, token)["mode"]
+        assert mode == label, f"{pod}: label {label} but runtime runs {mode}"
 
     def scraped() -> dict[str, str]:
         query = f'autoglm_mode{{namespace="{namespace}"}} == 1'

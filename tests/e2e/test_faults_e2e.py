@@ -23,7 +23,6 @@ one as a failure.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import signal
 import threading
@@ -35,7 +34,6 @@ from typing import Any
 import pytest
 from operator_kit import (
     INSTANCE,
-    MODE_LABEL,
     NAME,
     Operator,
     admin_token,
@@ -45,15 +43,18 @@ from operator_kit import (
     events,
     get,
     live_pods,
+    pod_modes,
     ready_as,
+    runtime_state,
     status,
     wait_for,
 )
 
+from autoglm_operator.policy import parse_iso
 from loadgen import LoadReport, run_load
 from localcluster import LocalCluster
 from localprom import LocalPrometheus
-from podrunner import PodRunner, RunningPod
+from podrunner import PodRunner
 from servicelb import ServiceProxy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -120,20 +121,16 @@ class RuntimeSampler:
         return [s for s in self.samples if s.t < when][-1]
 
 
-def runtime(pod_runner: PodRunner, pod: str) -> RunningPod | None:
-    return next((p for p in list(pod_runner.pods.values()) if p.name == pod), None)
-
-
 def test_a_runtime_pod_killed_under_load_finishes_what_it_admitted(
     cluster: LocalCluster, namespace: str, pod_runner: PodRunner, operator: Operator
 ) -> None:
     # Pinned to streaming: no mode flip moves traffic, only the pod's deletion does.
     deploy(cluster, namespace, agd_object(replicas=3, modePolicy="Streaming"), "3/3")
     pods = [p["metadata"]["name"] for p in live_pods(cluster, namespace)]
-    wait_for("a runtime per pod", lambda: all(runtime(pod_runner, p) for p in pods), timeout=60)
+    wait_for("a runtime per pod", lambda: all(pod_runner.running(p) for p in pods), timeout=60)
     with ServiceProxy(cluster, namespace, NAME) as proxy:
         wait_for("3 ready endpoints", lambda: len(proxy.endpoints()) == 3, timeout=30)
-        victim = runtime(pod_runner, pods[0])
+        victim = pod_runner.running(pods[0])
         assert victim is not None
         sampler = RuntimeSampler(f"http://{victim.ip}:8000").start()
         report = LoadReport()
@@ -231,21 +228,10 @@ def adaptive_object(prometheus_url: str) -> dict[str, Any]:
     )
 
 
-def runtime_state(runner: PodRunner, pod: str, token: str) -> dict[str, Any]:
-    found = runtime(runner, pod)
-    assert found is not None, f"no runtime for {pod}"
-    request = urllib.request.Request(
-        f"http://{found.ip}:8000/autoglm/v1/mode", headers={"Authorization": f"Bearer {token}"}
-    )
-    with urllib.request.urlopen(request, timeout=5) as response:
-        return json.loads(response.read())  # type: ignore[no-any-return]
-
-
-def labels(cluster: LocalCluster, ns: str) -> dict[str, str]:
-    return {
-        p["metadata"]["name"]: p["metadata"]["labels"].get(MODE_LABEL, "")
-        for p in live_pods(cluster, ns)
-    }
+def state_of(runner: PodRunner, pod: str, token: str) -> dict[str, Any]:
+    url = runner.runtime_url(pod)
+    assert url is not None, f"no runtime for {pod}"
+    return runtime_state(url, token)
 
 
 @pytest.mark.parametrize(
@@ -264,8 +250,8 @@ def test_operator_killed_mid_flip_finishes_it_once_and_keeps_the_cooldown(
     operator.stop(signal.SIGKILL)  # nothing to clean up yet: start again with the failpoint
     operator.start(die_after=die_after)
     deploy(cluster, namespace, adaptive_object(prometheus.url), "2/2")
-    pods = sorted(labels(cluster, namespace))
-    wait_for("a runtime per pod", lambda: all(runtime(pod_runner, p) for p in pods), timeout=60)
+    pods = sorted(pod_modes(cluster, namespace))
+    wait_for("a runtime per pod", lambda: all(pod_runner.running(p) for p in pods), timeout=60)
     token = admin_token(cluster, namespace)
     wait_for(
         "metrics in Prometheus",
@@ -295,12 +281,12 @@ def test_operator_killed_mid_flip_finishes_it_once_and_keeps_the_cooldown(
 
     # The failpoint hit the window it names.
     assert operator.proc.returncode == -signal.SIGKILL, operator.logs()[-3000:]
-    at_kill = labels(cluster, namespace)
+    at_kill = pod_modes(cluster, namespace)
     flipped = [p for p, mode in at_kill.items() if mode == "batching"]
     assert len(flipped) == 1, at_kill
     (pod,) = flipped
     other = next(p for p in pods if p != pod)
-    told = runtime_state(pod_runner, pod, token)["mode"]
+    told = state_of(pod_runner, pod, token)["mode"]
     assert told == ("streaming" if die_after.startswith("PATCH") else "batching"), told
     assert status(cluster, namespace).get("batchingReplicas", 0) == 0, "status saw the flip"
 
@@ -309,8 +295,8 @@ def test_operator_killed_mid_flip_finishes_it_once_and_keeps_the_cooldown(
 
     def converged() -> dict[str, Any] | None:
         st = status(cluster, namespace)
-        modes = labels(cluster, namespace)
-        agree = all(runtime_state(pod_runner, p, token)["mode"] == m for p, m in modes.items())
+        modes = pod_modes(cluster, namespace)
+        agree = all(state_of(pod_runner, p, token)["mode"] == m for p, m in modes.items())
         settled = (
             agree
             and modes == {pod: "batching", other: "streaming"}
@@ -324,22 +310,23 @@ def test_operator_killed_mid_flip_finishes_it_once_and_keeps_the_cooldown(
     converged_in = time.time() - restarted_at
     flips = {f["pod"]: f for f in st["adaptiveState"].get("lastFlips", [])}
     assert flips.get(pod, {}).get("mode") == "batching", st["adaptiveState"]
-    switches = {p: runtime_state(pod_runner, p, token)["switches"] for p in pods}
+    switches = {p: state_of(pod_runner, p, token)["switches"] for p in pods}
     assert switches == {pod: 1, other: 0}, f"a runtime was switched more than once: {switches}"
-    assert sorted(labels(cluster, namespace)) == pods, "pods were replaced"
+    assert sorted(pod_modes(cluster, namespace)) == pods, "pods were replaced"
     assert len(get(cluster, namespace, "deployments", "-l", INSTANCE)["items"]) == 1
 
     # Load is gone, so the loop wants the replica back, but only once its cooldown is over.
     def returned() -> bool:
-        return labels(cluster, namespace)[pod] == "streaming"
+        return pod_modes(cluster, namespace)[pod] == "streaming"
 
     wait_for("the replica's return to streaming", returned, timeout=COOLDOWN + 45, every=0.5)
     history = status(cluster, namespace).get("decisionHistory", [])
     back = next(d for d in reversed(history) if d["fromBatching"] == 1 and d["toBatching"] == 0)
-    back_at = _epoch(back["time"])
-    held = [d["reason"] for d in history if _epoch(d["time"]) < back_at]
+    back_at = parse_iso(back["time"])
+    assert back_at is not None, back
+    held = [d["reason"] for d in history if (parse_iso(d["time"]) or back_at) < back_at]
     reasons = [e["reason"] for e in events(cluster, namespace)]
-    switches = {p: runtime_state(pod_runner, p, token)["switches"] for p in pods}
+    switches = {p: state_of(pod_runner, p, token)["switches"] for p in pods}
     print(
         f"\nFAULTS operator killed after {die_after!r}: {pod} label batching, runtime {told}; "
         f"restarted, converged in {converged_in:.1f}s (events {sorted(set(reasons))}); "
@@ -351,9 +338,3 @@ def test_operator_killed_mid_flip_finishes_it_once_and_keeps_the_cooldown(
     assert "Cooldown" in held, "the loop never held the replica for its cooldown"
     assert switches == {pod: 2, other: 0}, switches
     assert not report.failures, [r.error for r in report.failures][:5]
-
-
-def _epoch(iso: str) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
