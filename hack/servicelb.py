@@ -105,6 +105,11 @@ class ServiceProxy:
             self._server.close()
         for writer in list(self._open):
             writer.close()
+        # Let every connection's handler finish before the loop stops under it.
+        handlers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in handlers:
+            task.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
 
     def __enter__(self) -> ServiceProxy:
         return self.start()
