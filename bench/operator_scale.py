@@ -66,13 +66,19 @@ sys.path[:0] = [str(REPO / "hack"), str(REPO / "tests" / "cluster")]
 import scale_stats as stats  # noqa: E402
 from kubernetes import client, config, watch  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
-from operator_kit import Operator, agd_object, apiserver_requests, http_ok  # noqa: E402
+from operator_kit import Operator, agd_object, apiserver_requests  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from urllib3.exceptions import HTTPError  # noqa: E402
 
 from autoglm_operator import prom  # noqa: E402
 from autoglm_operator import spec as crd  # noqa: E402
-from localcluster import LocalCluster, ensure_binaries, log, loopback_pod_cidr  # noqa: E402
+from localcluster import (  # noqa: E402
+    LocalCluster,
+    ensure_binaries,
+    http_ok,
+    log,
+    loopback_pod_cidr,
+)
 from localprom import LocalPrometheus  # noqa: E402
 
 OUT_DIR = REPO / "out" / "bench"

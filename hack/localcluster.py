@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -245,7 +246,7 @@ class LocalCluster:
             "--initial-cluster", f"local=http://127.0.0.1:{peer}",
             "--unsafe-no-fsync", "--log-level", "warn",
         ])  # fmt: skip
-        self._wait("etcd", lambda: _http_ok(f"http://127.0.0.1:{self.etcd_port}/health"))
+        self._wait("etcd", lambda: http_ok(f"http://127.0.0.1:{self.etcd_port}/health"))
 
     def _start_apiserver(self) -> None:
         pki = self.workdir / "pki"
@@ -433,11 +434,13 @@ def gpu_node(name: str, gpus: int = 8, labels: dict[str, str] | None = None) -> 
     }
 
 
-def _http_ok(url: str) -> bool:
-    import urllib.request
-
-    with urllib.request.urlopen(url, timeout=1) as response:
-        return bool(response.status == 200)
+def http_ok(url: str, timeout: float = 2) -> bool:
+    """True when `url` answers 200; False when it answers otherwise or not at all."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager

@@ -19,14 +19,13 @@ import asyncio
 import contextlib
 import threading
 import time
-import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes import client, config, watch  # type: ignore[import-untyped]
 
-from localcluster import LocalCluster, log
+from localcluster import LocalCluster, http_ok, log
 
 PROBE_EVERY_SECONDS = 0.5
 
@@ -185,7 +184,9 @@ class ServiceProxy:
         while not self._stop.wait(PROBE_EVERY_SECONDS):
             with self._lock:
                 candidates = list(self._candidates.values())
-            passed = {e.pod for e in candidates if e.probe_url is None or _http_ok(e.probe_url)}
+            passed = {
+                e.pod for e in candidates if e.probe_url is None or http_ok(e.probe_url, timeout=1)
+            }
             with self._lock:
                 for pod in self._probed - passed:
                     self.stats.removed_at[pod] = time.time()
@@ -228,14 +229,6 @@ def _daemon(target: Any, name: str) -> threading.Thread:
     thread = threading.Thread(target=target, name=name, daemon=True)
     thread.start()
     return thread
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

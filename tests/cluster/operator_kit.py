@@ -235,12 +235,6 @@ def apiserver_requests(cluster: LocalCluster) -> dict[tuple[str, str], float]:
     return totals
 
 
-def http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
 
 
 def admin_token(cluster: LocalCluster, ns: str) -> str:

@@ -28,7 +28,6 @@ from operator_kit import (
     deploy,
     events,
     get,
-    http_ok,
     live_pods,
     patch_agd,
     ready_as,
@@ -36,7 +35,7 @@ from operator_kit import (
     wait_for,
 )
 
-from localcluster import LocalCluster, free_port
+from localcluster import LocalCluster, free_port, http_ok
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
