@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ConfigDict, Field, SecretStr, ValidationError
+from pydantic import AliasChoices, ConfigDict, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from autoglm_runtime.engine_args import DEFAULT_SERVED_MODEL_NAME, EngineSettings
@@ -50,6 +50,13 @@ class RuntimeSettings(BaseSettings):
     drain_token: SecretStr | None = Field(
         default=None,
         description="Set by the launcher for its child only: drains without the admin token.",
+    )
+    vllm_api_key: SecretStr | None = Field(
+        default=None,
+        # vLLM's own variable, unprefixed: the operator fills it from apiKeySecretRef and vLLM
+        # reads the same one, so both check the same key.
+        validation_alias=AliasChoices("VLLM_API_KEY", "vllm_api_key"),
+        description="The key clients must send as `Authorization: Bearer <key>`; none: no check.",
     )
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     drain_grace_seconds: float = Field(default=30.0, ge=0)

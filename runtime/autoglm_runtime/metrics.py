@@ -20,7 +20,10 @@ from autoglm_runtime.profiles import Mode
 
 log = logging.getLogger(__name__)
 
-REJECT_REASONS = ("queue_full", "queue_timeout", "draining", "bad_request", "client_gone")
+REJECT_REASONS = (
+    "queue_full", "queue_timeout", "draining", "bad_request", "client_gone", "unauthorized",
+    "not_served",
+)
 # Queue waits run from milliseconds to the longest queue timeout.
 QUEUE_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 

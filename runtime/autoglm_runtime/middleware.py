@@ -21,6 +21,7 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from autoglm_runtime.admission import AdmissionController, Rejected, Ticket
+from autoglm_runtime.api_key import UNAUTHORIZED_BODY, is_guarded, key_digests, presents_a_key
 from autoglm_runtime.config import (
     RuntimeConfig,
     RuntimeSettings,
@@ -30,15 +31,18 @@ from autoglm_runtime.config import (
 from autoglm_runtime.metrics import nvml_source, runtime_metrics
 from autoglm_runtime.profiles import DRAIN_PATH, MODE_PATH, Mode
 from autoglm_runtime.requests import (
-    ADMITTED_PATHS,
-    REWRITTEN_PATHS,
     SESSION_HEADER,
+    VLLM_PRIORITY_HEADER,
+    VLLM_SESSION_HEADER,
+    PreparedRequest,
     RequestError,
     RequestRules,
+    SessionHeaders,
     error_body,
     parse_json_object,
     prepare,
 )
+from autoglm_runtime.routes import ADMITTED_PATHS, refusal_for
 from autoglm_runtime.sse import SSECoalescer
 
 Scope = MutableMapping[str, Any]
@@ -77,6 +81,9 @@ class ModeMiddleware:
             default_max_tokens=self.config.default_max_tokens,
             max_chars_per_token=self.config.max_chars_per_token,
         )
+        # Read once, as vLLM reads VLLM_API_KEY once when it builds its app.
+        api_key = self.settings.vllm_api_key
+        self.api_key_digests = key_digests([api_key.get_secret_value()] if api_key else [])
         self.mode = self.config.initial_mode
         self.since = datetime.now(UTC)
         self.switches = 0
@@ -146,16 +153,30 @@ class ModeMiddleware:
         if root and path.startswith(root):
             path = path[len(root):]  # vLLM's --root-path: match on the app's own paths
         method = scope["method"]
+        if self._refuses_the_key(method, path, scope):
+            self.metrics.rejected.labels("unauthorized").inc()
+            await _respond(send, 401, UNAUTHORIZED_BODY)  # vLLM's own 401, before admission
+            return
+        scope = _without_header(scope, VLLM_PRIORITY_HEADER.encode())
+        refusal = refusal_for(path)
         if path == MODE_PATH:
             await self._mode_endpoint(scope, receive, send)
         elif path == DRAIN_PATH:
             await self._drain_endpoint(scope, receive, send)
         elif path in HEALTH_PATHS and self.draining:
             await _respond(send, 503, error_body("The replica is draining.", 503))
+        elif refusal is not None:
+            self.metrics.rejected.labels("not_served").inc()
+            await _respond(send, 404, error_body(refusal.message(method, path), 404))
         elif method == "POST" and path in ADMITTED_PATHS:
             await self._admitted(scope, receive, send, path)
         else:
             await self.app(scope, receive, send)
+
+    def _refuses_the_key(self, method: str, path: str, scope: Scope) -> bool:
+        if not self.api_key_digests or not is_guarded(method, path):
+            return False
+        return not presents_a_key(_header(scope, b"authorization"), self.api_key_digests)
 
     async def _admitted(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         if self.draining:
@@ -168,39 +189,50 @@ class ModeMiddleware:
                 {"retry-after": "1"}, close=True,
             )
             return
-        profile = self.controller.profile
-        stream = False
-        session_id = _header(scope, SESSION_HEADER.encode())
-        watch: Receive | None = None
-        if path in REWRITTEN_PATHS:
-            try:
-                raw = await _read_body(scope, receive, self.config.max_body_bytes)
-                prepared = prepare(
-                    path, parse_json_object(raw), self.rules,
-                    prioritize_streams=profile.prioritize_streams,
-                    header_session_id=session_id,
-                )
-            except _BodyTooLarge:
-                self.metrics.rejected.labels("bad_request").inc()
-                await _respond(send, 400, error_body(
-                    f"The request body is larger than {self.config.max_body_bytes} bytes.", 400
-                ), close=True)
-                return
-            except RequestError as exc:
-                self.metrics.rejected.labels("bad_request").inc()
-                await _respond(send, exc.status, error_body(exc.message, exc.status, exc.param))
-                return
-            stream = prepared.stream
-            session_id = prepared.session_id
-            body = json.dumps(prepared.body).encode()
-            scope = _with_content_length(scope, len(body))
-            # The body is read, so the next receive() only returns on disconnect: watch it.
-            watch = receive
-            receive = _replay(body, receive)
-            priority = int(prepared.body.get("priority", 0))
-        else:
-            priority = 0
+        prepared = await self._prepare(scope, receive, send, path)
+        if prepared is None:
+            return  # refused, and answered
+        body = json.dumps(prepared.body).encode()
+        scope = _with_content_length(scope, len(body))
+        # The body is read, so the next receive() only returns on disconnect: watch it.
+        ticket = await self._admit(prepared.priority, receive, send)
+        if ticket is None:
+            return
+        # The profile in force at admission shapes the response, even after a later switch.
+        coalesce = self.controller.profile.stream_coalesce_chunks if prepared.stream else 1
+        try:
+            await self.app(scope, _replay(body, receive),
+                           _wrap_send(send, prepared.session_id, coalesce))
+        finally:
+            self._release(ticket)
 
+    async def _prepare(
+        self, scope: Scope, receive: Receive, send: Send, path: str
+    ) -> PreparedRequest | None:
+        """The checked and rewritten request; None when it was refused (and answered)."""
+        sessions = SessionHeaders(
+            vllm=_header(scope, VLLM_SESSION_HEADER.encode()),
+            project=_header(scope, SESSION_HEADER.encode()),
+        )
+        try:
+            raw = await _read_body(scope, receive, self.config.max_body_bytes)
+            return prepare(
+                path, parse_json_object(raw), self.rules,
+                prioritize_streams=self.controller.profile.prioritize_streams,
+                session_headers=sessions,
+            )
+        except _BodyTooLarge:
+            self.metrics.rejected.labels("bad_request").inc()
+            await _respond(send, 400, error_body(
+                f"The request body is larger than {self.config.max_body_bytes} bytes.", 400
+            ), close=True)
+        except RequestError as exc:
+            self.metrics.rejected.labels("bad_request").inc()
+            await _respond(send, exc.status, error_body(exc.message, exc.status, exc.param))
+        return None
+
+    async def _admit(self, priority: int, watch: Receive, send: Send) -> Ticket | None:
+        """A slot for the request; None when it was refused (and answered) or its client left."""
         start = time.monotonic()
         try:
             ticket = await self._acquire(priority, watch)
@@ -208,18 +240,13 @@ class ModeMiddleware:
             self.metrics.rejected.labels(exc.reason).inc()
             headers = {"retry-after": str(exc.retry_after)} if exc.retry_after else {}
             await _respond(send, exc.status, error_body(exc.message, exc.status), headers)
-            return
+            return None
         if ticket is None:
             self.metrics.rejected.labels("client_gone").inc()
-            return  # the client left while queued: nobody to answer
+            return None  # the client left while queued: nobody to answer
         self.metrics.admitted.inc()
         self.metrics.queue_wait.observe(time.monotonic() - start)
-        # The profile in force at admission shapes the response, even after a later switch.
-        coalesce = self.controller.profile.stream_coalesce_chunks if stream else 1
-        try:
-            await self.app(scope, receive, _wrap_send(send, session_id, coalesce))
-        finally:
-            self._release(ticket)
+        return ticket
 
     def _release(self, ticket: Ticket) -> None:
         self.controller.release(ticket)
@@ -379,6 +406,14 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return await receive()  # later calls wait for the disconnect, as the app expects
 
     return replay
+
+
+def _without_header(scope: Scope, name: bytes) -> Scope:
+    """The scope without any header of this name, however the client spelled it."""
+    headers = scope.get("headers", ())
+    if not any(key.lower() == name for key, _ in headers):
+        return scope
+    return {**scope, "headers": [(k, v) for k, v in headers if k.lower() != name]}
 
 
 def _with_content_length(scope: Scope, length: int) -> Scope:

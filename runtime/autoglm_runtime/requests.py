@@ -11,12 +11,16 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-CHAT_PATH = "/v1/chat/completions"
-COMPLETIONS_PATH = "/v1/completions"
-REWRITTEN_PATHS = frozenset({CHAT_PATH, COMPLETIONS_PATH})
-# Paths that occupy the engine and so go through admission.
-ADMITTED_PATHS = REWRITTEN_PATHS | {"/v1/responses", "/v1/embeddings"}
+from autoglm_runtime.routes import CHAT_PATH, RESPONSES_PATH
+
+# The project's session header: read from requests, echoed on responses.
 SESSION_HEADER = "x-autoglm-session-id"
+# vLLM 0.33's own session header (GenerateBaseServing.SESSION_ID_HEADER).
+VLLM_SESSION_HEADER = "x-session-id"
+# vLLM 0.33 takes this header's priority over the body's (GenerateBaseServing._get_priority),
+# so the middleware removes it: the mode, not the client, sets the order.
+VLLM_PRIORITY_HEADER = "x-vllm-priority"
+_MAX_SESSION_CHARS = 256
 # vLLM priority: lower is served first.
 STREAM_PRIORITY = 0
 DEFAULT_PRIORITY = 1
@@ -52,6 +56,15 @@ class PreparedRequest:
     body: dict[str, Any]
     stream: bool
     session_id: str | None
+    priority: int
+
+
+@dataclass(frozen=True)
+class SessionHeaders:
+    """The session ids a request's headers carry (vLLM's `X-Session-ID`, then the project's)."""
+
+    vllm: str | None = None
+    project: str | None = None
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
@@ -102,9 +115,36 @@ def prepare(
     body: dict[str, Any],
     rules: RequestRules,
     prioritize_streams: bool,
-    header_session_id: str | None = None,
+    session_headers: SessionHeaders = SessionHeaders(),
 ) -> PreparedRequest:
-    """Validate an OpenAI request and rewrite it into what vLLM expects."""
+    """Validate a request to an admitted path and rewrite it into what vLLM 0.33 reads."""
+    _check_model(body, rules)
+    stream = _stream_of(body)
+    if path == RESPONSES_PATH:
+        _check_responses(body)
+    else:
+        _check_prompt(path, body, rules)
+        _check_and_default_max_tokens(body, rules)
+        if path == CHAT_PATH:
+            _move_langchain_extras(body)
+        else:
+            # Chat-template switches: vLLM's CompletionRequest has neither field nor target.
+            body.pop("enable_thinking", None)
+            body.pop("return_reasoning", None)
+    session = resolve_session(body, session_headers)
+    # The mode owns scheduling order; a client-chosen priority would let anyone jump the line.
+    priority = mode_priority(stream, prioritize_streams)
+    body["priority"] = priority
+    return PreparedRequest(body=body, stream=stream, session_id=session, priority=priority)
+
+
+def mode_priority(stream: bool, prioritize_streams: bool) -> int:
+    if not prioritize_streams:
+        return 0
+    return STREAM_PRIORITY if stream else DEFAULT_PRIORITY
+
+
+def _check_model(body: dict[str, Any], rules: RequestRules) -> None:
     model = body.get("model")
     if model is not None and model != rules.served_model_name:
         raise RequestError(
@@ -112,12 +152,28 @@ def prepare(
             f"`{rules.served_model_name}`.",
             param="model",
         )
+
+
+def _stream_of(body: dict[str, Any]) -> bool:
     stream = body.get("stream", False)
     if stream is None:
-        stream = False
+        return False
     if not isinstance(stream, bool):
         raise RequestError("`stream` must be a boolean.", param="stream")
+    return stream
 
+
+def _check_responses(body: dict[str, Any]) -> None:
+    if body.get("background") is True:
+        # vLLM answers at once and generates later, after the admission slot is given back.
+        raise RequestError(
+            "`background` responses are not served: the mode admits a request only while "
+            "its connection is open.",
+            param="background",
+        )
+
+
+def _check_prompt(path: str, body: dict[str, Any], rules: RequestRules) -> None:
     if path == CHAT_PATH:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -144,12 +200,16 @@ def prepare(
             param=prompt_param,
         )
 
+
+def _check_and_default_max_tokens(body: dict[str, Any], rules: RequestRules) -> None:
     for name in ("max_tokens", "max_completion_tokens"):
         _check_int_param(body, name, rules)
     if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
         body["max_tokens"] = min(rules.default_max_tokens, rules.max_model_len)
 
-    # LangChain's extra_body puts these at the top level; vLLM reads them elsewhere.
+
+def _move_langchain_extras(body: dict[str, Any]) -> None:
+    """LangChain's extra_body puts these at the top level; vLLM's chat reads them elsewhere."""
     enable_thinking = body.pop("enable_thinking", None)
     return_reasoning = body.pop("return_reasoning", None)
     if enable_thinking is not None:
@@ -169,16 +229,25 @@ def prepare(
             raise RequestError("`return_reasoning` must be a boolean.", param="return_reasoning")
         body["include_reasoning"] = return_reasoning
 
-    session_id = body.pop("session_id", None)
-    if session_id is not None and not isinstance(session_id, str | int):
-        raise RequestError("`session_id` must be a string.", param="session_id")
-    session = str(session_id) if session_id is not None else header_session_id
-    if session is not None and (len(session) > 256 or not session.isprintable()):
-        raise RequestError("`session_id` must be printable and at most 256 characters.",
-                           param="session_id")
 
-    # The mode owns scheduling order; a client-chosen priority would let anyone jump the line.
-    body["priority"] = STREAM_PRIORITY if (prioritize_streams and stream) else (
-        DEFAULT_PRIORITY if prioritize_streams else 0
-    )
-    return PreparedRequest(body=body, stream=stream, session_id=session)
+def resolve_session(body: dict[str, Any], headers: SessionHeaders) -> str | None:
+    """The session vLLM 0.33 will use (body `session_id`, else `X-Session-ID`), or the
+    project's header, which is written into the body so that vLLM sees it too."""
+    from_body = body.get("session_id")
+    if from_body is not None and not isinstance(from_body, str):
+        raise RequestError("`session_id` must be a string.", param="session_id")
+    if from_body:
+        session = from_body  # vLLM's `if request.session_id:`: an empty one falls through
+    elif headers.vllm:
+        session = headers.vllm
+    elif headers.project:
+        session = body["session_id"] = headers.project
+    else:
+        return None
+    # It is echoed in a response header: keep it to one printable, bounded line.
+    if len(session) > _MAX_SESSION_CHARS or not session.isprintable():
+        raise RequestError(
+            f"`session_id` must be printable and at most {_MAX_SESSION_CHARS} characters.",
+            param="session_id",
+        )
+    return session

@@ -15,6 +15,8 @@ class FakeEngine:
 
     def __init__(self) -> None:
         self.bodies: list[dict[str, Any]] = []
+        self.headers: list[list[tuple[bytes, bytes]]] = []  # each request's, as the app saw them
+        self.paths: list[str] = []
         self.release = asyncio.Event()
         self.release.set()
         self.events = 6
@@ -23,6 +25,8 @@ class FakeEngine:
     async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             return
+        self.paths.append(scope["path"])
+        self.headers.append(list(scope.get("headers", ())))
         if scope["path"] == "/health":
             await send({"type": "http.response.start", "status": 200, "headers": []})
             await send({"type": "http.response.body", "body": b""})

@@ -5,14 +5,14 @@ import json
 import pytest
 
 from autoglm_runtime.requests import (
-    CHAT_PATH,
-    COMPLETIONS_PATH,
     RequestError,
     RequestRules,
+    SessionHeaders,
     error_body,
     parse_json_object,
     prepare,
 )
+from autoglm_runtime.routes import CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH
 
 RULES = RequestRules("autoglm-phone-9b", 2048, 512, 32)
 
@@ -34,8 +34,16 @@ def test_langchain_extra_body_maps_onto_vllm() -> None:
                                    session_id="abc"), RULES, True)
     assert body.body["chat_template_kwargs"] == {"enable_thinking": True}
     assert body.body["include_reasoning"] is True
-    assert "enable_thinking" not in body.body and "session_id" not in body.body
+    assert "enable_thinking" not in body.body and "return_reasoning" not in body.body
+    assert body.body["session_id"] == "abc"  # vLLM 0.33 reads it from the body
     assert body.session_id == "abc"
+
+
+def test_completions_drop_the_chat_only_switches() -> None:
+    """vLLM's CompletionRequest has no chat_template_kwargs nor include_reasoning."""
+    body = prepare(COMPLETIONS_PATH, {"prompt": "hi", "enable_thinking": True,
+                                      "return_reasoning": False}, RULES, True).body
+    assert set(body) == {"prompt", "max_tokens", "priority"}
 
 
 def test_explicit_chat_template_kwargs_win() -> None:
@@ -49,8 +57,30 @@ def test_max_completion_tokens_means_no_default() -> None:
     assert "max_tokens" not in body
 
 
-def test_header_session_id() -> None:
-    assert prepare(CHAT_PATH, chat(), RULES, True, "s-1").session_id == "s-1"
+@pytest.mark.parametrize("body, headers, session, in_body", [
+    # vLLM 0.33: body `session_id` first, then `X-Session-ID`; the project's header after both.
+    (chat(session_id="b"), SessionHeaders("v", "p"), "b", "b"),
+    (chat(), SessionHeaders("v", "p"), "v", None),
+    (chat(session_id=""), SessionHeaders("v", None), "v", ""),
+    (chat(), SessionHeaders(None, "p"), "p", "p"),
+    (chat(session_id=""), SessionHeaders(None, "p"), "p", "p"),
+    (chat(), SessionHeaders(), None, None),
+])
+def test_session_id_order(body: dict[str, object], headers: SessionHeaders,
+                          session: str | None, in_body: str | None) -> None:
+    prepared = prepare(CHAT_PATH, body, RULES, True, headers)
+    assert prepared.session_id == session
+    assert prepared.body.get("session_id") == in_body
+
+
+def test_responses_get_the_mode_priority_and_refuse_background() -> None:
+    body = {"input": "hi", "stream": True, "priority": -100, "session_id": "s"}
+    prepared = prepare(RESPONSES_PATH, body, RULES, True)
+    assert prepared.body == {"input": "hi", "stream": True, "priority": 0, "session_id": "s"}
+    assert prepare(RESPONSES_PATH, {"input": "hi"}, RULES, True).priority == 1
+    with pytest.raises(RequestError) as err:
+        prepare(RESPONSES_PATH, {"input": "hi", "background": True}, RULES, True)
+    assert err.value.param == "background"
 
 
 @pytest.mark.parametrize("body, param", [
@@ -67,6 +97,8 @@ def test_header_session_id() -> None:
     ({"messages": [{"role": "user", "content": "x" * (2048 * 32 + 1)}]}, "messages"),
     (chat(enable_thinking="on"), "enable_thinking"),
     (chat(session_id=["a"]), "session_id"),
+    (chat(session_id=7), "session_id"),  # vLLM's field is a string; pydantic refuses an int
+    (chat(session_id="a\nb"), "session_id"),
 ])
 def test_bad_chat_requests(body: dict[str, object], param: str) -> None:
     with pytest.raises(RequestError) as err:
