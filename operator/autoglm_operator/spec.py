@@ -13,7 +13,12 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field
 from pydantic.json_schema import JsonDict
 
-from autoglm_runtime.engine_args import DEFAULT_SERVED_MODEL_NAME, MANAGED_FLAGS
+from autoglm_runtime.engine_args import (
+    API_KEY_FLAG_MESSAGE,
+    API_KEY_FLAG_PATTERN,
+    DEFAULT_SERVED_MODEL_NAME,
+    MANAGED_FLAGS,
+)
 from autoglm_runtime.profiles import CamelModel, Mode, ModeProfiles
 
 GROUP = "autoglm.io"
@@ -149,7 +154,11 @@ class EngineOptions(CamelModel):
                     "engine.extraArgs may not set a flag the operator manages ("
                     + ", ".join(MANAGED_FLAGS)
                     + "): use the matching spec field",
-                )
+                ),
+                _cel(
+                    "self.all(a, !a.matches('^" + API_KEY_FLAG_PATTERN + "$'))",
+                    "engine.extraArgs: " + API_KEY_FLAG_MESSAGE,
+                ),
             ]
         },
     )

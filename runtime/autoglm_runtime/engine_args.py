@@ -6,6 +6,8 @@ agree on every flag. Flag names are checked against the pinned vLLM's source in 
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import Field
@@ -36,6 +38,16 @@ MANAGED_FLAGS = (
     "--reasoning-parser",
     "--max-num-batched-tokens",
     "--stream-interval",
+)
+
+# `--api-key` as vLLM's parser reads it: `_` for `-`, and any unique prefix (`--api-k`). The key
+# comes from a Secret (apiKeySecretRef, which the operator passes as VLLM_API_KEY): the mode
+# middleware checks only that variable before admission, and a key in the spec or the argv is
+# readable by anyone who can read the resource or the pod.
+API_KEY_FLAG_PATTERN = "--api[-_]k(e|ey)?(=.*)?"
+API_KEY_FLAG_MESSAGE = (
+    "the API key may not be given as --api-key: put it in a Secret and name it in "
+    "apiKeySecretRef (the runtime reads it from VLLM_API_KEY)"
 )
 
 
@@ -88,6 +100,12 @@ def build_vllm_argv(settings: EngineSettings) -> list[str]:
         argv += ["--stream-interval", str(settings.stream_interval)]
     argv += list(settings.extra_args)
     return argv
+
+
+def api_key_flags(argv: Sequence[str]) -> list[str]:
+    """The flags (names only, never a value) that would pass the API key on the command line,
+    where the middleware cannot see it."""
+    return [arg.split("=", 1)[0] for arg in argv if re.fullmatch(API_KEY_FLAG_PATTERN, arg)]
 
 
 def overridden_managed_flags(extra_args: tuple[str, ...] | list[str]) -> list[str]:

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 from autoglm_runtime.config import ConfigError, RuntimeSettings, load_runtime_config
-from autoglm_runtime.engine_args import build_vllm_argv
+from autoglm_runtime.engine_args import API_KEY_FLAG_MESSAGE, api_key_flags, build_vllm_argv
 from autoglm_runtime.profiles import DRAIN_PATH, MODE_PATH
 
 log = logging.getLogger("autoglm_runtime.launcher")
@@ -55,14 +55,19 @@ def vllm_command() -> list[str]:
 def serve_argv(settings: RuntimeSettings, passthrough: Sequence[str]) -> list[str]:
     """The args after `vllm serve`: given ones verbatim, else built from the config."""
     if passthrough:
-        return list(passthrough)
-    config = load_runtime_config(settings)
-    if config.engine is None:
-        raise ConfigError(
-            f"no model to serve: set AUTOGLM_MODEL, put an `engine` object in "
-            f"{settings.config_file}, or pass vLLM args after `--`"
-        )
-    return build_vllm_argv(config.engine)
+        argv = list(passthrough)
+    else:
+        config = load_runtime_config(settings)
+        if config.engine is None:
+            raise ConfigError(
+                f"no model to serve: set AUTOGLM_MODEL, put an `engine` object in "
+                f"{settings.config_file}, or pass vLLM args after `--`"
+            )
+        argv = build_vllm_argv(config.engine)
+    if flags := api_key_flags(argv):
+        # vLLM would check such a key only after the middleware had admitted the request.
+        raise ConfigError(f"{API_KEY_FLAG_MESSAGE}; got {', '.join(flags)}")
+    return argv
 
 
 def port_of(argv: Sequence[str], default: int = 8000) -> int:

@@ -33,6 +33,26 @@ def test_no_model_is_a_clear_error(tmp_path: Path) -> None:
         launcher.serve_argv(settings(tmp_path), [])
 
 
+@pytest.mark.parametrize("key_args", [
+    ["--api-key", "s3cret"], ["--api-key=s3cret"], ["--api_key=s3cret"], ["--api-ke", "s3cret"],
+    ["--api-k=s3cret"],  # vLLM's parser takes `_` for `-` and unique prefixes
+])
+def test_an_api_key_on_the_command_line_is_refused(tmp_path: Path, key_args: list[str]) -> None:
+    """The middleware checks the key before admission and knows only VLLM_API_KEY."""
+    with pytest.raises(ConfigError, match="apiKeySecretRef") as err:
+        launcher.serve_argv(settings(tmp_path), ["m", *key_args])
+    assert "s3cret" not in str(err.value)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"engine": {"model": "/m", "extraArgs": key_args}}))
+    with pytest.raises(ConfigError, match="VLLM_API_KEY"):
+        launcher.serve_argv(RuntimeSettings(config_file=config, labels_file=tmp_path / "x"), [])
+
+
+def test_flags_that_only_look_like_the_key_pass(tmp_path: Path) -> None:
+    argv = ["m", "--api-server-count", "1", "--chat-template-kwargs", "{}"]
+    assert launcher.serve_argv(settings(tmp_path), argv) == argv
+
+
 @pytest.mark.parametrize("argv, port", [
     (["--port", "9000"], 9000), (["--port=9001"], 9001), (["--port", "x"], 8000), ([], 8000)])
 def test_port_of(argv: list[str], port: int) -> None:
