@@ -199,3 +199,17 @@ def test_a_client_that_leaves_aborts_its_request(sim_server: SimProcess) -> None
     while aborted() == before:
         assert time.monotonic() < deadline, "the engine kept generating for nobody"
         time.sleep(0.05)
+
+
+def test_an_api_key_is_checked_before_admission(start_sim: Any) -> None:
+    """VLLM_API_KEY (the operator's apiKeySecretRef) guards the API as vLLM does, in front."""
+    sim = start_sim("--time-factor", "0.05", env={"VLLM_API_KEY": "client-key"})
+    keyless = openai.OpenAI(base_url=sim.base_url + "/v1", api_key="EMPTY", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        keyless.chat.completions.create(model=MODEL, messages=screenshot_message(), max_tokens=4)
+    keyed = openai.OpenAI(base_url=sim.base_url + "/v1", api_key="client-key", max_retries=0)
+    reply = keyed.chat.completions.create(model=MODEL, messages=screenshot_message(), max_tokens=4)
+    assert reply.choices[0].message.content
+    metrics = httpx.get(sim.base_url + "/metrics").text
+    assert 'autoglm_requests_rejected_total{reason="unauthorized"} 1.0' in metrics
+    assert "autoglm_requests_admitted_total 1.0" in metrics
