@@ -251,9 +251,9 @@ class ModeMiddleware:
     def _release(self, ticket: Ticket) -> None:
         self.controller.release(ticket)
 
-    async def _acquire(self, priority: int, watch: Receive | None) -> Ticket | None:
+    async def _acquire(self, priority: int, watch: Receive) -> Ticket | None:
         """Admission; while queued, a client that disconnects gives up its place (None)."""
-        if watch is None or self.controller.has_free_slot():
+        if self.controller.has_free_slot():
             return await self.controller.acquire(priority)
         acquiring = asyncio.ensure_future(self.controller.acquire(priority))
         watching = asyncio.ensure_future(watch())
