@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from asgi_kit import FakeEngine, MakeClient
 
+from autoglm_runtime.routes import ADMITTED_PATHS, REFUSED_PREFIXES, REFUSED_ROUTES
+
 README = Path(__file__).resolve().parents[3] / "runtime" / "README.md"
 _ROW = re.compile(r"^\| `(?P<method>[A-Z]+) (?P<path>/[^`]*)` \| (?P<action>[a-z ]+) \|")
 KEY = "client-key"
@@ -38,6 +40,14 @@ def sample(middleware: Any, name: str, labels: dict[str, str] | None = None) -> 
 
 def header_names(engine: FakeEngine) -> set[bytes]:
     return {name.lower() for name, _ in engine.headers[-1]}
+
+
+def test_the_table_lists_every_admitted_and_refused_route() -> None:
+    rows = {(path, action) for _, path, action in route_table()}
+    assert {(path, "admitted") for path in ADMITTED_PATHS} <= rows
+    assert {(path, "refused") for path in REFUSED_ROUTES} <= rows
+    refused_paths = {path for path, action in rows if action == "refused"}
+    assert all(any(p.startswith(prefix) for p in refused_paths) for prefix in REFUSED_PREFIXES)
 
 
 @pytest.mark.parametrize("method, path, action", route_table())
