@@ -480,7 +480,7 @@ REALISTIC_SCHEDULING: dict[str, Any] = {
         {"key": "dedicated", "operator": "Equal", "value": "inference", "effect": "NoSchedule"},
         {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
          "tolerationSeconds": 300},
-        {"key": "spot", "value": ""},  # operator left out: Equal
+        {"key": "spot", "value": "true"},  # operator left out: Equal
         {"operator": "Exists"},  # no key: tolerates every taint
     ],
     "affinity": {
@@ -536,6 +536,38 @@ def test_realistic_scheduling_is_accepted_and_so_is_its_deployment(
     # after the operator's own toleration of the GPU taint
     assert pod_spec["tolerations"][1:] == REALISTIC_SCHEDULING["tolerations"]
     assert pod_spec["affinity"] == REALISTIC_SCHEDULING["affinity"]
+
+
+# Scheduling the CRD refuses although a Deployment carrying it is accepted, each with the reason.
+STRICTER_THAN_A_DEPLOYMENT = {
+    "tolerations-too-many": "a bound, so the apiserver can bound the CEL rules' cost",
+    "node-affinity-lt-not-a-number": "the scheduler cannot compare it: the pods never schedule",
+    "pod-affinity-match-label-key-in-selector":
+        "refused when the ReplicaSet creates a pod, once the key is merged into the selector",
+}  # fmt: skip
+SCHEDULING_CASES = [
+    c
+    for c in INVALID
+    if c[0].startswith(("toleration-", "tolerations-too", "node-affinity", "pod-a", "affinity-f"))
+]
+
+
+@pytest.mark.parametrize(
+    "spec", [c[1] for c in SCHEDULING_CASES], ids=[c[0] for c in SCHEDULING_CASES]
+)
+def test_refused_scheduling_is_what_kubernetes_refuses(
+    cluster: LocalCluster, namespace: str, spec: dict[str, Any], request: pytest.FixtureRequest
+) -> None:
+    """The scheduling rules are Kubernetes' own: the Deployment the operator would build from
+    each refused spec is refused by the apiserver too, but for the few listed stricter ones."""
+    case = request.node.callspec.id
+    owner = builders.Owner("refused", namespace, "0000")
+    deployment = builders.deployment(owner, AutoGLMDeploymentSpec.model_validate(spec))
+    result = cluster.kubectl(
+        "create", "--dry-run=server", "-n", namespace, "-f", "-",
+        input=json.dumps(deployment), check=False,
+    )  # fmt: skip
+    assert (result.returncode == 0) == (case in STRICTER_THAN_A_DEPLOYMENT), result.stderr
 
 
 def test_at_least_fifty_invalid_cases() -> None:
