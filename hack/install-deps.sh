@@ -11,5 +11,13 @@ echo "[deps] installing ${need[*]} from Debian ..." >&2
 sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
 $sudo apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-# The package's service is not wanted: tests start their own Prometheus on loopback.
-pkill -x prometheus 2>/dev/null || true
+# Installing Debian's prometheus starts and enables its service, which is not wanted: tests
+# start their own Prometheus on loopback. Stop and disable only that service, and only when this
+# run installed it; a Prometheus that was already there is the user's and is left alone.
+case " ${need[*]} " in
+  *" prometheus "*)
+    $sudo invoke-rc.d prometheus stop || echo "[deps] could not stop the prometheus service" >&2
+    $sudo update-rc.d prometheus disable ||
+      echo "[deps] could not disable the prometheus service" >&2
+    ;;
+esac

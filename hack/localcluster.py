@@ -478,8 +478,8 @@ def _up(args: argparse.Namespace) -> None:
     except BaseException:
         cluster.stop()
         raise
-    pids = {name: proc.pid for name, proc in cluster.processes.items()}
-    (STATE_DIR / "pids.json").write_text(json.dumps(pids))
+    started = {name: process_identity(proc.pid) for name, proc in cluster.processes.items()}
+    (STATE_DIR / "pids.json").write_text(json.dumps(started))
     print(f"export KUBECONFIG={cluster.kubeconfig}")
     print(f"export PATH={cluster.bin_dir}:$PATH")
 
@@ -489,26 +489,64 @@ def _down(_: argparse.Namespace) -> None:
     if not pids_file.exists():
         log("no cluster is up")
         return
-    pids: dict[str, int] = json.loads(pids_file.read_text())
-    for name, pid in reversed(list(pids.items())):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
-            log(f"stopped {name}")
+    recorded: dict[str, Any] = json.loads(pids_file.read_text())
+    ours = {name: entry for name, entry in recorded.items() if _still_ours(name, entry)}
+    for name, entry in reversed(list(ours.items())):
+        _signal_group(entry, signal.SIGTERM)
+        log(f"stopped {name}")
     deadline = time.monotonic() + 15
-    for pid in pids.values():
-        while time.monotonic() < deadline and _alive(pid):
+    for entry in ours.values():
+        while time.monotonic() < deadline and _is_running(entry):
             time.sleep(0.1)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
+        _signal_group(entry, signal.SIGKILL)
     shutil.rmtree(STATE_DIR, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
+# -- which process a PID is: a PID read from disk may since have been reused --------------------
+
+
+def process_identity(pid: int) -> dict[str, Any] | None:
+    """The PID with what tells this process from a later one under the same PID: its start time
+    (clock ticks after boot, /proc/<pid>/stat field 22) and its command line. None when gone."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces: split after it.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] == "Z":  # exited, not yet reaped: nothing left to stop
+        return None
+    return {
+        "pid": pid,
+        "startTime": int(fields[22 - 3]),
+        "cmdline": cmdline.decode(errors="replace").split("\0")[:-1],
+    }
+
+
+def _is_running(entry: dict[str, Any]) -> bool:
+    return process_identity(entry["pid"]) == entry
+
+
+def _still_ours(name: str, entry: Any) -> bool:
+    if not isinstance(entry, dict) or not {"pid", "startTime", "cmdline"} <= entry.keys():
+        log(f"not stopping {name}: the state file records no identity for it ({entry!r})")
         return False
-    return True
+    if _is_running(entry):
+        return True
+    now = process_identity(entry["pid"])
+    if now is None:
+        log(f"{name} (pid {entry['pid']}) has already exited")
+    else:
+        log(f"not stopping pid {entry['pid']}: it is no longer the {name} `up` started")
+    return False
+
+
+def _signal_group(entry: dict[str, Any], signum: int) -> None:
+    """Signal the process group `up` started, checking the leader is still that process."""
+    if _is_running(entry):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(entry["pid"], signum)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -33,11 +33,11 @@ TEMPLATE_HASH_ANNOTATION = "autoglm.io/template-hash"
 
 CONTAINER_NAME = "runtime"
 HTTP_PORT = 8000
-CONFIG_DIR = "/etc/autoglm"
+CONFIG_DIR = crd.CONFIG_MOUNT_PATH
 CONFIG_KEY = "config.json"
-ADMIN_DIR = "/etc/autoglm/admin"
+ADMIN_DIR = crd.ADMIN_MOUNT_PATH
 ADMIN_TOKEN_KEY = "token"
-PODINFO_DIR = "/etc/podinfo"
+PODINFO_DIR = crd.PODINFO_MOUNT_PATH
 DEFAULT_MAX_TOKENS = 512
 # After the drain call: time for endpoint controllers to drop the pod before SIGTERM arrives.
 PRESTOP_SLEEP_SECONDS = 5
@@ -294,7 +294,7 @@ def _container(spec: crd.AutoGLMDeploymentSpec, mode: Mode | None) -> dict[str, 
         "env": _env(spec),
         "resources": _resources(spec),
         "volumeMounts": [
-            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "dshm", "mountPath": crd.SHM_MOUNT_PATH},
             {"name": "model", "mountPath": spec.model.mount_path}
             | ({"readOnly": True} if model_read_only else {}),
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},

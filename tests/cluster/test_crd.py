@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from autoglm_operator import builders
 from autoglm_operator.spec import AutoGLMDeploymentSpec
 from localcluster import LocalCluster
 
@@ -38,6 +39,17 @@ def _with(base: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
         node = node.setdefault(key, {})
     node[keys[-1]] = value
     return result
+
+
+def _node_terms(terms: list[dict[str, Any]]) -> dict[str, Any]:
+    """An affinity whose required node affinity has these terms."""
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": terms}}}  # fmt: skip
+
+
+def _pod_terms(term: dict[str, Any]) -> dict[str, Any]:
+    """An affinity whose required pod affinity has this one term."""
+    return {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
 
 
 VALID = {"replicas": 2, "adaptive": {"prometheus": {"url": "http://prom:9090"}}}
@@ -231,6 +243,140 @@ INVALID: list[tuple[str, Any, str]] = [
      "spec.apiKeySecretRef.name in body should match"),
     ("secret-ref-key-with-a-space", _with(VALID, "apiKeySecretRef", {"name": "k", "key": "a b"}),
      "spec.apiKeySecretRef.key in body should match"),
+    # model.mountPath: not /, not a system directory, clear of the runtime's own mounts
+    ("mount-path-root", _with(VALID, "model.mountPath", "/"),
+     "model.mountPath must be an absolute path other than '/'"),
+    ("mount-path-trailing-slash", _with(VALID, "model.mountPath", "/models/"),
+     "model.mountPath must be an absolute path other than '/'"),
+    ("mount-path-dot-dot", _with(VALID, "model.mountPath", "/models/../etc"),
+     "model.mountPath must be an absolute path other than '/'"),
+    ("mount-path-system-dir", _with(VALID, "model.mountPath", "/usr"),
+     "model.mountPath may not be or lie inside a system directory"),
+    ("mount-path-inside-a-system-dir", _with(VALID, "model.mountPath", "/var/lib/models"),
+     "model.mountPath may not be or lie inside a system directory"),
+    ("mount-path-the-config-dir", _with(VALID, "model.mountPath", "/etc/autoglm"),
+     "model.mountPath may not be, contain or lie inside a path the runtime mounts"),
+    ("mount-path-inside-the-admin-token", _with(VALID, "model.mountPath", "/etc/autoglm/admin/w"),
+     "model.mountPath may not be, contain or lie inside a path the runtime mounts"),
+    ("mount-path-above-podinfo", _with(VALID, "model.mountPath", "/etc"),
+     "model.mountPath may not be, contain or lie inside a path the runtime mounts"),
+    ("mount-path-shared-memory", _with(VALID, "model.mountPath", "/dev/shm"),
+     "model.mountPath may not be, contain or lie inside a path the runtime mounts"),
+    # scheduling.tolerations: core/v1 Toleration and the pod validator's rules
+    ("toleration-effect-unknown", _with(VALID, "scheduling.tolerations", [
+        {"key": "gpu", "operator": "Exists", "effect": "Explode"}]),
+     'spec.scheduling.tolerations[0].effect: Unsupported value: "Explode"'),
+    ("toleration-operator-unknown", _with(VALID, "scheduling.tolerations", [
+        {"key": "gpu", "operator": "Like", "value": "a"}]),
+     'spec.scheduling.tolerations[0].operator: Unsupported value: "Like"'),
+    ("toleration-exists-with-a-value", _with(VALID, "scheduling.tolerations", [
+        {"key": "gpu", "operator": "Exists", "value": "a100"}]),
+     "scheduling.tolerations: value must be empty when operator is Exists"),
+    ("toleration-no-key-with-equal", _with(VALID, "scheduling.tolerations", [
+        {"operator": "Equal", "value": "x"}]),
+     "scheduling.tolerations: a toleration without a key must have operator Exists"),
+    ("toleration-seconds-without-no-execute", _with(VALID, "scheduling.tolerations", [
+        {"key": "gpu", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 30}]),
+     "scheduling.tolerations: tolerationSeconds needs effect NoExecute"),
+    ("toleration-key-not-a-label-key", _with(VALID, "scheduling.tolerations", [
+        {"key": "gpu type", "operator": "Exists"}]),
+     "spec.scheduling.tolerations[0].key in body should match"),
+    ("toleration-key-prefix-too-long", _with(VALID, "scheduling.tolerations", [
+        {"key": "a" * 254 + "/gpu", "operator": "Exists"}]),
+     "scheduling.tolerations: a label key's prefix (before '/') is at most 253 characters"),
+    ("toleration-value-not-a-label-value", _with(VALID, "scheduling.tolerations", [
+        {"key": "gpu", "operator": "Equal", "value": "a100 80g"}]),
+     "spec.scheduling.tolerations[0].value in body should match"),
+    ("toleration-field-misspelt", _with(VALID, "scheduling.tolerations", [
+        {"key": "gpu", "operator": "Exists", "efect": "NoSchedule"}]),
+     'unknown field "spec.scheduling.tolerations[0].efect"'),
+    ("tolerations-too-many", _with(VALID, "scheduling.tolerations", [
+        {"key": f"k{i}", "operator": "Exists"} for i in range(65)]),
+     "spec.scheduling.tolerations: Too many"),
+    # scheduling.affinity: core/v1 Affinity and the pod validator's rules
+    ("affinity-field-misspelt", _with(VALID, "scheduling.affinity", {"nodeAfinity": {}}),
+     'unknown field "spec.scheduling.affinity.nodeAfinity"'),
+    ("node-affinity-no-terms", _with(VALID, "scheduling.affinity", _node_terms([])),
+     "nodeSelectorTerms: Invalid value: 0: "
+     "spec.scheduling.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+     ".nodeSelectorTerms in body should have at least 1 items"),
+    ("node-affinity-operator-unknown", _with(VALID, "scheduling.affinity", _node_terms([
+        {"matchExpressions": [{"key": "zone", "operator": "Like", "values": ["a"]}]}])),
+     'Unsupported value: "Like"'),
+    ("node-affinity-in-without-values", _with(VALID, "scheduling.affinity", _node_terms([
+        {"matchExpressions": [{"key": "zone", "operator": "In"}]}])),
+     "scheduling.affinity: a node selector requirement with operator In or NotIn needs values"),
+    ("node-affinity-exists-with-values", _with(VALID, "scheduling.affinity", _node_terms([
+        {"matchExpressions": [{"key": "zone", "operator": "Exists", "values": ["a"]}]}])),
+     "scheduling.affinity: a node selector requirement with operator Exists or DoesNotExist "
+     "takes no values"),
+    ("node-affinity-gt-two-values", _with(VALID, "scheduling.affinity", _node_terms([
+        {"matchExpressions": [{"key": "gpus", "operator": "Gt", "values": ["1", "2"]}]}])),
+     "needs exactly one integer value"),
+    ("node-affinity-lt-not-a-number", _with(VALID, "scheduling.affinity", _node_terms([
+        {"matchExpressions": [{"key": "gpus", "operator": "Lt", "values": ["eight"]}]}])),
+     "needs exactly one integer value"),
+    ("node-affinity-value-not-a-label-value", _with(VALID, "scheduling.affinity", _node_terms([
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["eu west"]}]}])),
+     ".matchExpressions[0].values[0] in body should match"),
+    ("node-affinity-key-missing", _with(VALID, "scheduling.affinity", _node_terms([
+        {"matchExpressions": [{"operator": "Exists"}]}])),
+     ".matchExpressions[0].key: Required value"),
+    ("node-affinity-match-field-label", _with(VALID, "scheduling.affinity", _node_terms([
+        {"matchFields": [{"key": "metadata.labels", "operator": "In", "values": ["a"]}]}])),
+     "scheduling.affinity: matchFields can only select on the key metadata.name"),
+    ("node-affinity-match-field-two-nodes", _with(VALID, "scheduling.affinity", _node_terms([
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1", "n2"]}]}])),
+     "scheduling.affinity: matchFields needs operator In or NotIn with exactly one node name"),
+    ("node-affinity-weight-zero", _with(VALID, "scheduling.affinity", {"nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 0, "preference": {}}]}}),
+     ".weight in body should be greater than or equal to 1"),
+    ("pod-anti-affinity-weight-over-100", _with(VALID, "scheduling.affinity", {
+        "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 101, "podAffinityTerm": {"topologyKey": "zone"}}]}}),
+     ".weight in body should be less than or equal to 100"),
+    ("pod-affinity-without-topology-key", _with(VALID, "scheduling.affinity", _pod_terms(
+        {"labelSelector": {"matchLabels": {"app": "cache"}}})),
+     ".topologyKey: Required value"),
+    ("pod-affinity-topology-key-empty", _with(VALID, "scheduling.affinity", _pod_terms(
+        {"topologyKey": ""})),
+     ".topologyKey in body should match"),
+    ("pod-affinity-selector-exists-with-values", _with(VALID, "scheduling.affinity", _pod_terms(
+        {"topologyKey": "zone", "labelSelector": {"matchExpressions": [
+            {"key": "app", "operator": "DoesNotExist", "values": ["x"]}]}})),
+     "scheduling.affinity: a label selector requirement with operator Exists or DoesNotExist "
+     "takes no values"),
+    ("pod-affinity-selector-in-without-values", _with(VALID, "scheduling.affinity", _pod_terms(
+        {"topologyKey": "zone", "labelSelector": {"matchExpressions": [
+            {"key": "app", "operator": "NotIn"}]}})),
+     "scheduling.affinity: a label selector requirement with operator In or NotIn needs values"),
+    ("pod-affinity-selector-operator-gt", _with(VALID, "scheduling.affinity", _pod_terms(
+        {"topologyKey": "zone", "labelSelector": {"matchExpressions": [
+            {"key": "app", "operator": "Gt", "values": ["1"]}]}})),
+     'Unsupported value: "Gt"'),
+    ("pod-affinity-match-labels-bad-key", _with(VALID, "scheduling.affinity", _pod_terms(
+        {"topologyKey": "zone", "labelSelector": {"matchLabels": {"app name": "cache"}}})),
+     "scheduling.affinity: every matchLabels key must be a label key"),
+    ("pod-affinity-match-labels-bad-value", _with(VALID, "scheduling.affinity", _pod_terms(
+        {"topologyKey": "zone", "labelSelector": {"matchLabels": {"app": "-cache"}}})),
+     ".labelSelector.matchLabels.app in body should match"),
+    ("pod-affinity-namespace-not-a-dns-label", _with(VALID, "scheduling.affinity", _pod_terms(
+        {"topologyKey": "zone", "namespaces": ["Team_A"]})),
+     ".namespaces[0] in body should match"),
+    ("pod-affinity-match-label-keys-without-selector", _with(
+        VALID, "scheduling.affinity", _pod_terms({"topologyKey": "zone",
+                                                  "matchLabelKeys": ["pod-template-hash"]})),
+     "scheduling.affinity: matchLabelKeys needs labelSelector"),
+    ("pod-affinity-key-matched-and-mismatched", _with(
+        VALID, "scheduling.affinity", _pod_terms({
+            "topologyKey": "zone", "labelSelector": {}, "matchLabelKeys": ["tenant"],
+            "mismatchLabelKeys": ["tenant"]})),
+     "scheduling.affinity: a key may not be in both matchLabelKeys and mismatchLabelKeys"),
+    ("pod-affinity-match-label-key-in-selector", _with(
+        VALID, "scheduling.affinity", _pod_terms({
+            "topologyKey": "zone", "labelSelector": {"matchLabels": {"tenant": "a"}},
+            "matchLabelKeys": ["tenant"]})),
+     "scheduling.affinity: a key in matchLabelKeys may not also be in labelSelector"),
 ]  # fmt: skip
 
 # Names the CRD's schema allows but the children cannot have: the Services are named
@@ -334,6 +480,103 @@ def test_values_next_to_the_rules_are_accepted(
     stored = cluster.get_json("agd", "edges", "-n", namespace)["spec"]
     assert stored["resources"]["requests"]["example.com/fpga"] == 1
     assert stored["engine"]["reasoningParser"] == ""
+
+
+# Scheduling a GPU fleet really uses, next to the rules: a keyless Exists toleration, Gt with an
+# integer, matchFields on a node name, an empty namespaceSelector, matchLabelKeys.
+REALISTIC_SCHEDULING: dict[str, Any] = {
+    "tolerations": [
+        {"key": "dedicated", "operator": "Equal", "value": "inference", "effect": "NoSchedule"},
+        {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
+         "tolerationSeconds": 300},
+        {"key": "spot", "value": "true"},  # operator left out: Equal
+        {"operator": "Exists"},  # no key: tolerates every taint
+    ],
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [
+                    {"key": "nvidia.com/gpu.product", "operator": "In",
+                     "values": ["NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3"]},
+                    {"key": "nvidia.com/gpu.count", "operator": "Gt", "values": ["1"]},
+                    {"key": "node-role.kubernetes.io/control-plane", "operator": "DoesNotExist"},
+                ]},
+                {"matchFields": [{"key": "metadata.name", "operator": "In",
+                                  "values": ["gpu-node-0.eu-west-1"]}]},
+            ]},
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 100, "preference": {"matchExpressions": [
+                    {"key": "topology.kubernetes.io/zone", "operator": "In",
+                     "values": ["eu-west-1a"]}]}},
+            ],
+        },
+        "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchExpressions": [
+                {"key": "app", "operator": "In", "values": ["kv-cache"]}]},
+             "namespaceSelector": {}, "namespaces": ["cache-system"],
+             "topologyKey": "topology.kubernetes.io/zone"},
+        ]},
+        "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 50, "podAffinityTerm": {
+                "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": "scheduled"}},
+                "matchLabelKeys": ["pod-template-hash"],
+                "topologyKey": "kubernetes.io/hostname"}},
+        ]},
+    },
+}  # fmt: skip
+
+
+def test_realistic_scheduling_is_accepted_and_so_is_its_deployment(
+    cluster: LocalCluster, crd: str, namespace: str
+) -> None:
+    """What the rules let through is stored whole (no field pruned) and the Deployment the
+    operator builds from it passes the apiserver's own pod template validation."""
+    cluster.apply(_object("scheduled", {**VALID, "scheduling": REALISTIC_SCHEDULING}), namespace)
+    stored = cluster.get_json("agd", "scheduled", "-n", namespace)
+    assert stored["spec"]["scheduling"] == REALISTIC_SCHEDULING
+    owner = builders.Owner("scheduled", namespace, stored["metadata"]["uid"])
+    deployment = builders.deployment(owner, AutoGLMDeploymentSpec.model_validate(stored["spec"]))
+    result = cluster.kubectl(
+        "create", "--dry-run=server", "-o", "json", "-n", namespace, "-f", "-",
+        input=json.dumps(deployment), check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    pod_spec = json.loads(result.stdout)["spec"]["template"]["spec"]
+    # after the operator's own toleration of the GPU taint
+    assert pod_spec["tolerations"][1:] == REALISTIC_SCHEDULING["tolerations"]
+    assert pod_spec["affinity"] == REALISTIC_SCHEDULING["affinity"]
+
+
+# Scheduling the CRD refuses although a Deployment carrying it is accepted, each with the reason.
+STRICTER_THAN_A_DEPLOYMENT = {
+    "tolerations-too-many": "a bound, so the apiserver can bound the CEL rules' cost",
+    "node-affinity-lt-not-a-number": "the scheduler cannot compare it: the pods never schedule",
+    "pod-affinity-match-label-key-in-selector":
+        "refused when the ReplicaSet creates a pod, once the key is merged into the selector",
+}  # fmt: skip
+SCHEDULING_CASES = [
+    c
+    for c in INVALID
+    if c[0].startswith(("toleration-", "tolerations-too", "node-affinity", "pod-a", "affinity-f"))
+]
+
+
+@pytest.mark.parametrize(
+    "spec", [c[1] for c in SCHEDULING_CASES], ids=[c[0] for c in SCHEDULING_CASES]
+)
+def test_refused_scheduling_is_what_kubernetes_refuses(
+    cluster: LocalCluster, namespace: str, spec: dict[str, Any], request: pytest.FixtureRequest
+) -> None:
+    """The scheduling rules are Kubernetes' own: the Deployment the operator would build from
+    each refused spec is refused by the apiserver too, but for the few listed stricter ones."""
+    case = request.node.callspec.id
+    owner = builders.Owner("refused", namespace, "0000")
+    deployment = builders.deployment(owner, AutoGLMDeploymentSpec.model_validate(spec))
+    result = cluster.kubectl(
+        "create", "--dry-run=server", "-n", namespace, "-f", "-",
+        input=json.dumps(deployment), check=False,
+    )  # fmt: skip
+    assert (result.returncode == 0) == (case in STRICTER_THAN_A_DEPLOYMENT), result.stderr
 
 
 def test_at_least_fifty_invalid_cases() -> None:

@@ -151,6 +151,39 @@ def test_insufficient_gpu_is_reported_and_heals_when_a_node_is_added(
             cluster.delete_node(node)
 
 
+def test_tolerations_and_affinity_reach_the_deployment_and_its_pods(
+    cluster: LocalCluster, namespace: str, operator: Operator
+) -> None:
+    scheduling = {
+        "tolerations": [
+            {"key": "dedicated", "operator": "Equal", "value": "inference", "effect": "NoSchedule"},
+            {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
+             "tolerationSeconds": 600},
+        ],
+        "affinity": {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]},
+                    {"key": "nvidia.com/gpu.count", "operator": "Gt", "values": ["1"]},
+                ]}]}},
+            "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 100, "podAffinityTerm": {
+                    "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": NAME}},
+                    "topologyKey": "kubernetes.io/hostname"}},
+            ]},
+        },
+    }  # fmt: skip
+    deploy(cluster, namespace, agd_object(scheduling=scheduling), "2/2")
+    template = get(cluster, namespace, "deployment", NAME)["spec"]["template"]["spec"]
+    # after the operator's own toleration of the GPU taint
+    assert template["tolerations"][1:] == scheduling["tolerations"]
+    assert template["affinity"] == scheduling["affinity"]
+    for pod in live_pods(cluster, namespace):
+        assert pod["spec"]["affinity"] == scheduling["affinity"]
+        assert all(t in pod["spec"]["tolerations"] for t in scheduling["tolerations"])
+        assert pod["spec"]["nodeName"]
+
+
 def test_drift_is_repaired(cluster: LocalCluster, namespace: str, operator: Operator) -> None:
     deploy(cluster, namespace, EXAMPLE, "2/2")
     token = admin_token(cluster, namespace)

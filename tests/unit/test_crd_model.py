@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from autoglm_operator import spec
+from autoglm_operator import builders, spec
 from autoglm_operator.crd import build_crd, render_crd_yaml
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "autoglm.io_autoglmdeployments.yaml"
+K8S_SCHEMA_FILE = REPO / "operator" / "autoglm_operator" / "k8s_scheduling_schema.json"
 
 
 def _walk(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
@@ -92,3 +94,64 @@ def test_example_is_a_valid_spec() -> None:
     parsed = spec.AutoGLMDeploymentSpec.model_validate(example["spec"])
     assert parsed.replicas == 2
     assert parsed.gpus_per_replica == 2 and parsed.max_model_len == 2048
+
+
+def _spec_schema() -> dict[str, Any]:
+    schema: dict[str, Any] = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema["properties"]["spec"]
+
+
+def test_mount_path_rules_know_every_mount_of_the_runtime() -> None:
+    """model.mountPath may not collide with the runtime's own mounts: the rules name exactly the
+    paths the pod template mounts, so a mount added to the builders must be added to them."""
+    template = builders.pod_template("phone-9b", spec.AutoGLMDeploymentSpec())
+    (container,) = template["spec"]["containers"]
+    mounted = {m["mountPath"] for m in container["volumeMounts"] if m["name"] != "model"}
+    assert mounted == set(spec.RUNTIME_MOUNT_PATHS)
+    rules = _spec_schema()["properties"]["model"]["properties"]["mountPath"]
+    rule_text = " ".join(r["rule"] for r in rules["x-kubernetes-validations"])
+    for path in (*spec.RUNTIME_MOUNT_PATHS, *spec.SYSTEM_DIRS):
+        assert f"'{path}'" in rule_text, path
+
+
+def test_scheduling_fields_carry_kubernetes_own_schemas() -> None:
+    committed = json.loads(K8S_SCHEMA_FILE.read_text())["definitions"]
+    scheduling = _spec_schema()["properties"]["scheduling"]["properties"]
+    toleration = scheduling["tolerations"]["items"]
+    assert set(toleration["properties"]) == set(committed["Toleration"]["properties"])
+    assert toleration["properties"]["effect"]["enum"] == [
+        "", "NoSchedule", "PreferNoSchedule", "NoExecute",
+    ]  # fmt: skip
+    affinity = scheduling["affinity"]
+    assert set(affinity["properties"]) == {"nodeAffinity", "podAffinity", "podAntiAffinity"}
+    node_terms = affinity["properties"]["nodeAffinity"]["properties"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["properties"]["nodeSelectorTerms"]
+    requirement = node_terms["items"]["properties"]["matchExpressions"]["items"]
+    assert requirement["required"] == ["key", "operator"]
+    assert requirement["properties"]["operator"]["enum"] == [
+        "In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt",
+    ]  # fmt: skip
+    assert any("needs values" in r["message"] for r in requirement["x-kubernetes-validations"])
+
+
+def test_scheduling_lists_and_strings_are_bounded_for_cel() -> None:
+    """The apiserver refuses CEL rules whose estimated cost is unbounded: every list, map and
+    free string in tolerations and affinity has a size limit."""
+    scheduling = _spec_schema()["properties"]["scheduling"]["properties"]
+    nodes = _walk(scheduling["tolerations"], "tolerations") + _walk(scheduling["affinity"])
+    for path, node in nodes:
+        if node.get("type") == "array":
+            assert "maxItems" in node, path
+        if node.get("type") == "object" and "additionalProperties" in node:
+            assert "maxProperties" in node, path
+        if node.get("type") == "string" and "enum" not in node:
+            assert "maxLength" in node, path
+
+
+def test_every_scheduling_rule_message_names_its_field() -> None:
+    scheduling = _spec_schema()["properties"]["scheduling"]["properties"]
+    for field in ("tolerations", "affinity"):
+        for path, node in _walk(scheduling[field], field):
+            for rule in node.get("x-kubernetes-validations", []):
+                assert rule["message"].startswith(f"scheduling.{field}: "), path
