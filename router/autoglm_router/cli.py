@@ -97,7 +97,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("each --endpoint may be given once")
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll otherwise
     # uvicorn's SIGTERM handling is the drain: it stops listening, closes idle connections and
     # waits up to timeout_graceful_shutdown for requests in flight, streams included.
     # The replica's own Date and Server headers pass through, so uvicorn adds none.

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-import httpx
+import aiohttp
 
 from autoglm_runtime.profiles import Mode
 
@@ -83,7 +83,7 @@ class StaticDiscovery:
         self._state = {name: Endpoint(name) for name in names}
         self.interval = interval
         self._timeout = timeout
-        self._client: httpx.AsyncClient | None = None
+        self._client: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
         self.polls = 0
 
@@ -99,7 +99,8 @@ class StaticDiscovery:
             self._state[name] = replace(self._state[name], draining=True)
 
     async def start(self) -> None:
-        self._client = httpx.AsyncClient(timeout=self._timeout)
+        self._client = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self._timeout))
         await self.poll_once()
         self._task = asyncio.create_task(self._loop())
 
@@ -109,7 +110,7 @@ class StaticDiscovery:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         if self._client is not None:
-            await self._client.aclose()
+            await self._client.close()
 
     async def poll_once(self) -> None:
         names = list(self._state)
@@ -136,13 +137,15 @@ class StaticDiscovery:
     async def _probe(self, name: str) -> Endpoint:
         assert self._client is not None
         try:
-            health, metrics = await asyncio.gather(
-                self._client.get(name + "/health"), self._client.get(name + "/metrics")
-            )
-        except httpx.HTTPError as exc:
-            log.debug("Probing %s failed: %s", name, exc)
+            (health, _), (status, text) = await asyncio.gather(
+                self._get(name + "/health"), self._get(name + "/metrics"))
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.debug("Probing %s failed: %r", name, exc)
             return Endpoint(name)
-        mode, draining = (
-            parse_runtime_metrics(metrics.text) if metrics.status_code == 200 else (None, False)
-        )
-        return Endpoint(name, mode=mode, ready=health.status_code == 200, draining=draining)
+        mode, draining = parse_runtime_metrics(text) if status == 200 else (None, False)
+        return Endpoint(name, mode=mode, ready=health == 200, draining=draining)
+
+    async def _get(self, url: str) -> tuple[int, str]:
+        assert self._client is not None
+        async with self._client.get(url) as response:
+            return response.status, await response.text()

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -139,7 +139,7 @@ class RouterApp:
         self.metrics = router_metrics()
         self.book = LoadBook(self.metrics)
         self.sessions = SessionMemory(self.settings.session_memory)
-        self.client: httpx.AsyncClient | None = None
+        self.client: aiohttp.ClientSession | None = None
 
     # --- ASGI -------------------------------------------------------------------------------
 
@@ -171,19 +171,22 @@ class RouterApp:
 
     async def start(self) -> None:
         s = self.settings
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(s.idle_timeout, connect=s.connect_timeout,
-                                  pool=s.connect_timeout),
-            limits=httpx.Limits(max_connections=s.max_connections,
-                                max_keepalive_connections=s.max_connections),
-            follow_redirects=False,
+        self.client = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=s.max_connections),
+            # connect covers waiting for a pooled connection too; sock_read is the idle limit.
+            timeout=aiohttp.ClientTimeout(total=None, connect=s.connect_timeout,
+                                          sock_connect=s.connect_timeout,
+                                          sock_read=s.idle_timeout),
+            auto_decompress=False,  # bytes pass through as the replica encoded them
+            # Only what the client sent goes upstream: no added User-Agent, Accept-Encoding...
+            skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
         )
         await self.discovery.start()
 
     async def stop(self) -> None:
         await self.discovery.stop()
         if self.client is not None:
-            await self.client.aclose()
+            await self.client.close()
 
     def pool(self) -> list[ReplicaState]:
         states = []
@@ -278,33 +281,34 @@ class RouterApp:
         assert self.client is not None
         replica = route.replica
         with self.book.open(replica, call.features.cost):
-            request = self.client.build_request(
-                call.method, replica + call.target, headers=call.headers,
-                content=call.body or None,
-            )
             sent = time.perf_counter()
             self.metrics.added_latency.labels("request").observe(sent - call.arrival)
             try:
-                upstream = await self.client.send(request, stream=True)
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as exc:
+                upstream = await self.client.request(
+                    call.method, replica + call.target, headers=call.headers,
+                    data=call.body or None, allow_redirects=False,
+                )
+            except aiohttp.ClientConnectionError as exc:
+                if isinstance(exc, aiohttp.SocketTimeoutError):
+                    self._count(call, route, "upstream_error")
+                    await _respond(send, 504, _error("The replica did not answer in time.",
+                                                     504), {REQUEST_ID: call.request_id})
+                    return None
                 # Nothing came back; a kept-alive connection the replica closed looks the same.
                 log.warning("Request %s to %s failed before a response: %r",
                             call.request_id, replica, exc)
                 self.discovery.report_unreachable(replica)
                 return Failure.CONNECT_ERROR, None
-            except httpx.TimeoutException:
-                self._count(call, route, "upstream_error")
-                await _respond(send, 504, _error("The replica did not answer in time.", 504),
-                               {REQUEST_ID: call.request_id})
-                return None
             try:
-                if upstream.status_code not in (429, 503):
+                if upstream.status not in (429, 503):
                     await self._relay(call, route, upstream, sent, send)
                     return None
                 held = await _hold(upstream, call.request_id)
             finally:
-                await upstream.aclose()
-        if upstream.status_code == 429:
+                # Closing drops the connection when the body was not read to its end (client
+                # gone, cut stream), so the replica sees the disconnect and stops.
+                upstream.close()
+        if upstream.status == 429:
             return Failure.QUEUE_FULL, held
         if b"draining" in held.body.lower():
             self.discovery.report_draining(replica)
@@ -312,19 +316,20 @@ class RouterApp:
         await self._give_up(call, route, held, send)  # a 503 of another kind: not retried
         return None
 
-    async def _relay(self, call: _Call, route: Route, upstream: httpx.Response, sent: float,
+    async def _relay(self, call: _Call, route: Route, upstream: aiohttp.ClientResponse,
+                     sent: float,
                      send: Send) -> None:
         if call.features.key_kind is KeyKind.SESSION and call.features.key is not None:
             placement = self.sessions.place(
                 (call.features.traffic_class.value, call.features.key), route.replica)
             self.metrics.placements.labels(placement).inc()
-        await send({"type": "http.response.start", "status": upstream.status_code,
+        await send({"type": "http.response.start", "status": upstream.status,
                     "headers": _downstream_headers(upstream, call.request_id)})
-        outcome = _outcome_of(upstream.status_code)
+        outcome = _outcome_of(upstream.status)
         first = True
         try:
             async with asyncio.timeout(self.settings.stream_timeout):
-                async for chunk in upstream.aiter_raw():
+                async for chunk in upstream.content.iter_any():
                     got = time.perf_counter()
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     if first:
@@ -333,7 +338,7 @@ class RouterApp:
                             got - sent)
                         self.metrics.added_latency.labels("first_byte").observe(
                             time.perf_counter() - got)
-        except (httpx.HTTPError, TimeoutError) as exc:
+        except (aiohttp.ClientError, TimeoutError) as exc:
             # After the first byte nothing is retried: end the response short, the client sees
             # a cut stream instead of a well-formed but wrong one.
             log.warning("Request %s to %s cut after its first byte: %r",
@@ -391,8 +396,9 @@ def _upstream_headers(headers: list[tuple[str, str]], request_id: str,
     return kept
 
 
-def _downstream_headers(upstream: httpx.Response, request_id: str) -> list[tuple[bytes, bytes]]:
-    raw = [(k.lower(), v) for k, v in upstream.headers.raw]
+def _downstream_headers(upstream: aiohttp.ClientResponse,
+                        request_id: str) -> list[tuple[bytes, bytes]]:
+    raw = [(k.lower(), v) for k, v in upstream.raw_headers]
     tokens = _connection_tokens([(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw])
     drop = {h.encode() for h in HOP_BY_HOP | tokens | {REQUEST_ID}}
     kept = [(k, v) for k, v in raw if k not in drop]
@@ -400,9 +406,9 @@ def _downstream_headers(upstream: httpx.Response, request_id: str) -> list[tuple
     return kept
 
 
-async def _hold(upstream: httpx.Response, request_id: str) -> _Held:
+async def _hold(upstream: aiohttp.ClientResponse, request_id: str) -> _Held:
     body = b""
-    async for chunk in upstream.aiter_raw():
+    async for chunk in upstream.content.iter_any():
         body += chunk
         if len(body) >= HELD_BODY_LIMIT:
             body = body[:HELD_BODY_LIMIT]
@@ -410,7 +416,7 @@ async def _hold(upstream: httpx.Response, request_id: str) -> _Held:
     headers = [(k, v) for k, v in _downstream_headers(upstream, request_id)
                if k != b"content-length"]
     headers.append((b"content-length", str(len(body)).encode()))
-    return _Held(upstream.status_code, headers, body)
+    return _Held(upstream.status, headers, body)
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes:
