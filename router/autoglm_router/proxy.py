@@ -151,6 +151,7 @@ class RouterApp:
         elif scope["path"] == "/health":
             await self._health(send)
         elif scope["path"] == "/metrics":
+            self._count_replicas()
             await _respond(send, 200, generate_latest(self.metrics.registry),
                            content_type=CONTENT_TYPE_LATEST)
         elif scope["path"].startswith("/v1/"):
@@ -197,13 +198,19 @@ class RouterApp:
             ))
         return states
 
-    async def _health(self, send: Send) -> None:
-        taking = [r for r in self.pool() if r.ready and not r.draining]
+    def _count_replicas(self) -> dict[str, int]:
+        """Replicas taking requests, by mode; also sets the gauge."""
         by_mode: dict[str, int] = {"streaming": 0, "batching": 0, "unknown": 0}
-        for replica in taking:
-            by_mode[replica.mode.value if replica.mode else "unknown"] += 1
+        for replica in self.pool():
+            if replica.ready and not replica.draining:
+                by_mode[replica.mode.value if replica.mode else "unknown"] += 1
         for mode, count in by_mode.items():
             self.metrics.replicas.labels(mode).set(count)
+        return by_mode
+
+    async def _health(self, send: Send) -> None:
+        by_mode = self._count_replicas()
+        taking = sum(by_mode.values()) > 0
         body = json.dumps({"status": "ok" if taking else "no_replica", "replicas": by_mode})
         await _respond(send, 200 if taking else 503, body.encode())
 

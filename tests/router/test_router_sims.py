@@ -68,6 +68,13 @@ def test_openai_streamed_chats_reach_streaming_and_the_rest_batching(
     assert sum(admitted(b) for b in batching) - before[1] == 4
     assert metric(router.base_url, "autoglm_router_requests_total",
                   traffic_class="streamed_chat", mode="streaming", outcome="ok") >= 3
+    assert metric(router.base_url, "autoglm_router_requests_total",
+                  traffic_class="other", mode="batching", outcome="ok") >= 4
+    assert metric(router.base_url, "autoglm_router_upstream_ttft_seconds_count",
+                  traffic_class="streamed_chat") >= 3
+    assert metric(router.base_url, "autoglm_router_added_latency_seconds_count",
+                  phase="first_byte") >= 7
+    assert metric(router.base_url, "autoglm_router_replicas", mode="batching") == 2
 
 
 def test_langchain_client_streamed_and_not(

@@ -136,6 +136,13 @@ def test_a_flip_moves_only_the_sessions_of_the_flipped_replica() -> None:
     assert moved and all(after[k] == "b2" for k in moved)
 
 
+def test_a_session_mixing_streamed_and_plain_turns_has_one_home_per_class() -> None:
+    replicas = pool(("s0", S), ("s1", S), ("b0", B), ("b1", B))
+    streamed, plain = homes(KEYS, replicas, stream=True), homes(KEYS, replicas)
+    assert homes(KEYS, replicas, stream=True) == streamed and homes(KEYS, replicas) == plain
+    assert {streamed[k][0] for k in KEYS} == {"s"} and {plain[k][0] for k in KEYS} == {"b"}
+
+
 def test_a_session_over_the_load_bound_goes_to_the_next_on_the_ring() -> None:
     replicas = pool(("r0", B), ("r1", B), ("r2", B))
     home = routed(decide(chat(False, "s:x"), replicas, CONFIG)).replica
