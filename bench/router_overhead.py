@@ -9,7 +9,10 @@ Two parts, one run:
    added-latency histogram (request in -> upstream out, first upstream byte -> first client
    byte), its CPU per request and per SSE event, and its RSS.
 Everything shares this machine's cores, so the figures include contention; the load generator
-uses aiohttp (the cheaper client) so it disturbs less. Writes out/bench/router_overhead.json.
+uses aiohttp (the cheaper client) so it disturbs less. Targets (from issue 13, on the router's
+own histogram at 100 concurrent streams): each phase p50 <= 2 ms and p99 <= 10 ms, router CPU
+<= 2 ms per request and <= 50 us per SSE event, RSS <= 150 MB; exit 1 when one is missed.
+Writes out/bench/router_overhead.json.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import httpx
 
 OUT_DIR = Path(__file__).resolve().parent.parent / "out" / "bench"
 SSE_EVENTS = 32
+PHASES = ("request", "first_byte")
 EVENT = b'data: {"choices":[{"index":0,"delta":{"content":"tap "},"finish_reason":null}]}\n\n'
 BODY = json.dumps({"model": "m", "stream": True, "session_id": "bench",
                    "messages": [{"role": "user", "content": "open the settings app"}]}).encode()
@@ -197,11 +201,20 @@ async def load(url: str, count: int, concurrency: int) -> dict[str, list[float]]
     return {"ttfb": ttfb, "total": total}
 
 
-def histogram_quantiles(text: str, phase: str) -> dict[str, float]:
+def histogram(router: str, phase: str) -> list[tuple[float, float]]:
+    """Cumulative (upper bound, count) buckets of the router's added-latency histogram."""
+    text = httpx.get(router + "/metrics", timeout=5).text
     pattern = re.compile(
         r'autoglm_router_added_latency_seconds_bucket\{le="([^"]+)",phase="' + phase +
         r'"\} (\S+)')
-    buckets = [(float(le), float(v)) for le, v in pattern.findall(text)]
+    return [(float(le), float(v)) for le, v in pattern.findall(text)]
+
+
+def bucket_quantiles(before: list[tuple[float, float]],
+                     after: list[tuple[float, float]]) -> dict[str, float]:
+    """Upper bounds of p50 and p99 for the observations between two snapshots."""
+    before = before or [(le, 0.0) for le, _ in after]
+    buckets = [(le, a - b) for (le, a), (_, b) in zip(after, before, strict=True)]
     count = buckets[-1][1] if buckets else 0.0
 
     def upper_bound(q: float) -> float:
@@ -215,22 +228,38 @@ def measure_router(upstream: str, router: str, router_pid: int, count: int) -> d
     for concurrency in (1, 100):
         direct = asyncio.run(load(upstream, count, concurrency))
         cpu = cpu_seconds(router_pid)
+        before = {phase: histogram(router, phase) for phase in PHASES}
         routed = asyncio.run(load(router, count, concurrency))
         router_cpu = cpu_seconds(router_pid) - cpu
         d, r = quantiles(direct["ttfb"]), quantiles(routed["ttfb"])
-        dt, rt = quantiles(direct["total"]), quantiles(routed["total"])
         results[f"streams@{concurrency}"] = {
-            "ttfb_direct": d, "ttfb_router": r, "total_direct": dt, "total_router": rt,
+            "ttfb_direct": d, "ttfb_router": r,
             "added_ttfb_p50_ms": r["p50_ms"] - d["p50_ms"],
             "added_ttfb_p99_ms": r["p99_ms"] - d["p99_ms"],
+            "router_own": {phase: bucket_quantiles(before[phase], histogram(router, phase))
+                           for phase in PHASES},
             "router_cpu_ms_per_request": 1000 * router_cpu / count,
             "router_cpu_us_per_sse_event": 1e6 * router_cpu / (count * SSE_EVENTS),
         }
-    text = httpx.get(router + "/metrics", timeout=5).text
-    results["router_own_histogram"] = {
-        phase: histogram_quantiles(text, phase) for phase in ("request", "first_byte")}
     results["router_rss_mb"] = rss_mb(router_pid)
     return results
+
+
+def missed_targets(routed: dict[str, Any]) -> list[str]:
+    """The issue's targets, on the router's own histogram at 100 concurrent streams."""
+    at_100 = routed["streams@100"]
+    checks = [
+        (f"{phase} p50 <= 2 ms", at_100["router_own"][phase]["p50_ms_at_most"] <= 2.0)
+        for phase in PHASES
+    ] + [
+        (f"{phase} p99 <= 10 ms", at_100["router_own"][phase]["p99_ms_at_most"] <= 10.0)
+        for phase in PHASES
+    ] + [
+        ("CPU <= 2 ms per request", at_100["router_cpu_ms_per_request"] <= 2.0),
+        ("CPU <= 50 us per SSE event", at_100["router_cpu_us_per_sse_event"] <= 50.0),
+        ("RSS <= 150 MB", routed["router_rss_mb"] <= 150.0),
+    ]
+    return [name for name, ok in checks if not ok]
 
 
 def main() -> int:
@@ -260,12 +289,15 @@ def main() -> int:
             if process is not None:
                 process.terminate()
                 process.wait(10)
+    missed = missed_targets(routed)
     report = {"cpus": os.cpu_count(), "load_avg": os.getloadavg(), "requests": args.requests,
-              "sse_events_per_stream": SSE_EVENTS, "clients": clients, "router": routed}
+              "sse_events_per_stream": SSE_EVENTS, "clients": clients, "router": routed,
+              "targets_missed": missed}
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     (OUT_DIR / "router_overhead.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
-    return 0
+    print("targets missed: " + ", ".join(missed) if missed else "all targets met")
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":

@@ -43,6 +43,14 @@ def router_metrics() -> RouterMetrics:
     )
     for placement in PLACEMENTS:
         placements.labels(placement)
+    added_latency = Histogram(
+        "autoglm_router_added_latency_seconds",
+        "Time the router itself adds: request in to upstream request out (request), "
+        "first upstream byte to first client byte (first_byte).",
+        ["phase"], buckets=ADDED_LATENCY_BUCKETS, registry=registry,
+    )
+    for phase in ("request", "first_byte"):
+        added_latency.labels(phase)
     return RouterMetrics(
         registry=registry,
         requests=Counter(
@@ -57,12 +65,7 @@ def router_metrics() -> RouterMetrics:
             "From sending upstream to the first response body byte, by traffic class.",
             ["traffic_class"], buckets=TTFT_BUCKETS, registry=registry,
         ),
-        added_latency=Histogram(
-            "autoglm_router_added_latency_seconds",
-            "Time the router itself adds: request in to upstream request out (request), "
-            "first upstream byte to first client byte (first_byte).",
-            ["phase"], buckets=ADDED_LATENCY_BUCKETS, registry=registry,
-        ),
+        added_latency=added_latency,
         inflight=Gauge("autoglm_router_inflight", "Requests open on each replica.",
                        ["replica"], registry=registry),
         replicas=Gauge("autoglm_router_replicas",
