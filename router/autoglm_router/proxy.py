@@ -393,7 +393,9 @@ def _connection_tokens(headers: list[tuple[str, str]]) -> set[str]:
 
 def _upstream_headers(headers: list[tuple[str, str]], request_id: str,
                       client: tuple[str, int] | None) -> list[tuple[str, str]]:
-    drop = HOP_BY_HOP | _connection_tokens(headers) | {"host", "content-length", REQUEST_ID}
+    # The body is already read, so an Expect: 100-continue has been answered here.
+    drop = HOP_BY_HOP | _connection_tokens(headers) | {
+        "host", "content-length", "expect", REQUEST_ID}
     kept = [(k, v) for k, v in headers if k not in drop]
     kept.append((REQUEST_ID, request_id))
     if client:
