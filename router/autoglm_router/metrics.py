@@ -15,6 +15,7 @@ OUTCOMES = ("ok", "client_error", "upstream_error", "refused", "unreachable", "c
             "aborted")
 PLACEMENTS = ("hit", "moved", "new")
 RETRY_REASONS = ("connect_error", "draining", "queue_full")
+DECISION_REASONS = ("hashed", "bounded", "least_loaded", "spilled")
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class RouterMetrics:
     registry: CollectorRegistry
     requests: Counter
     retries: Counter
+    decisions: Counter
     placements: Counter
     ttft: Histogram
     added_latency: Histogram
@@ -51,6 +53,14 @@ def router_metrics() -> RouterMetrics:
     )
     for phase in ("request", "first_byte"):
         added_latency.labels(phase)
+    decisions = Counter(
+        "autoglm_router_decisions",
+        "Routing decisions by reason: hashed (the key's home), bounded (moved on by the load "
+        "bound), least_loaded (no key), spilled (every preferred replica at its cap).",
+        ["reason"], registry=registry,
+    )
+    for reason in DECISION_REASONS:
+        decisions.labels(reason)
     return RouterMetrics(
         registry=registry,
         requests=Counter(
@@ -59,6 +69,7 @@ def router_metrics() -> RouterMetrics:
             ["traffic_class", "mode", "outcome"], registry=registry,
         ),
         retries=retries,
+        decisions=decisions,
         placements=placements,
         ttft=Histogram(
             "autoglm_router_upstream_ttft_seconds",

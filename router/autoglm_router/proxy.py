@@ -268,6 +268,7 @@ class RouterApp:
         tried: list[str] = []
         while True:
             tried.append(route.replica)
+            self.metrics.decisions.labels(route.reason.value).inc()
             outcome = await self._attempt(call, route, send)
             if not isinstance(outcome, tuple):
                 return

@@ -29,6 +29,12 @@ def replicas(start_sim: StartSim) -> tuple[SimProcess, SimProcess, SimProcess]:
 
 
 @pytest.fixture(scope="module")
+def slow(start_sim: StartSim) -> SimProcess:
+    """A streaming replica at real time, for streams long enough to act on mid-way."""
+    return start_sim("streaming", "--time-factor", "1")
+
+
+@pytest.fixture(scope="module")
 def router(start_router: StartRouter, replicas: tuple[SimProcess, ...]) -> RouterProcess:
     return start_router([sim.base_url for sim in replicas])
 
@@ -75,6 +81,7 @@ def test_openai_streamed_chats_reach_streaming_and_the_rest_batching(
     assert metric(router.base_url, "autoglm_router_added_latency_seconds_count",
                   phase="first_byte") >= 7
     assert metric(router.base_url, "autoglm_router_replicas", mode="batching") == 2
+    assert metric(router.base_url, "autoglm_router_decisions_total", reason="hashed") >= 7
 
 
 def test_langchain_client_streamed_and_not(
@@ -159,10 +166,30 @@ def _streaming_is(router: RouterProcess, sim: SimProcess) -> bool:
     return reply.status_code == 200 and admitted(sim) == before + 1
 
 
-def test_client_disconnect_cancels_the_upstream_request(
-    start_sim: StartSim, start_router: StartRouter
+def test_a_full_streaming_replica_spills_streamed_chats_to_batching(
+    start_router: StartRouter, slow: SimProcess,
+    replicas: tuple[SimProcess, SimProcess, SimProcess]
 ) -> None:
-    slow = start_sim("streaming", "--time-factor", "1")
+    batching = replicas[1]
+    router = start_router([slow.base_url, batching.base_url], "--streaming-cap", "1")
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "long"}], "stream": True,
+            "max_tokens": 300}
+    with httpx.Client(timeout=30) as http, http.stream(
+        "POST", router.base_url + "/v1/chat/completions", json=body
+    ) as response:
+        lines = response.iter_lines()  # kept: dropping the iterator closes the connection
+        assert next(lines).startswith("data:")  # the streaming replica is now full
+        before = admitted(batching)
+        stream = client(router).chat.completions.create(
+            model=MODEL, messages=chat_messages("spill"), stream=True, max_tokens=4)
+        assert "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
+        assert admitted(batching) == before + 1
+    assert metric(router.base_url, "autoglm_router_decisions_total", reason="spilled") == 1
+
+
+def test_client_disconnect_cancels_the_upstream_request(
+    start_router: StartRouter, slow: SimProcess
+) -> None:
     router = start_router([slow.base_url])
     body = {"model": MODEL, "messages": [{"role": "user", "content": "long"}], "stream": True,
             "max_tokens": 1500}
@@ -179,9 +206,8 @@ def test_client_disconnect_cancels_the_upstream_request(
 
 
 def test_sigterm_stops_new_connections_and_lets_streams_finish(
-    start_sim: StartSim, start_router: StartRouter
+    start_router: StartRouter, slow: SimProcess
 ) -> None:
-    slow = start_sim("streaming", "--time-factor", "1")
     router = start_router([slow.base_url])
     body = {"model": MODEL, "messages": [{"role": "user", "content": "long"}], "stream": True,
             "max_tokens": 300}
