@@ -59,9 +59,8 @@ def request_features(
         TrafficClass.STREAMED_CHAT if path == CHAT_PATH and stream else TrafficClass.OTHER
     )
     text, images = _prompt_parts(path, body)
-    cost = 1.0 + (len("".join(text)) / CHARS_PER_TOKEN + images * IMAGE_PREFILL_TOKENS) / (
-        TOKENS_PER_LOAD_UNIT
-    )
+    chars = sum(len(part) for part in text)
+    cost = 1.0 + (chars / CHARS_PER_TOKEN + images * IMAGE_PREFILL_TOKENS) / TOKENS_PER_LOAD_UNIT
     session = session_key(body, headers)
     if session is not None:
         return RequestFeatures(traffic_class, session, KeyKind.SESSION, cost)

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from router_kit import ADMIN_TOKEN, RouterProcess
+from router_kit import ADMIN_TOKEN, RouterProcess, StartRouter, StartSim
 
 from autoglm_runtime.sim.process import SimProcess
-
-StartSim = Callable[..., SimProcess]
-StartRouter = Callable[..., RouterProcess]
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -17,6 +18,9 @@ from autoglm_runtime.sim.process import SimProcess, free_port
 
 ADMIN_TOKEN = "router-test-token"
 MODEL = "autoglm-phone-9b"
+
+
+StartSim = Callable[..., SimProcess]
 
 
 class RouterProcess:
@@ -75,6 +79,9 @@ class RouterProcess:
 
     def log(self) -> str:
         return self.log_path.read_text() if self.log_path and self.log_path.exists() else ""
+
+
+StartRouter = Callable[..., RouterProcess]
 
 
 def metric(base_url: str, name: str, **labels: str) -> float:

@@ -10,9 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 from fake_replica import FLOOD_CHUNK, FakeReplica
-from router_kit import RouterProcess, metric
-
-from conftest import StartRouter
+from router_kit import RouterProcess, StartRouter, metric
 
 pytestmark = pytest.mark.timeout(60)
 CHAT = "/v1/chat/completions"

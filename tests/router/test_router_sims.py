@@ -12,10 +12,19 @@ import openai
 import pytest
 from langchain_core.messages import HumanMessage
 from langchain_openai import ChatOpenAI
-from router_kit import ADMIN_TOKEN, MODEL, RouterProcess, admitted, metric, set_mode, wait_for
+from router_kit import (
+    ADMIN_TOKEN,
+    MODEL,
+    RouterProcess,
+    StartRouter,
+    StartSim,
+    admitted,
+    metric,
+    set_mode,
+    wait_for,
+)
 
 from autoglm_runtime.sim.process import SimProcess
-from conftest import StartRouter, StartSim
 
 pytestmark = pytest.mark.timeout(90)
 SCREENSHOT = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42"
@@ -141,6 +150,7 @@ def test_a_flip_is_seen_within_two_seconds_and_routing_follows(
         set_mode(batching, "streaming")
         took = wait_for(lambda: _streaming_is(router, batching), timeout=2.5)
         assert took < 2.5
+        print(f"flip seen by the router and routed on after {took:.2f} s")
         before = admitted(batching), admitted(streaming) + admitted(other)
         c = client(router)
         for i in range(3):
