@@ -49,6 +49,7 @@ HOP_BY_HOP = frozenset({
     "te", "trailer", "transfer-encoding", "upgrade",
 })
 REQUEST_ID = "x-request-id"
+SSE_DONE = b"data: [DONE]\n\n"
 HELD_BODY_LIMIT = 64 * 1024  # a 429/503 body is read whole to decide on a retry
 
 
@@ -129,6 +130,9 @@ class _Call:
     features: RequestFeatures
     request_id: str
     arrival: float
+    route: Route | None = None  # the replica relaying the response, once it started
+    status: int = 0  # the status relayed
+    delivered: bool = False  # the client has every byte that matters (see _relay)
 
 
 class RouterApp:
@@ -236,7 +240,8 @@ class RouterApp:
         finally:
             if not work.done():
                 work.cancel()  # the client left (or we are cancelled): close the upstream too
-                self._count(call, None, "client_gone")
+                delivered = _outcome_of(call.status) if call.delivered else "client_gone"
+                self._count(call, call.route, delivered)
             gone.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await work
@@ -336,12 +341,19 @@ class RouterApp:
             self.metrics.placements.labels(placement).inc()
         await send({"type": "http.response.start", "status": upstream.status,
                     "headers": _downstream_headers(upstream, call.request_id)})
+        call.route, call.status = route, upstream.status
         outcome = _outcome_of(upstream.status)
+        expected, relayed = upstream.content_length, 0
         first = True
         try:
             async with asyncio.timeout(self.settings.stream_timeout):
                 async for chunk in upstream.content.iter_any():
                     got = time.perf_counter()
+                    relayed += len(chunk)
+                    # OpenAI clients hang up right after `data: [DONE]` (or the last byte of
+                    # a sized body) without waiting for the end of the response: that is a
+                    # finished request, not a client gone.
+                    call.delivered = relayed == expected or chunk.endswith(SSE_DONE)
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     if first:
                         first = False
