@@ -178,7 +178,9 @@ class RouterApp:
     async def start(self) -> None:
         s = self.settings
         self.client = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=s.max_connections),
+            # Idle connections are dropped before the replica's own 5 s keep-alive (uvicorn's
+            # and vLLM's default) can close one just as a request goes out on it.
+            connector=aiohttp.TCPConnector(limit=s.max_connections, keepalive_timeout=4.0),
             # connect covers waiting for a pooled connection too; sock_read is the idle limit.
             timeout=aiohttp.ClientTimeout(total=None, connect=s.connect_timeout,
                                           sock_connect=s.connect_timeout,
@@ -310,10 +312,12 @@ class RouterApp:
                     await _respond(send, 504, _error("The replica did not answer in time.",
                                                      504), {REQUEST_ID: call.request_id})
                     return None
-                # Nothing came back; a kept-alive connection the replica closed looks the same.
+                # Nothing came back; a kept-alive connection the replica closed looks the same,
+                # but only a failed connect says the replica itself is gone.
                 log.warning("Request %s to %s failed before a response: %r",
                             call.request_id, replica, exc)
-                self.discovery.report_unreachable(replica)
+                if isinstance(exc, aiohttp.ClientConnectorError):
+                    self.discovery.report_unreachable(replica)
                 return Failure.CONNECT_ERROR, None
             try:
                 if upstream.status not in (429, 503):
