@@ -2,7 +2,8 @@
 
 It answers /health and /metrics like the runtime, records every request it gets, and answers
 chat requests with whatever `behavior` is set: echo, queue_full, cut (a stream cut after its
-first event), flood (a large fast stream).
+first event), silent (3 s before answering), slow_stream (30 events 0.1 s apart), flood (a large
+fast stream).
 """
 
 from __future__ import annotations
@@ -97,6 +98,20 @@ class FakeReplica:
         await send({"type": "http.response.body", "body": b"data: {}\n\n", "more_body": True})
         await asyncio.sleep(0.1)
         raise RuntimeError("the replica died mid-stream")
+
+    async def _silent(self, body: bytes, send: Callable[[Message], Awaitable[None]]) -> None:
+        await asyncio.sleep(3)
+        await self._echo(body, send)
+
+    async def _slow_stream(self, body: bytes,
+                           send: Callable[[Message], Awaitable[None]]) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        for _ in range(30):
+            await send({"type": "http.response.body", "body": b"data: {}\n\n",
+                        "more_body": True})
+            await asyncio.sleep(0.1)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _flood(self, body: bytes, send: Callable[[Message], Awaitable[None]]) -> None:
         await send({"type": "http.response.start", "status": 200,

@@ -138,3 +138,30 @@ def test_a_slow_client_does_not_make_the_router_buffer(
         assert rss_bytes(router) < 150 * 2**20
         received = sum(len(chunk) for chunk in response.iter_raw())
     assert received == total
+
+
+def test_a_silent_replica_gets_the_client_a_504_after_the_idle_timeout(
+    start_router: StartRouter, fakes: list[FakeReplica]
+) -> None:
+    fakes[0].behavior = "silent"
+    router = start_router([fakes[0].base_url], "--idle-timeout", "0.5")
+    started = time.monotonic()
+    reply = post(router)
+    assert reply.status_code == 504 and time.monotonic() - started < 2.5
+    assert "did not answer in time" in reply.json()["error"]["message"]
+
+
+def test_a_stream_over_the_stream_timeout_is_cut(
+    start_router: StartRouter, fakes: list[FakeReplica]
+) -> None:
+    fakes[0].behavior = "slow_stream"  # 3 s in all, never silent for 0.5 s
+    router = start_router([fakes[0].base_url], "--idle-timeout", "0.5",
+                          "--stream-timeout", "1")
+    events = 0
+    with pytest.raises(httpx.RemoteProtocolError), httpx.stream(
+        "POST", router.base_url + CHAT, json={"messages": []}, timeout=10
+    ) as response:
+        for line in response.iter_lines():
+            events += line.startswith("data:")
+    assert 3 <= events < 30
+    assert metric(router.base_url, "autoglm_router_requests_total", outcome="aborted") == 1
