@@ -19,7 +19,7 @@ deps:  ## system packages (Debian): Prometheus and openssl
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[operator,runtime,dev]'
+	$(PY) -m pip install --quiet -e '.[operator,runtime,router,dev]'
 	touch $@
 
 venv: $(VENV)/.installed  ## the Python environment with every extra but vllm

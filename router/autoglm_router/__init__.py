@@ -1,0 +1,1 @@
+"""The front door: a mode- and session-aware router in front of AutoGLM runtime replicas."""

@@ -1,0 +1,151 @@
+"""Where the replicas are and what state each is in.
+
+Discovery is an interface so a Kubernetes pod watch can replace the static list; the proxy only
+reads `endpoints()` and reports what it learns on the data path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+import aiohttp
+
+from autoglm_runtime.profiles import Mode
+
+log = logging.getLogger(__name__)
+
+_MODE_LINE = re.compile(r'^autoglm_mode\{[^}]*mode="([a-z]+)"[^}]*\}\s+(\S+)')
+_DRAINING_LINE = re.compile(r"^autoglm_draining(?:\{[^}]*\})?\s+(\S+)")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    name: str  # base URL, no trailing slash
+    mode: Mode | None = None
+    ready: bool = False
+    draining: bool = False
+
+
+class Discovery(Protocol):
+    def endpoints(self) -> list[Endpoint]: ...
+
+    def report_unreachable(self, name: str) -> None:
+        """A connect error on the data path: out until the next good poll."""
+
+    def report_draining(self, name: str) -> None:
+        """A draining 503 on the data path: out at once, before the next poll says so."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+def parse_runtime_metrics(text: str) -> tuple[Mode | None, bool]:
+    """The active mode (`autoglm_mode{mode=...} 1`) and `autoglm_draining` from /metrics."""
+    mode: Mode | None = None
+    draining = False
+    for line in text.splitlines():
+        if not line.startswith("autoglm_"):
+            continue
+        found = _MODE_LINE.match(line)
+        if found and _is_one(found.group(2)):
+            with contextlib.suppress(ValueError):
+                mode = Mode(found.group(1))
+            continue
+        found = _DRAINING_LINE.match(line)
+        if found:
+            draining = _is_one(found.group(1))
+    return mode, draining
+
+
+def _is_one(value: str) -> bool:
+    try:
+        return float(value) >= 1.0
+    except ValueError:
+        return False
+
+
+class StaticDiscovery:
+    """A fixed list of base URLs, each polled about every `interval` seconds.
+
+    Ready means `/health` answered 200; mode and draining come from the runtime's public
+    `/metrics`, so no admin token is needed.
+    """
+
+    def __init__(self, urls: list[str], interval: float = 1.0, timeout: float = 2.0) -> None:
+        names = [url.rstrip("/") for url in urls]
+        self._state = {name: Endpoint(name) for name in names}
+        self.interval = interval
+        self._timeout = timeout
+        self._client: aiohttp.ClientSession | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.polls = 0
+
+    def endpoints(self) -> list[Endpoint]:
+        return list(self._state.values())
+
+    def report_unreachable(self, name: str) -> None:
+        if name in self._state:
+            self._state[name] = replace(self._state[name], ready=False)
+
+    def report_draining(self, name: str) -> None:
+        if name in self._state:
+            self._state[name] = replace(self._state[name], draining=True)
+
+    async def start(self) -> None:
+        self._client = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self._timeout))
+        await self.poll_once()
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._client is not None:
+            await self._client.close()
+
+    async def poll_once(self) -> None:
+        names = list(self._state)
+        results = await asyncio.gather(*(self._probe(name) for name in names))
+        for name, endpoint in zip(names, results, strict=True):
+            previous = self._state[name]
+            if (previous.mode, previous.ready, previous.draining) != (
+                endpoint.mode, endpoint.ready, endpoint.draining
+            ):
+                log.info("Endpoint %s is now mode=%s ready=%s draining=%s", name,
+                         endpoint.mode, endpoint.ready, endpoint.draining)
+            self._state[name] = endpoint
+        self.polls += 1
+
+    async def _loop(self) -> None:
+        while True:
+            started = time.monotonic()
+            try:
+                await self.poll_once()
+            except Exception:  # one bad poll must not end discovery
+                log.exception("Polling the endpoints failed")
+            await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
+
+    async def _probe(self, name: str) -> Endpoint:
+        assert self._client is not None
+        try:
+            (health, _), (status, text) = await asyncio.gather(
+                self._get(name + "/health"), self._get(name + "/metrics"))
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.debug("Probing %s failed: %r", name, exc)
+            return Endpoint(name)
+        mode, draining = parse_runtime_metrics(text) if status == 200 else (None, False)
+        return Endpoint(name, mode=mode, ready=health == 200, draining=draining)
+
+    async def _get(self, url: str) -> tuple[int, str]:
+        assert self._client is not None
+        async with self._client.get(url) as response:
+            return response.status, await response.text()

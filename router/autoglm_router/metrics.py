@@ -1,0 +1,85 @@
+"""The router's own metrics, in its own registry (one per app, so tests can build many)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# The router's own work is sub-millisecond when healthy; the tail shows event-loop stalls.
+ADDED_LATENCY_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+)
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+OUTCOMES = ("ok", "client_error", "upstream_error", "refused", "unreachable", "client_gone",
+            "aborted")
+PLACEMENTS = ("hit", "moved", "new")
+RETRY_REASONS = ("connect_error", "draining", "queue_full")
+DECISION_REASONS = ("hashed", "bounded", "least_loaded", "spilled")
+
+
+@dataclass(frozen=True)
+class RouterMetrics:
+    registry: CollectorRegistry
+    requests: Counter
+    retries: Counter
+    decisions: Counter
+    placements: Counter
+    ttft: Histogram
+    added_latency: Histogram
+    inflight: Gauge
+    replicas: Gauge
+
+
+def router_metrics() -> RouterMetrics:
+    registry = CollectorRegistry()
+    retries = Counter("autoglm_router_retries", "Requests sent to a second replica, by reason.",
+                      ["reason"], registry=registry)
+    for reason in RETRY_REASONS:
+        retries.labels(reason)
+    placements = Counter(
+        "autoglm_router_session_placements",
+        "Requests with a session key: same replica as its last turn (hit), another (moved), "
+        "or first seen (new).",
+        ["placement"], registry=registry,
+    )
+    for placement in PLACEMENTS:
+        placements.labels(placement)
+    added_latency = Histogram(
+        "autoglm_router_added_latency_seconds",
+        "Time the router itself adds: request in to upstream request out (request), "
+        "first upstream byte to first client byte (first_byte).",
+        ["phase"], buckets=ADDED_LATENCY_BUCKETS, registry=registry,
+    )
+    for phase in ("request", "first_byte"):
+        added_latency.labels(phase)
+    decisions = Counter(
+        "autoglm_router_decisions",
+        "Routing decisions by reason: hashed (the key's home), bounded (moved on by the load "
+        "bound), least_loaded (no key), spilled (every preferred replica at its cap).",
+        ["reason"], registry=registry,
+    )
+    for reason in DECISION_REASONS:
+        decisions.labels(reason)
+    return RouterMetrics(
+        registry=registry,
+        requests=Counter(
+            "autoglm_router_requests",
+            "Requests by traffic class, the serving replica's mode and outcome.",
+            ["traffic_class", "mode", "outcome"], registry=registry,
+        ),
+        retries=retries,
+        decisions=decisions,
+        placements=placements,
+        ttft=Histogram(
+            "autoglm_router_upstream_ttft_seconds",
+            "From sending upstream to the first response body byte, by traffic class.",
+            ["traffic_class"], buckets=TTFT_BUCKETS, registry=registry,
+        ),
+        added_latency=added_latency,
+        inflight=Gauge("autoglm_router_inflight", "Requests open on each replica.",
+                       ["replica"], registry=registry),
+        replicas=Gauge("autoglm_router_replicas",
+                       "Replicas taking requests, by mode (unknown: no autoglm_mode).",
+                       ["mode"], registry=registry),
+    )

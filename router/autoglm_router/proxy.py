@@ -1,0 +1,487 @@
+"""The data path: an ASGI app that routes each request and streams the replica's bytes back.
+
+The body is read once (bounded), parsed once for routing, and forwarded unchanged. Response
+bytes are relayed as they arrive: the next upstream read waits until the client's transport
+took the last chunk, so a slow client slows its upstream instead of growing a buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from autoglm_router.discovery import Discovery
+from autoglm_router.features import NEUTRAL, KeyKind, RequestFeatures, request_features
+from autoglm_router.metrics import RouterMetrics, router_metrics
+from autoglm_router.routing import (
+    Failure,
+    Refusal,
+    ReplicaState,
+    Route,
+    RoutingConfig,
+    decide,
+    retry_route,
+)
+
+log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+# RFC 9110 7.6.1; `host` and `content-length` are set again for the upstream request.
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
+    "te", "trailer", "transfer-encoding", "upgrade",
+})
+REQUEST_ID = "x-request-id"
+SSE_DONE = b"data: [DONE]\n\n"
+HELD_BODY_LIMIT = 64 * 1024  # a 429/503 body is read whole to decide on a retry
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    prefix_chars: int = 1024
+    max_body_bytes: int = 16 * 1024 * 1024
+    connect_timeout: float = 5.0
+    idle_timeout: float = 600.0  # between two upstream reads; a batch request may queue long
+    stream_timeout: float = 3600.0  # a whole response
+    max_connections: int = 1024
+    session_memory: int = 65536
+
+
+class LoadBook:
+    """The router's own in-flight requests and their cost, per replica."""
+
+    def __init__(self, metrics: RouterMetrics) -> None:
+        self.count: dict[str, int] = {}
+        self.cost: dict[str, float] = {}
+        self._gauge = metrics.inflight
+
+    @contextlib.contextmanager
+    def open(self, replica: str, cost: float) -> Iterator[None]:
+        self.count[replica] = self.count.get(replica, 0) + 1
+        self.cost[replica] = self.cost.get(replica, 0.0) + cost
+        self._gauge.labels(replica).set(self.count[replica])
+        try:
+            yield
+        finally:
+            self.count[replica] -= 1
+            self.cost[replica] = max(0.0, self.cost[replica] - cost)
+            self._gauge.labels(replica).set(self.count[replica])
+
+
+class SessionMemory:
+    """Where each (class, session) went last, bounded (LRU), for the placement metric only."""
+
+    def __init__(self, size: int) -> None:
+        self._last: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._size = size
+
+    def place(self, key: tuple[str, str], replica: str) -> str:
+        previous = self._last.pop(key, None)
+        self._last[key] = replica
+        if len(self._last) > self._size:
+            self._last.popitem(last=False)
+        if previous is None:
+            return "new"
+        return "hit" if previous == replica else "moved"
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class _ClientGone(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class _Held:
+    """A replica's refusal, read whole, kept to hand back if no retry takes the request."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+
+
+@dataclass
+class _Call:
+    """One client request as the proxy carries it."""
+
+    method: str
+    target: str  # path and query
+    headers: list[tuple[str, str]]
+    body: bytes
+    features: RequestFeatures
+    request_id: str
+    arrival: float
+    route: Route | None = None  # the replica relaying the response, once it started
+    status: int = 0  # the status relayed
+    delivered: bool = False  # the client has every byte that matters (see _relay)
+
+
+class RouterApp:
+    def __init__(self, discovery: Discovery, config: RoutingConfig,
+                 settings: ProxySettings | None = None) -> None:
+        self.discovery = discovery
+        self.config = config
+        self.settings = settings or ProxySettings()
+        self.metrics = router_metrics()
+        self.book = LoadBook(self.metrics)
+        self.sessions = SessionMemory(self.settings.session_memory)
+        self.client: aiohttp.ClientSession | None = None
+
+    # --- ASGI -------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif scope["type"] != "http":
+            return
+        elif scope["path"] == "/health":
+            await self._health(send)
+        elif scope["path"] == "/metrics":
+            self._count_replicas()
+            await _respond(send, 200, generate_latest(self.metrics.registry),
+                           content_type=CONTENT_TYPE_LATEST)
+        elif scope["path"].startswith("/v1/"):
+            await self._proxy(scope, receive, send)
+        else:
+            await _respond(send, 404, _error(f"No route {scope['path']}.", 404))
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self.start()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def start(self) -> None:
+        s = self.settings
+        self.client = aiohttp.ClientSession(
+            # Idle connections are dropped before the replica's own 5 s keep-alive (uvicorn's
+            # and vLLM's default) can close one just as a request goes out on it.
+            connector=aiohttp.TCPConnector(limit=s.max_connections, keepalive_timeout=4.0),
+            # connect covers waiting for a pooled connection too; sock_read is the idle limit.
+            timeout=aiohttp.ClientTimeout(total=None, connect=s.connect_timeout,
+                                          sock_connect=s.connect_timeout,
+                                          sock_read=s.idle_timeout),
+            auto_decompress=False,  # bytes pass through as the replica encoded them
+            # Only what the client sent goes upstream: no added User-Agent, Accept-Encoding...
+            skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
+        )
+        await self.discovery.start()
+
+    async def stop(self) -> None:
+        await self.discovery.stop()
+        if self.client is not None:
+            await self.client.close()
+
+    def pool(self) -> list[ReplicaState]:
+        states = []
+        for endpoint in self.discovery.endpoints():
+            states.append(ReplicaState(
+                endpoint.name, endpoint.mode, endpoint.ready, endpoint.draining,
+                self.book.count.get(endpoint.name, 0), self.book.cost.get(endpoint.name, 0.0),
+            ))
+        return states
+
+    def _count_replicas(self) -> dict[str, int]:
+        """Replicas taking requests, by mode; also sets the gauge."""
+        by_mode: dict[str, int] = {"streaming": 0, "batching": 0, "unknown": 0}
+        for replica in self.pool():
+            if replica.ready and not replica.draining:
+                by_mode[replica.mode.value if replica.mode else "unknown"] += 1
+        for mode, count in by_mode.items():
+            self.metrics.replicas.labels(mode).set(count)
+        return by_mode
+
+    async def _health(self, send: Send) -> None:
+        by_mode = self._count_replicas()
+        taking = sum(by_mode.values()) > 0
+        body = json.dumps({"status": "ok" if taking else "no_replica", "replicas": by_mode})
+        await _respond(send, 200 if taking else 503, body.encode())
+
+    # --- proxying ---------------------------------------------------------------------------
+
+    async def _proxy(self, scope: Scope, receive: Receive, send: Send) -> None:
+        arrival = time.perf_counter()
+        try:
+            body = await _read_body(receive, self.settings.max_body_bytes)
+        except _BodyTooLarge:
+            await _respond(send, 413, _error(
+                f"The request body is larger than {self.settings.max_body_bytes} bytes.", 413
+            ), close=True)
+            return
+        except _ClientGone:
+            return
+        call = self._call_of(scope, body, arrival)
+        work = asyncio.ensure_future(self._forward(call, send))
+        gone = asyncio.ensure_future(_wait_disconnect(receive))
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not work.done():
+                work.cancel()  # the client left (or we are cancelled): close the upstream too
+                delivered = _outcome_of(call.status) if call.delivered else "client_gone"
+                self._count(call, call.route, delivered)
+            gone.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
+
+    def _call_of(self, scope: Scope, body: bytes, arrival: float) -> _Call:
+        headers = [(k.decode("latin-1").lower(), v.decode("latin-1"))
+                   for k, v in scope["headers"]]
+        header_map = dict(headers)
+        request_id = header_map.get(REQUEST_ID) or uuid.uuid4().hex
+        features = NEUTRAL
+        if scope["method"] == "POST" and body:
+            try:
+                # orjson: a 2 MB screenshot request parses in 3 ms instead of json's 7, on the
+                # event loop every request shares.
+                parsed = orjson.loads(body)
+            except orjson.JSONDecodeError:
+                parsed = None  # the replica answers the 400; routing needs no body
+            features = request_features(scope["path"], parsed, header_map,
+                                        self.settings.prefix_chars)
+        query = scope.get("query_string", b"")
+        target = scope["path"] + ("?" + query.decode("latin-1") if query else "")
+        forwarded = _upstream_headers(headers, request_id, scope.get("client"))
+        return _Call(scope["method"], target, forwarded, body, features, request_id, arrival)
+
+    async def _forward(self, call: _Call, send: Send) -> None:
+        route = decide(call.features, self.pool(), self.config)
+        if isinstance(route, Refusal):
+            self._count(call, None, "refused")
+            await _respond(send, route.status, _error(route.message, route.status),
+                           {"retry-after": "1", REQUEST_ID: call.request_id})
+            return
+        tried: list[str] = []
+        while True:
+            tried.append(route.replica)
+            self.metrics.decisions.labels(route.reason.value).inc()
+            outcome = await self._attempt(call, route, send)
+            if not isinstance(outcome, tuple):
+                return
+            failure, held = outcome
+            next_route = retry_route(failure, call.features, self.pool(), self.config, tried)
+            if next_route is None:
+                await self._give_up(call, route, held, send)
+                return
+            self.metrics.retries.labels(failure.value).inc()
+            log.info("Retried %s on %s after %s from %s", call.request_id, next_route.replica,
+                     failure.value, route.replica)
+            route = next_route
+
+    async def _attempt(
+        self, call: _Call, route: Route, send: Send
+    ) -> tuple[Failure, _Held | None] | None:
+        """Relay one replica's answer, or say why it refused before its first byte."""
+        assert self.client is not None
+        replica = route.replica
+        with self.book.open(replica, call.features.cost):
+            sent = time.perf_counter()
+            self.metrics.added_latency.labels("request").observe(sent - call.arrival)
+            try:
+                upstream = await self.client.request(
+                    call.method, replica + call.target, headers=call.headers,
+                    data=call.body or None, allow_redirects=False,
+                )
+            except aiohttp.ClientConnectionError as exc:
+                if isinstance(exc, aiohttp.SocketTimeoutError):
+                    self._count(call, route, "upstream_error")
+                    await _respond(send, 504, _error("The replica did not answer in time.",
+                                                     504), {REQUEST_ID: call.request_id})
+                    return None
+                # Nothing came back; a kept-alive connection the replica closed looks the same,
+                # but only a failed connect says the replica itself is gone.
+                log.warning("Request %s to %s failed before a response: %r",
+                            call.request_id, replica, exc)
+                if isinstance(exc, aiohttp.ClientConnectorError):
+                    self.discovery.report_unreachable(replica)
+                return Failure.CONNECT_ERROR, None
+            try:
+                if upstream.status not in (429, 503):
+                    await self._relay(call, route, upstream, sent, send)
+                    return None
+                held = await _hold(upstream, call.request_id)
+            finally:
+                # Closing drops the connection when the body was not read to its end (client
+                # gone, cut stream), so the replica sees the disconnect and stops.
+                upstream.close()
+        if upstream.status == 429:
+            return Failure.QUEUE_FULL, held
+        if b"draining" in held.body.lower():
+            self.discovery.report_draining(replica)
+            return Failure.DRAINING, held
+        await self._give_up(call, route, held, send)  # a 503 of another kind: not retried
+        return None
+
+    async def _relay(self, call: _Call, route: Route, upstream: aiohttp.ClientResponse,
+                     sent: float,
+                     send: Send) -> None:
+        if call.features.key_kind is KeyKind.SESSION and call.features.key is not None:
+            placement = self.sessions.place(
+                (call.features.traffic_class.value, call.features.key), route.replica)
+            self.metrics.placements.labels(placement).inc()
+        await send({"type": "http.response.start", "status": upstream.status,
+                    "headers": _downstream_headers(upstream, call.request_id)})
+        call.route, call.status = route, upstream.status
+        outcome = _outcome_of(upstream.status)
+        expected, relayed = upstream.content_length, 0
+        first = True
+        try:
+            async with asyncio.timeout(self.settings.stream_timeout):
+                async for chunk in upstream.content.iter_any():
+                    got = time.perf_counter()
+                    relayed += len(chunk)
+                    # OpenAI clients hang up right after `data: [DONE]` (or the last byte of
+                    # a sized body) without waiting for the end of the response: that is a
+                    # finished request, not a client gone.
+                    call.delivered = relayed == expected or chunk.endswith(SSE_DONE)
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    if first:
+                        first = False
+                        self.metrics.ttft.labels(call.features.traffic_class.value).observe(
+                            got - sent)
+                        self.metrics.added_latency.labels("first_byte").observe(
+                            time.perf_counter() - got)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            # After the first byte nothing is retried: end the response short, the client sees
+            # a cut stream instead of a well-formed but wrong one.
+            log.warning("Request %s to %s cut after its first byte: %r",
+                        call.request_id, route.replica, exc)
+            self._count(call, route, "aborted")
+            return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        self._count(call, route, outcome)
+
+    async def _give_up(self, call: _Call, route: Route, held: _Held | None,
+                       send: Send) -> None:
+        if held is None:
+            self._count(call, route, "unreachable")
+            await _respond(send, 502, _error("No replica could be reached.", 502),
+                           {REQUEST_ID: call.request_id})
+            return
+        # The replica's own answer, with its Retry-After.
+        self._count(call, route, _outcome_of(held.status))
+        await send({"type": "http.response.start", "status": held.status,
+                    "headers": held.headers})
+        await send({"type": "http.response.body", "body": held.body, "more_body": False})
+
+    def _count(self, call: _Call, route: Route | None, outcome: str) -> None:
+        mode = "none"
+        if route is not None:
+            for endpoint in self.discovery.endpoints():
+                if endpoint.name == route.replica:
+                    mode = endpoint.mode.value if endpoint.mode else "unknown"
+        self.metrics.requests.labels(call.features.traffic_class.value, mode, outcome).inc()
+
+
+def _outcome_of(status: int) -> str:
+    if status < 400:
+        return "ok"
+    return "client_error" if status < 500 else "upstream_error"
+
+
+def _connection_tokens(headers: list[tuple[str, str]]) -> set[str]:
+    tokens: set[str] = set()
+    for key, value in headers:
+        if key == "connection":
+            tokens |= {t.strip().lower() for t in value.split(",") if t.strip()}
+    return tokens
+
+
+def _upstream_headers(headers: list[tuple[str, str]], request_id: str,
+                      client: tuple[str, int] | None) -> list[tuple[str, str]]:
+    # The body is already read, so an Expect: 100-continue has been answered here.
+    drop = HOP_BY_HOP | _connection_tokens(headers) | {
+        "host", "content-length", "expect", REQUEST_ID}
+    kept = [(k, v) for k, v in headers if k not in drop]
+    kept.append((REQUEST_ID, request_id))
+    if client:
+        forwarded = [v for k, v in headers if k == "x-forwarded-for"]
+        kept = [(k, v) for k, v in kept if k != "x-forwarded-for"]
+        kept.append(("x-forwarded-for", ", ".join([*forwarded, client[0]])))
+    return kept
+
+
+def _downstream_headers(upstream: aiohttp.ClientResponse,
+                        request_id: str) -> list[tuple[bytes, bytes]]:
+    raw = [(k.lower(), v) for k, v in upstream.raw_headers]
+    tokens = _connection_tokens([(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw])
+    drop = {h.encode() for h in HOP_BY_HOP | tokens | {REQUEST_ID}}
+    kept = [(k, v) for k, v in raw if k not in drop]
+    kept.append((REQUEST_ID.encode(), request_id.encode()))
+    return kept
+
+
+async def _hold(upstream: aiohttp.ClientResponse, request_id: str) -> _Held:
+    body = b""
+    async for chunk in upstream.content.iter_any():
+        body += chunk
+        if len(body) >= HELD_BODY_LIMIT:
+            body = body[:HELD_BODY_LIMIT]
+            break
+    headers = [(k, v) for k, v in _downstream_headers(upstream, request_id)
+               if k != b"content-length"]
+    headers.append((b"content-length", str(len(body)).encode()))
+    return _Held(upstream.status, headers, body)
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _BodyTooLarge
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _error(message: str, status: int) -> bytes:
+    err_type = "invalid_request_error" if status < 500 else "service_unavailable"
+    return json.dumps(
+        {"error": {"message": message, "type": err_type, "param": None, "code": status}}
+    ).encode()
+
+
+async def _respond(send: Send, status: int, body: bytes, headers: dict[str, str] | None = None,
+                   content_type: str = "application/json", close: bool = False) -> None:
+    raw = [(b"content-type", content_type.encode()),
+           (b"content-length", str(len(body)).encode())]
+    raw += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+    if close:
+        raw.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body, "more_body": False})

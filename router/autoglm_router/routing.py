@@ -1,0 +1,158 @@
+"""The routing decision: request features + the pool's state -> a replica, or a refusal.
+
+Pure: no clock, no I/O, no shared state. The proxy calls it per request; benchmarks and replay
+can call it with a simulated pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from autoglm_router.features import KeyKind, RequestFeatures
+from autoglm_router.ring import ring_of
+from autoglm_runtime.profiles import BatchingProfile, Mode, StreamingProfile
+
+
+@dataclass(frozen=True)
+class ReplicaState:
+    name: str
+    mode: Mode | None  # None: the replica exports no autoglm_mode (plain vLLM, not yet read)
+    ready: bool = True
+    draining: bool = False
+    inflight: int = 0  # requests this router has open on it
+    load: float = 0.0  # their summed cost (see RequestFeatures.cost)
+
+
+def _default_caps() -> dict[Mode, int]:
+    return {
+        Mode.STREAMING: StreamingProfile().max_concurrency,
+        Mode.BATCHING: BatchingProfile().max_concurrency,
+    }
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    load_factor: float = 1.25
+    spill: bool = True
+    caps: Mapping[Mode, int] = field(default_factory=_default_caps)
+    virtual_nodes: int = 100
+
+    def __post_init__(self) -> None:
+        if self.load_factor < 1.0:
+            raise ValueError(f"load_factor must be at least 1.0, got {self.load_factor}")
+        if self.virtual_nodes < 1:
+            raise ValueError(f"virtual_nodes must be at least 1, got {self.virtual_nodes}")
+        if any(cap < 1 for cap in self.caps.values()):
+            raise ValueError("every mode's concurrency cap must be at least 1")
+
+
+class Reason(StrEnum):
+    HASHED = "hashed"  # the key's home on the ring
+    BOUNDED = "bounded"  # the home was over the load bound; the next one on the ring
+    LEAST_LOADED = "least_loaded"  # no key to hash
+    SPILLED = "spilled"  # every preferred replica at its cap
+
+
+@dataclass(frozen=True)
+class Route:
+    replica: str
+    reason: Reason
+    in_preferred_mode: bool
+
+
+@dataclass(frozen=True)
+class Refusal:
+    status: int
+    reason: str
+    message: str
+
+
+def decide(
+    features: RequestFeatures,
+    replicas: Sequence[ReplicaState],
+    config: RoutingConfig,
+    exclude: Iterable[str] = (),
+) -> Route | Refusal:
+    """Rule 1 picks the pool (class, then spill), rules 2-4 pick within it (CHWBL on cost)."""
+    excluded = set(exclude)
+    eligible = [r for r in replicas if r.ready and not r.draining and r.name not in excluded]
+    if not eligible:
+        return Refusal(503, "no_replica", "No ready replica can take the request; retry later.")
+    wanted = features.traffic_class.preferred_mode
+    preferred = [r for r in eligible if r.mode is wanted]
+    in_mode = bool(preferred)
+    if not preferred:
+        preferred = eligible  # a class with no replica in its mode uses all
+    with_room = [r for r in preferred if has_room(r, config)]
+    if not with_room and config.spill:
+        others = [r for r in eligible if r not in preferred and has_room(r, config)]
+        if others:
+            return Route(least_loaded(others).name, Reason.SPILLED, False)
+    pool = with_room or preferred
+    if features.key_kind is KeyKind.NONE or features.key is None:
+        return Route(least_loaded(pool).name, Reason.LEAST_LOADED, in_mode)
+    name, bounded = bounded_hash(features.key, features.cost, pool, config)
+    return Route(name, Reason.BOUNDED if bounded else Reason.HASHED, in_mode)
+
+
+def has_room(replica: ReplicaState, config: RoutingConfig) -> bool:
+    """Under its mode's concurrency cap; a replica of unknown mode has no known cap."""
+    if replica.mode is None:
+        return True
+    return replica.inflight < config.caps.get(replica.mode, 1 << 30)
+
+
+def least_loaded(replicas: Sequence[ReplicaState]) -> ReplicaState:
+    return min(replicas, key=lambda r: (r.load, r.inflight, r.name))
+
+
+def bounded_hash(
+    key: str, cost: float, pool: Sequence[ReplicaState], config: RoutingConfig
+) -> tuple[str, bool]:
+    """Consistent hashing with bounded loads (KubeAI's chwbl, on cost instead of count).
+
+    Walk the ring from the key's point; take the first replica whose load with this request
+    stays within load_factor x the pool's mean load with this request. The bound never drops
+    below the least-loaded replica's load with this request (the paper's ceil(), in cost
+    units), so some replica always fits and a burst on one key spreads at once even when the
+    pool is nearly idle. Returns (replica, whether the bound moved it off its home).
+    """
+    by_name = {r.name: r for r in pool}
+    total = sum(r.load for r in pool)
+    lightest = min(r.load for r in pool)
+    bound = max(config.load_factor * (total + cost) / len(pool), lightest + cost)
+    ring = ring_of(frozenset(by_name), config.virtual_nodes)
+    home: str | None = None
+    for name in ring.walk(key):
+        home = home or name
+        if by_name[name].load + cost <= bound + 1e-9:
+            return name, name != home
+    raise AssertionError("the least-loaded replica always fits the bound")
+
+
+class Failure(StrEnum):
+    CONNECT_ERROR = "connect_error"
+    DRAINING = "draining"
+    QUEUE_FULL = "queue_full"
+
+
+def retry_route(
+    failure: Failure,
+    features: RequestFeatures,
+    replicas: Sequence[ReplicaState],
+    config: RoutingConfig,
+    tried: Sequence[str],
+) -> Route | None:
+    """Where a request refused before its first byte goes next, or None: back to the client.
+
+    Only failures before the first response byte reach here; one retry per request at most.
+    """
+    if len(tried) > 1:
+        return None
+    if failure is Failure.QUEUE_FULL:
+        # Elsewhere only if another replica has room; else the client gets the 429.
+        replicas = [r for r in replicas if has_room(r, config)]
+    route = decide(features, replicas, config, exclude=tried)
+    return route if isinstance(route, Route) else None

@@ -1,0 +1,167 @@
+"""The data path against scripted replicas: headers, body, limits, retries, backpressure."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from fake_replica import FLOOD_CHUNK, FakeReplica
+from router_kit import RouterProcess, StartRouter, metric
+
+pytestmark = pytest.mark.timeout(60)
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture
+def fakes() -> Iterator[list[FakeReplica]]:
+    replicas = [FakeReplica().start(), FakeReplica().start()]
+    yield replicas
+    for replica in replicas:
+        replica.stop()
+
+
+def post(router: RouterProcess, body: bytes | dict[str, object] | None = None,
+         **kwargs: object) -> httpx.Response:
+    if isinstance(body, dict) or body is None:
+        body_kw: dict[str, object] = {"json": body or {"messages": [], "session_id": "s"}}
+    else:
+        body_kw = {"content": body}
+    return httpx.post(router.base_url + CHAT, timeout=10, **body_kw, **kwargs)  # type: ignore[arg-type]
+
+
+def test_request_id_travels_both_ways_and_hop_by_hop_headers_stop(
+    start_router: StartRouter, fakes: list[FakeReplica]
+) -> None:
+    router = start_router([fakes[0].base_url])
+    reply = post(router, headers={"X-Request-Id": "req-1", "Connection": "keep-alive, x-drop",
+                                  "X-Drop": "1", "Keep-Alive": "timeout=5", "X-Keep": "1",
+                                  "TE": "trailers"})
+    assert reply.status_code == 200 and reply.headers["x-request-id"] == "req-1"
+    seen = fakes[0].seen[-1].headers
+    assert seen["x-request-id"] == "req-1" and seen["x-keep"] == "1"
+    assert not {"x-drop", "keep-alive", "te"} & set(seen)
+    assert seen["x-forwarded-for"] == "127.0.0.1"
+    generated = post(router)
+    assert re.fullmatch(r"[0-9a-f]{32}", generated.headers["x-request-id"])
+    assert fakes[0].seen[-1].headers["x-request-id"] == generated.headers["x-request-id"]
+
+
+def test_the_body_is_forwarded_byte_for_byte(
+    start_router: StartRouter, fakes: list[FakeReplica]
+) -> None:
+    router = start_router([fakes[0].base_url])
+    body = b'{ "session_id" : "a",\n "messages":[{"role":"user","content":"\\u00e9t\\u00e9"}] }'
+    assert post(router, body, headers={"content-type": "application/json"}).status_code == 200
+    assert fakes[0].seen[-1].body == body
+    broken = b'{"messages": [oops'
+    assert post(router, broken).status_code == 200  # the replica judges what is not JSON
+    assert fakes[0].seen[-1].body == broken
+
+
+def test_a_body_over_the_limit_gets_413_and_reaches_no_replica(
+    start_router: StartRouter, fakes: list[FakeReplica]
+) -> None:
+    router = start_router([fakes[0].base_url], "--max-body-bytes", "2048")
+    reply = post(router, b"x" * 4096)
+    assert reply.status_code == 413 and "2048" in reply.json()["error"]["message"]
+    assert fakes[0].seen == []
+
+
+def test_a_429_goes_elsewhere_only_when_another_replica_has_room(
+    start_router: StartRouter, fakes: list[FakeReplica]
+) -> None:
+    full, free = fakes
+    full.behavior = "queue_full"
+    router = start_router([full.base_url, free.base_url])
+    replies = [post(router, {"messages": [], "session_id": f"s{i}"}) for i in range(12)]
+    assert [r.status_code for r in replies] == [200] * 12
+    assert metric(router.base_url, "autoglm_router_retries_total", reason="queue_full") == len(
+        full.seen) > 0
+    free.behavior = "queue_full"
+    reply = post(router)
+    assert reply.status_code == 429 and reply.headers["retry-after"] == "7"
+
+
+def test_nothing_is_retried_after_the_first_byte(
+    start_router: StartRouter, fakes: list[FakeReplica]
+) -> None:
+    cutting, healthy = fakes
+    cutting.mode, cutting.behavior = "streaming", "cut"
+    router = start_router([cutting.base_url, healthy.base_url])
+    with pytest.raises(httpx.RemoteProtocolError), httpx.stream(
+        "POST", router.base_url + CHAT, json={"messages": [], "stream": True}, timeout=10
+    ) as response:
+        assert response.status_code == 200
+        for _ in response.iter_bytes():
+            pass
+    assert len(cutting.seen) == 1 and healthy.seen == []
+    assert metric(router.base_url, "autoglm_router_requests_total", outcome="aborted") == 1
+
+
+def test_a_connect_error_is_retried_once_on_another_replica(
+    start_router: StartRouter, fakes: list[FakeReplica]
+) -> None:
+    dying, healthy = fakes
+    router = start_router([dying.base_url, healthy.base_url], "--poll-interval", "30")
+    dying.stop()  # the router still believes it ready: only the data path can find out
+    replies = [post(router, {"messages": [], "session_id": f"s{i}"}) for i in range(8)]
+    assert [r.status_code for r in replies] == [200] * 8
+    assert len(healthy.seen) == 8
+    assert metric(router.base_url, "autoglm_router_retries_total", reason="connect_error") >= 1
+
+
+def rss_bytes(router: RouterProcess) -> int:
+    assert router.process is not None
+    status = Path(f"/proc/{router.process.pid}/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024  # type: ignore[union-attr]
+
+
+def test_a_slow_client_does_not_make_the_router_buffer(
+    start_router: StartRouter, fakes: list[FakeReplica]
+) -> None:
+    flood = fakes[0]
+    flood.behavior = "flood"
+    router = start_router([flood.base_url])
+    total = flood.flood_chunks * len(FLOOD_CHUNK)
+    with httpx.stream("POST", router.base_url + CHAT, json={"messages": []},
+                      timeout=30) as response:
+        # Read nothing: once the socket buffers on the way are full the replica stalls, and
+        # nothing in the router grows.
+        time.sleep(1.5)
+        stalled_at = flood.flood_sent
+        time.sleep(1.0)
+        assert flood.flood_sent == stalled_at < total
+        assert rss_bytes(router) < 150 * 2**20
+        received = sum(len(chunk) for chunk in response.iter_raw())
+    assert received == total
+
+
+def test_a_silent_replica_gets_the_client_a_504_after_the_idle_timeout(
+    start_router: StartRouter, fakes: list[FakeReplica]
+) -> None:
+    fakes[0].behavior = "silent"
+    router = start_router([fakes[0].base_url], "--idle-timeout", "0.5")
+    started = time.monotonic()
+    reply = post(router)
+    assert reply.status_code == 504 and time.monotonic() - started < 2.5
+    assert "did not answer in time" in reply.json()["error"]["message"]
+
+
+def test_a_stream_over_the_stream_timeout_is_cut(
+    start_router: StartRouter, fakes: list[FakeReplica]
+) -> None:
+    fakes[0].behavior = "slow_stream"  # 3 s in all, never silent for 0.5 s
+    router = start_router([fakes[0].base_url], "--idle-timeout", "0.5",
+                          "--stream-timeout", "1")
+    events = 0
+    with pytest.raises(httpx.RemoteProtocolError), httpx.stream(
+        "POST", router.base_url + CHAT, json={"messages": []}, timeout=10
+    ) as response:
+        for line in response.iter_lines():
+            events += line.startswith("data:")
+    assert 3 <= events < 30
+    assert metric(router.base_url, "autoglm_router_requests_total", outcome="aborted") == 1

@@ -1,0 +1,78 @@
+"""What the router reads from a request: class, session or prefix key, cost."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autoglm_router.features import (
+    CHAT_PATH,
+    COMPLETIONS_PATH,
+    NEUTRAL,
+    KeyKind,
+    TrafficClass,
+    request_features,
+)
+
+SYSTEM = {"role": "system", "content": "You are a phone agent."}
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+
+
+def features(body: Any, headers: dict[str, str] | None = None, path: str = CHAT_PATH,
+             prefix_chars: int = 1024):  # type: ignore[no-untyped-def]
+    return request_features(path, body, headers or {}, prefix_chars)
+
+
+def turn(task: str, *later: str, stream: bool = False, screenshot: bool = False) -> dict[str, Any]:
+    first: dict[str, Any] = {"role": "user", "content": [{"type": "text", "text": task}]}
+    if screenshot:
+        first["content"].append(IMAGE)
+    messages = [SYSTEM, first] + [{"role": "assistant", "content": t} for t in later]
+    return {"model": "m", "messages": messages, "stream": stream}
+
+
+def test_only_streamed_chats_are_the_streamed_class() -> None:
+    assert features(turn("a", stream=True)).traffic_class is TrafficClass.STREAMED_CHAT
+    assert features(turn("a")).traffic_class is TrafficClass.OTHER
+    completion = {"prompt": "a", "stream": True}
+    assert features(completion, path=COMPLETIONS_PATH).traffic_class is TrafficClass.OTHER
+
+
+def test_session_key_order_body_then_x_session_id_then_runtime_header() -> None:
+    headers = {"x-session-id": "h1", "x-autoglm-session-id": "h2"}
+    assert features({**turn("a"), "session_id": "b"}, headers).key == "s:b"
+    assert features(turn("a"), headers).key == "s:h1"
+    assert features(turn("a"), {"x-autoglm-session-id": "h2"}).key == "s:h2"
+    assert features({**turn("a"), "session_id": 7}).key == "s:7"
+    assert features(turn("a"), headers).key_kind is KeyKind.SESSION
+
+
+def test_without_a_session_the_prefix_is_the_key() -> None:
+    first = features(turn("open the settings app", screenshot=True))
+    later = features(turn("open the settings app", "tapped", "scrolled"))
+    other = features(turn("send a message"))
+    assert first.key_kind is KeyKind.PREFIX
+    # Later turns and a replaced screenshot keep the key; another task changes it.
+    assert first.key == later.key != other.key
+
+
+def test_the_prefix_is_bounded() -> None:
+    a = features(turn("x" * 2000 + "a"), prefix_chars=1024)
+    b = features(turn("x" * 2000 + "b"), prefix_chars=1024)
+    assert a.key == b.key
+    assert features(turn("x" * 2000 + "a"), prefix_chars=4096).key != features(
+        turn("x" * 2000 + "b"), prefix_chars=4096).key
+
+
+def test_cost_grows_with_prompt_length_and_images() -> None:
+    short = features(turn("hi")).cost
+    long = features(turn("word " * 2000)).cost
+    screenshot = features(turn("hi", screenshot=True)).cost
+    assert 1.0 <= short < 1.1
+    assert long > 3.0
+    assert screenshot - short == 1.0
+
+
+def test_a_body_that_is_not_an_object_is_neutral() -> None:
+    assert features(["not", "an", "object"]) == NEUTRAL
+    assert features(None) == NEUTRAL
+    assert features({"messages": "nonsense"}).key_kind is KeyKind.NONE

@@ -1,0 +1,255 @@
+"""The routing decision, rule by rule (router/README.md lists the rules and their reasons)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import pytest
+
+from autoglm_router.features import KeyKind, RequestFeatures, TrafficClass
+from autoglm_router.routing import (
+    Failure,
+    Reason,
+    Refusal,
+    ReplicaState,
+    Route,
+    RoutingConfig,
+    decide,
+    retry_route,
+)
+from autoglm_runtime.profiles import Mode
+
+S, B = Mode.STREAMING, Mode.BATCHING
+CONFIG = RoutingConfig()  # caps: streaming 8, batching 64; load factor 1.25
+
+
+def chat(stream: bool, key: str | None = None, cost: float = 1.0,
+         kind: KeyKind = KeyKind.SESSION) -> RequestFeatures:
+    traffic = TrafficClass.STREAMED_CHAT if stream else TrafficClass.OTHER
+    return RequestFeatures(traffic, key, kind if key else KeyKind.NONE, cost)
+
+
+def pool(*specs: tuple[str, Mode | None], **changes: dict[str, object]) -> list[ReplicaState]:
+    replicas = [ReplicaState(name, mode) for name, mode in specs]
+    return [replace(r, **changes.get(r.name, {})) for r in replicas]  # type: ignore[arg-type]
+
+
+def routed(result: Route | Refusal) -> Route:
+    assert isinstance(result, Route), result
+    return result
+
+
+# --- rule 1: class --------------------------------------------------------------------------
+
+CLASS_CASES = [
+    # (case, features, replicas, expected replica, expected reason, in preferred mode)
+    ("streamed chat goes to the streaming replica", chat(True),
+     pool(("s", S), ("b", B)), "s", Reason.LEAST_LOADED, True),
+    ("non-streamed chat goes to the batching replica", chat(False),
+     pool(("s", S), ("b", B)), "b", Reason.LEAST_LOADED, True),
+    ("no streaming replica: streamed chats use all", chat(True),
+     pool(("b1", B), ("b2", B), b1={"load": 2.0, "inflight": 2}), "b2", Reason.LEAST_LOADED,
+     False),
+    ("no batching replica: the rest use all", chat(False),
+     pool(("s1", S), ("s2", S), s2={"load": 1.0, "inflight": 1}), "s1", Reason.LEAST_LOADED,
+     False),
+    ("unknown mode counts in 'all' only", chat(True),
+     pool(("x", None), ("b", B), b={"load": 5.0, "inflight": 5}), "x", Reason.LEAST_LOADED,
+     False),
+    ("streaming replica at its cap: spill to the least-loaded other", chat(True),
+     pool(("s", S), ("b1", B), ("b2", B), s={"inflight": 8, "load": 8.0},
+          b1={"inflight": 3, "load": 3.0}, b2={"inflight": 1, "load": 1.0}),
+     "b2", Reason.SPILLED, False),
+    ("batching replica at its cap: spill to the streaming one", chat(False),
+     pool(("s", S), ("b", B), b={"inflight": 64, "load": 64.0}), "s", Reason.SPILLED, False),
+    ("one preferred replica at cap, another not: no spill", chat(True),
+     pool(("s1", S), ("s2", S), ("b", B), s1={"inflight": 8, "load": 8.0}),
+     "s2", Reason.LEAST_LOADED, True),
+    ("every replica at its cap: stay in the preferred mode", chat(True),
+     pool(("s", S), ("b", B), s={"inflight": 8, "load": 8.0},
+          b={"inflight": 64, "load": 64.0}), "s", Reason.LEAST_LOADED, True),
+]
+
+
+@pytest.mark.parametrize(("case", "features", "replicas", "expected", "reason", "in_mode"),
+                         CLASS_CASES, ids=[c[0] for c in CLASS_CASES])
+def test_class_rule(case: str, features: RequestFeatures, replicas: list[ReplicaState],
+                    expected: str, reason: Reason, in_mode: bool) -> None:
+    route = routed(decide(features, replicas, CONFIG))
+    assert (route.replica, route.reason, route.in_preferred_mode) == (expected, reason, in_mode)
+
+
+def test_spill_off_keeps_the_class_in_its_mode() -> None:
+    replicas = pool(("s", S), ("b", B), s={"inflight": 8, "load": 8.0})
+    assert routed(decide(chat(True), replicas, RoutingConfig(spill=False))).replica == "s"
+
+
+def test_caps_come_from_the_config() -> None:
+    replicas = pool(("s", S), ("b", B), s={"inflight": 2, "load": 2.0})
+    config = RoutingConfig(caps={S: 2, B: 64})
+    assert routed(decide(chat(True), replicas, config)).reason is Reason.SPILLED
+
+
+# --- rule 2: sessions (consistent hashing with bounded loads) -------------------------------
+
+def homes(keys: Sequence[str], replicas: list[ReplicaState], stream: bool = False,
+          config: RoutingConfig = CONFIG) -> dict[str, str]:
+    return {k: routed(decide(chat(stream, k), replicas, config)).replica for k in keys}
+
+
+KEYS = [f"s:session-{i}" for i in range(2000)]
+
+
+def test_a_session_keeps_its_replica_and_keys_spread_evenly() -> None:
+    replicas = pool(*((f"r{i}", B) for i in range(4)))
+    first = homes(KEYS, replicas)
+    assert homes(KEYS, replicas) == first
+    shares = [list(first.values()).count(f"r{i}") / len(KEYS) for i in range(4)]
+    assert all(0.15 < share < 0.35 for share in shares), shares  # fair share is 0.25
+
+
+def test_scale_up_moves_only_sessions_to_the_new_replica() -> None:
+    before = homes(KEYS, pool(*((f"r{i}", B) for i in range(4))))
+    after = homes(KEYS, pool(*((f"r{i}", B) for i in range(5))))
+    moved = [k for k in KEYS if before[k] != after[k]]
+    assert moved and all(after[k] == "r4" for k in moved)
+    assert 0.1 < len(moved) / len(KEYS) < 0.3  # about 1/5
+
+
+def test_scale_down_moves_only_the_removed_replicas_sessions() -> None:
+    before = homes(KEYS, pool(*((f"r{i}", B) for i in range(4))))
+    after = homes(KEYS, pool(("r0", B), ("r1", B), ("r3", B)))
+    assert [k for k in KEYS if before[k] != after[k]] == [
+        k for k in KEYS if before[k] == "r2"]
+
+
+def test_a_flip_moves_only_the_sessions_of_the_flipped_replica() -> None:
+    batching = pool(("b0", B), ("b1", B), ("b2", B), ("s0", S), ("s1", S))
+    flipped = [replace(r, mode=S) if r.name == "b2" else r for r in batching]
+    # Non-streamed turns: b2 left the batching ring; only its sessions move.
+    before, after = homes(KEYS, batching), homes(KEYS, flipped)
+    assert {k for k in KEYS if before[k] != after[k]} == {k for k in KEYS if before[k] == "b2"}
+    # Streamed turns: b2 joined the streaming ring; the sessions that move all move to it.
+    before, after = homes(KEYS, batching, stream=True), homes(KEYS, flipped, stream=True)
+    moved = [k for k in KEYS if before[k] != after[k]]
+    assert moved and all(after[k] == "b2" for k in moved)
+
+
+def test_a_session_mixing_streamed_and_plain_turns_has_one_home_per_class() -> None:
+    replicas = pool(("s0", S), ("s1", S), ("b0", B), ("b1", B))
+    streamed, plain = homes(KEYS, replicas, stream=True), homes(KEYS, replicas)
+    assert homes(KEYS, replicas, stream=True) == streamed and homes(KEYS, replicas) == plain
+    assert {streamed[k][0] for k in KEYS} == {"s"} and {plain[k][0] for k in KEYS} == {"b"}
+
+
+def test_a_session_over_the_load_bound_goes_to_the_next_on_the_ring() -> None:
+    replicas = pool(("r0", B), ("r1", B), ("r2", B))
+    home = routed(decide(chat(False, "s:x"), replicas, CONFIG)).replica
+    # 3 requests on its home, none elsewhere: (3 + 1) > 1.25 * (3 + 1) / 3
+    loaded = [replace(r, inflight=3, load=3.0) if r.name == home else r for r in replicas]
+    route = routed(decide(chat(False, "s:x"), loaded, CONFIG))
+    assert route.replica != home and route.reason is Reason.BOUNDED
+    # A looser bound keeps it home: 4 <= 3.0 * 4 / 3
+    assert routed(decide(chat(False, "s:x"), loaded, RoutingConfig(load_factor=3.0))).replica \
+        == home
+
+
+def test_bounded_loads_keep_every_replica_near_the_mean() -> None:
+    """Hot keys pile up without the bound; with it no replica passes 1.25 x the mean + 1."""
+    replicas = pool(*((f"r{i}", B) for i in range(4)))
+    for i in range(200):
+        key = f"s:hot-{i % 3}"  # three sessions carry all the traffic
+        name = routed(decide(chat(False, key), replicas, CONFIG)).replica
+        replicas = [replace(r, inflight=r.inflight + 1, load=r.load + 1.0)
+                    if r.name == name else r for r in replicas]
+    loads = [r.load for r in replicas]
+    mean = sum(loads) / len(loads)
+    assert max(loads) <= 1.25 * mean + 1, loads
+
+
+def test_an_idle_pool_always_sends_a_key_home() -> None:
+    replicas = pool(("r0", B), ("r1", B))
+    route = routed(decide(chat(False, "s:y", cost=50.0), replicas, CONFIG))
+    assert route.reason is Reason.HASHED
+
+
+# --- rule 3: prefix keys hash like session keys ---------------------------------------------
+
+def test_prefix_keys_use_the_same_ring() -> None:
+    replicas = pool(*((f"r{i}", B) for i in range(4)))
+    as_session = routed(decide(chat(False, "p:abc"), replicas, CONFIG)).replica
+    as_prefix = routed(decide(chat(False, "p:abc", kind=KeyKind.PREFIX), replicas, CONFIG))
+    assert as_prefix.replica == as_session and as_prefix.reason is Reason.HASHED
+
+
+# --- rule 4: load is weighed by cost --------------------------------------------------------
+
+def test_least_loaded_weighs_cost_not_count() -> None:
+    # a: one screenshot request (cost 2); b: two short text requests (cost 1.1 each).
+    replicas = pool(("a", B), ("b", B), a={"inflight": 1, "load": 2.0},
+                    b={"inflight": 2, "load": 2.2})
+    assert routed(decide(chat(False), replicas, CONFIG)).replica == "a"
+    cheaper = [replace(r, load=1.9) if r.name == "b" else r for r in replicas]
+    assert routed(decide(chat(False), cheaper, CONFIG)).replica == "b"
+
+
+def test_a_burst_of_screenshots_on_one_prefix_spreads() -> None:
+    replicas = pool(*((f"r{i}", B) for i in range(4)))
+    used = set()
+    for _ in range(8):
+        name = routed(decide(chat(False, "p:same", cost=2.0, kind=KeyKind.PREFIX),
+                             replicas, CONFIG)).replica
+        used.add(name)
+        replicas = [replace(r, inflight=r.inflight + 1, load=r.load + 2.0)
+                    if r.name == name else r for r in replicas]
+    assert len(used) == 4
+    assert max(r.load for r in replicas) <= 4.0
+
+
+# --- rule 5: draining and failures ----------------------------------------------------------
+
+def test_draining_and_unready_replicas_leave_the_ring_at_once() -> None:
+    replicas = pool(*((f"r{i}", B) for i in range(4)))
+    before = homes(KEYS, replicas)
+    gone = [replace(r, draining=True) if r.name == "r1" else
+            replace(r, ready=False) if r.name == "r3" else r for r in replicas]
+    after = homes(KEYS, gone)
+    assert set(after.values()) == {"r0", "r2"}
+    assert all(after[k] == before[k] for k in KEYS if before[k] in ("r0", "r2"))
+
+
+def test_no_replica_left_is_a_refusal() -> None:
+    replicas = pool(("r0", B), ("r1", S), r0={"draining": True}, r1={"ready": False})
+    refusal = decide(chat(True), replicas, CONFIG)
+    assert isinstance(refusal, Refusal) and refusal.status == 503
+
+
+RETRY_CASES = [
+    # (case, failure, replicas, tried, expected replica or None)
+    ("connect error: once more, elsewhere", Failure.CONNECT_ERROR,
+     pool(("b0", B), ("b1", B)), ["b0"], "b1"),
+    ("draining 503: once more, elsewhere", Failure.DRAINING,
+     pool(("b0", B), ("s0", S)), ["b0"], "s0"),
+    ("a second failure goes back to the client", Failure.CONNECT_ERROR,
+     pool(("b0", B), ("b1", B), ("b2", B)), ["b0", "b1"], None),
+    ("connect error with no other replica", Failure.CONNECT_ERROR,
+     pool(("b0", B)), ["b0"], None),
+    ("429: elsewhere when another replica has room", Failure.QUEUE_FULL,
+     pool(("b0", B), ("b1", B), b1={"inflight": 3, "load": 3.0}), ["b0"], "b1"),
+    ("429: back to the client when no other replica has room", Failure.QUEUE_FULL,
+     pool(("b0", B), ("s0", S), s0={"inflight": 8, "load": 8.0}), ["b0"], None),
+]
+
+
+@pytest.mark.parametrize(("case", "failure", "replicas", "tried", "expected"), RETRY_CASES,
+                         ids=[c[0] for c in RETRY_CASES])
+def test_what_is_retried(case: str, failure: Failure, replicas: list[ReplicaState],
+                         tried: list[str], expected: str | None) -> None:
+    route = retry_route(failure, chat(False, "s:r"), replicas, CONFIG, tried)
+    assert (route.replica if route else None) == expected
+
+
+def test_config_rejects_a_load_factor_below_one() -> None:
+    with pytest.raises(ValueError, match="load_factor"):
+        RoutingConfig(load_factor=0.9)
