@@ -20,8 +20,11 @@ from pydantic.json_schema import JsonDict, JsonValue
 from autoglm_runtime.engine_args import (
     API_KEY_FLAG_MESSAGE,
     API_KEY_FLAG_PATTERN,
+    CONFIG_FLAG_MESSAGE,
+    CONFIG_FLAG_PATTERN,
     DEFAULT_SERVED_MODEL_NAME,
-    MANAGED_FLAGS,
+    MANAGED_SPELLINGS,
+    managed_flag_pattern,
 )
 from autoglm_runtime.profiles import CamelModel, Mode, ModeProfiles
 
@@ -171,6 +174,44 @@ class ModelSource(CamelModel):
     )
 
 
+# What a user sets instead of each managed flag, in this resource's terms.
+_MANAGED_FLAG_FIELDS = {
+    "--served-model-name": "use model.servedName",
+    "--host": "the operator sets it",
+    "--port": "the operator sets it",
+    "--tensor-parallel-size": "use gpusPerReplica",
+    "--dtype": "use dtype",
+    "--max-model-len": "use maxModelLen",
+    "--max-num-seqs": "use the profiles' maxConcurrency",
+    "--enable-chunked-prefill": "the operator always turns it on",
+    "--scheduling-policy": "the operator always sets priority",
+    "--gpu-memory-utilization": "use engine.gpuMemoryUtilizationPercent",
+    "--enable-prefix-caching": "use engine.enablePrefixCaching",
+    "--shutdown-timeout": "use engine.shutdownTimeoutSeconds",
+    "--middleware": "the operator sets it",
+    "--reasoning-parser": "use engine.reasoningParser",
+    "--max-num-batched-tokens": "use engine.maxNumBatchedTokens",
+    "--stream-interval": "use the profiles' streamCoalesceChunks",
+}
+
+
+def _managed_flag_rules() -> list[JsonDict]:
+    """One rule per managed flag, refusing every spelling vLLM reads as it (aliases,
+    abbreviations, `_` for `-`, `=value`), so the message can name the flag."""
+    rules = []
+    for flag, managed in MANAGED_SPELLINGS.items():
+        spellings = ", ".join(
+            option if short == option else f"{option} or an abbreviation down to {short}"
+            for option, short in managed.spellings.items()
+        )
+        rules.append(_cel(
+            f"self.all(a, !a.matches('{managed_flag_pattern(flag)}'))",
+            f"engine.extraArgs may not set a flag the operator manages: {flag} (refused as "
+            f"vLLM reads it: {spellings}; _ for - too): {_MANAGED_FLAG_FIELDS[flag]}",
+        ))  # fmt: skip
+    return rules
+
+
 class EngineOptions(CamelModel):
     """vLLM settings read once at start-up: changing any of them rolls the pods."""
 
@@ -197,11 +238,10 @@ class EngineOptions(CamelModel):
         description="More `vllm serve` flags; the ones the operator manages are refused.",
         json_schema_extra={
             "x-kubernetes-validations": [
+                *_managed_flag_rules(),
                 _cel(
-                    "self.all(a, !a.matches('^(" + "|".join(MANAGED_FLAGS) + ")(=.*)?$'))",
-                    "engine.extraArgs may not set a flag the operator manages ("
-                    + ", ".join(MANAGED_FLAGS)
-                    + "): use the matching spec field",
+                    "self.all(a, !a.matches('^" + CONFIG_FLAG_PATTERN + "$'))",
+                    "engine.extraArgs " + CONFIG_FLAG_MESSAGE,
                 ),
                 _cel(
                     "self.all(a, !a.matches('^" + API_KEY_FLAG_PATTERN + "$'))",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import Field
 
@@ -40,15 +40,99 @@ MANAGED_FLAGS = (
     "--stream-interval",
 )
 
-# `--api-key` as vLLM's parser reads it: `_` for `-`, and any unique prefix (`--api-k`). The key
+class ManagedSpelling(NamedTuple):
+    """One managed setting as vLLM 0.33's parser reads it."""
+
+    # The EngineSettings field that sets it; None: the builder always writes the same value.
+    setting: str | None
+    # Every option string that sets it (the flag and vLLM's aliases), each with the shortest
+    # abbreviation argparse expands to it: allow_abbrev is on, and no other vLLM flag starts
+    # with that abbreviation. Read from the real parser (make_arg_parser's option strings whose
+    # dest is this one). hack/check_managed_flags.py checks them against that parser, and
+    # tests/unit/test_vllm_flags.py that no flag in vLLM's source starts with an abbreviation.
+    spellings: dict[str, str]
+
+
+# Keyed by the flag the builder writes. `--reasoning-parser` is refused only in full:
+# `--reasoning-parser-plugin` starts with it, so no abbreviation of it is vLLM's.
+MANAGED_SPELLINGS: dict[str, ManagedSpelling] = {
+    "--served-model-name": ManagedSpelling("servedModelName", {"--served-model-name": "--ser"}),
+    "--host": ManagedSpelling("host", {"--host": "--ho"}),
+    "--port": ManagedSpelling("port", {"--port": "--por"}),
+    "--tensor-parallel-size": ManagedSpelling(
+        "tensorParallelSize", {"--tensor-parallel-size": "--te", "-tp": "-t"}
+    ),
+    "--dtype": ManagedSpelling("dtype", {"--dtype": "--dt"}),
+    "--max-model-len": ManagedSpelling("maxModelLen", {"--max-model-len": "--max-m"}),
+    "--max-num-seqs": ManagedSpelling("maxNumSeqs", {"--max-num-seqs": "--max-num-se"}),
+    "--enable-chunked-prefill": ManagedSpelling(None, {
+        "--enable-chunked-prefill": "--enable-chunked-p",
+        "--no-enable-chunked-prefill": "--no-enable-ch",
+        "--disable-chunked-prefill": "--disable-chunked-p",
+    }),
+    "--scheduling-policy": ManagedSpelling(None, {"--scheduling-policy": "--scheduli"}),
+    "--gpu-memory-utilization": ManagedSpelling("gpuMemoryUtilizationPercent", {
+        "--gpu-memory-utilization": "--gp",
+        "--device-memory-utilization": "--device-m",
+    }),
+    "--enable-prefix-caching": ManagedSpelling("enablePrefixCaching", {
+        "--enable-prefix-caching": "--enable-pre",
+        "--no-enable-prefix-caching": "--no-enable-pre",
+        "--disable-prefix-caching": "--disable-pre",
+    }),
+    "--shutdown-timeout": ManagedSpelling(
+        "shutdownTimeoutSeconds", {"--shutdown-timeout": "--shu"}
+    ),
+    "--middleware": ManagedSpelling(None, {"--middleware": "--mi"}),
+    "--reasoning-parser": ManagedSpelling(
+        "reasoningParser", {"--reasoning-parser": "--reasoning-parser"}
+    ),
+    "--max-num-batched-tokens": ManagedSpelling(
+        "maxNumBatchedTokens", {"--max-num-batched-tokens": "--max-num-b"}
+    ),
+    "--stream-interval": ManagedSpelling("streamInterval", {"--stream-interval": "--stre"}),
+}  # fmt: skip
+
+# `--config <yaml>` splices the file's keys in as flags ahead of the builder's: a key there
+# could set --api-key, add a --middleware, or set a flag the builder writes only sometimes,
+# and no check of extraArgs sees inside the file. (`--config=x.yaml` is not read at all.)
+CONFIG_FLAG_PATTERN = "--config([=.].*)?"
+CONFIG_FLAG_MESSAGE = (
+    "may not use --config: its YAML could set a managed flag or --api-key out of sight; "
+    "list the flags themselves in extraArgs instead"
+)
+
+# `--api-key` as vLLM's parser reads it: `_` for `-`, any unique prefix (`--api-k`), and the
+# `.key` JSON form (a list holding the key). The key
 # comes from a Secret (apiKeySecretRef, which the operator passes as VLLM_API_KEY): the mode
 # middleware checks only that variable before admission, and a key in the spec or the argv is
 # readable by anyone who can read the resource or the pod.
-API_KEY_FLAG_PATTERN = "--api[-_]k(e|ey)?(=.*)?"
+API_KEY_FLAG_PATTERN = "--api[-_]k(e|ey)?([=.].*)?"
 API_KEY_FLAG_MESSAGE = (
     "the API key may not be given as --api-key: put it in a Secret and name it in "
     "apiKeySecretRef (the runtime reads it from VLLM_API_KEY)"
 )
+
+
+def _abbreviations(option: str, shortest: str) -> str:
+    """A regex for `option` and each abbreviation of it down to `shortest`. In a `--` flag
+    vLLM reads `_` as `-`, so either matches there."""
+
+    def char(c: str) -> str:
+        return "[-_]" if c == "-" and option.startswith("--") else re.escape(c)
+
+    lead = option[:2] if option.startswith("--") else option[:1]
+    head = lead + "".join(char(c) for c in shortest[len(lead):])
+    tail = option[len(shortest):]
+    return head + "".join(f"({char(c)}" for c in tail) + ")?" * len(tail)
+
+
+def managed_flag_pattern(flag: str) -> str:
+    """The regex (RE2 and Python alike) for an arg vLLM would read as this managed flag: any
+    spelling of it, whole or abbreviated, bare, `=value`, or `.key` (vLLM's JSON form)."""
+    spellings = MANAGED_SPELLINGS[flag].spellings
+    options = "|".join(_abbreviations(option, short) for option, short in spellings.items())
+    return f"^({options})([=.].*)?$"
 
 
 class EngineSettings(CamelModel):
@@ -105,9 +189,21 @@ def build_vllm_argv(settings: EngineSettings) -> list[str]:
 def api_key_flags(argv: Sequence[str]) -> list[str]:
     """The flags (names only, never a value) that would pass the API key on the command line,
     where the middleware cannot see it."""
-    return [arg.split("=", 1)[0] for arg in argv if re.fullmatch(API_KEY_FLAG_PATTERN, arg)]
+    return [_name(arg) for arg in argv if re.fullmatch(API_KEY_FLAG_PATTERN, arg)]
 
 
-def overridden_managed_flags(extra_args: tuple[str, ...] | list[str]) -> list[str]:
-    """Extra args that would fight a managed flag (`--dtype` or `--dtype=...`)."""
-    return [arg for arg in extra_args if arg.split("=", 1)[0] in MANAGED_FLAGS]
+def refused_extra_arg(arg: str) -> str | None:
+    """Why an extra arg may not be passed, or None. Only names: an arg may carry a secret."""
+    for flag, managed in MANAGED_SPELLINGS.items():
+        if re.fullmatch(managed_flag_pattern(flag), arg):
+            instead = (
+                f"set engine.{managed.setting} instead" if managed.setting else "it is always set"
+            )
+            return f"{_name(arg)} sets {flag}, which the runtime manages: {instead}"
+    if re.fullmatch(CONFIG_FLAG_PATTERN, arg):
+        return CONFIG_FLAG_MESSAGE
+    return None
+
+
+def _name(arg: str) -> str:
+    return re.split("[=.]", arg, maxsplit=1)[0]

@@ -26,7 +26,12 @@ from collections.abc import Sequence
 from types import FrameType
 
 from autoglm_runtime.config import ConfigError, RuntimeSettings, load_runtime_config
-from autoglm_runtime.engine_args import API_KEY_FLAG_MESSAGE, api_key_flags, build_vllm_argv
+from autoglm_runtime.engine_args import (
+    API_KEY_FLAG_MESSAGE,
+    api_key_flags,
+    build_vllm_argv,
+    refused_extra_arg,
+)
 from autoglm_runtime.profiles import DRAIN_PATH, MODE_PATH
 
 log = logging.getLogger("autoglm_runtime.launcher")
@@ -63,6 +68,8 @@ def serve_argv(settings: RuntimeSettings, passthrough: Sequence[str]) -> list[st
                 f"no model to serve: set AUTOGLM_MODEL, put an `engine` object in "
                 f"{settings.config_file}, or pass vLLM args after `--`"
             )
+        if refused := [why for arg in config.engine.extra_args if (why := refused_extra_arg(arg))]:
+            raise ConfigError("engine.extraArgs: " + "; ".join(refused))
         argv = build_vllm_argv(config.engine)
     if flags := api_key_flags(argv):
         # vLLM would check such a key only after the middleware had admitted the request.

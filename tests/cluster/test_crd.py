@@ -88,6 +88,21 @@ INVALID: list[tuple[str, Any, str]] = [
      "engine.extraArgs may not set a flag the operator manages"),
     ("extra-args-tp", _with(VALID, "engine.extraArgs", ["--tensor-parallel-size", "4"]),
      "engine.extraArgs may not set a flag the operator manages"),
+    # vLLM's parser reads `_` as `-`, expands unique abbreviations and knows aliases
+    ("extra-args-underscores", _with(VALID, "engine.extraArgs", ["--max_model_len", "4096"]),
+     "engine.extraArgs may not set a flag the operator manages: --max-model-len "),
+    ("extra-args-abbreviated", _with(VALID, "engine.extraArgs", ["--dtyp", "float32"]),
+     "engine.extraArgs may not set a flag the operator manages: --dtype "),
+    ("extra-args-abbreviated-inline", _with(VALID, "engine.extraArgs", ["--tensor-parallel=1"]),
+     "engine.extraArgs may not set a flag the operator manages: --tensor-parallel-size "),
+    ("extra-args-alias", _with(VALID, "engine.extraArgs", ["-tp", "1"]),
+     "engine.extraArgs may not set a flag the operator manages: --tensor-parallel-size "),
+    ("extra-args-disable-alias", _with(VALID, "engine.extraArgs", ["--disable-prefix-caching"]),
+     "engine.extraArgs may not set a flag the operator manages: --enable-prefix-caching "),
+    ("extra-args-json-form", _with(VALID, "engine.extraArgs", ["--served_model.x", "y"]),
+     "engine.extraArgs may not set a flag the operator manages: --served-model-name "),
+    ("extra-args-config-file", _with(VALID, "engine.extraArgs", ["--config", "/m/vllm.yaml"]),
+     "engine.extraArgs may not use --config: its YAML could set a managed flag or --api-key"),
     ("gpu-memory-utilization-100", _with(VALID, "engine.gpuMemoryUtilizationPercent", 100),
      "should be less than or equal to 99"),
     ("batched-tokens-below-batch", _with(
@@ -155,6 +170,8 @@ INVALID: list[tuple[str, Any, str]] = [
      "name it in apiKeySecretRef"),
     ("extra-args-api-key-underscore", _with(VALID, "engine.extraArgs", ["--api_key=k"]),
      "name it in apiKeySecretRef"),
+    ("extra-args-api-key-json-form", _with(VALID, "engine.extraArgs", ["--api-key.x", "k"]),
+     "engine.extraArgs: the API key may not be given as --api-key"),
     ("extra-args-api-key-prefix", _with(VALID, "engine.extraArgs", ["--api-ke", "k"]),
      "name it in apiKeySecretRef"),
     ("extra-args-too-many", _with(VALID, "engine.extraArgs", ["--enforce-eager"] * 65),
@@ -577,6 +594,18 @@ def test_refused_scheduling_is_what_kubernetes_refuses(
         input=json.dumps(deployment), check=False,
     )  # fmt: skip
     assert (result.returncode == 0) == (case in STRICTER_THAN_A_DEPLOYMENT), result.stderr
+
+
+def test_extra_args_that_set_no_managed_flag_are_accepted(
+    cluster: LocalCluster, crd: str, namespace: str
+) -> None:
+    """Flags of their own, also ones sharing a prefix with a managed flag, pass the rules."""
+    extra = ["--enforce-eager", "--seed=0", "--max-num-partial-prefills", "2",
+             "--reasoning-parser-plugin", "/p.py", "--config-format=hf", "--pooler-config", "{}",
+             "--disable-log-stats", "--limit-mm-per-prompt.image", "2"]
+    cluster.apply(_object("extras", _with(VALID, "engine.extraArgs", extra)), namespace)
+    stored = cluster.get_json("agd", "extras", "-n", namespace)["spec"]
+    assert stored["engine"]["extraArgs"] == extra
 
 
 def test_at_least_fifty_invalid_cases() -> None:

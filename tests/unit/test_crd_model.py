@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from autoglm_operator import builders, spec
@@ -155,3 +157,67 @@ def test_every_scheduling_rule_message_names_its_field() -> None:
         for path, node in _walk(scheduling[field], field):
             for rule in node.get("x-kubernetes-validations", []):
                 assert rule["message"].startswith(f"scheduling.{field}: "), path
+
+
+def _extra_args_refusals(arg: str) -> list[str]:
+    """The messages of the CRD's extraArgs rules that refuse this arg (their regexes read with
+    Python's `re`, which agrees with CEL's RE2 on these patterns)."""
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    extra_args = schema["properties"]["spec"]["properties"]["engine"]["properties"]["extraArgs"]
+    messages = []
+    for rule in extra_args["x-kubernetes-validations"]:
+        pattern = re.fullmatch(r"self\.all\(a, !a\.matches\('(.*)'\)\)", rule["rule"])
+        assert pattern, rule["rule"]
+        if re.search(pattern.group(1), arg):
+            messages.append(rule["message"])
+    return messages
+
+
+# Spellings vLLM 0.33's parser reads as a managed flag (checked against the real parser with
+# hack/check_managed_flags.py): `_` for `-`, unique abbreviations, aliases, `.key` JSON form.
+@pytest.mark.parametrize("arg, flag, instead", [
+    ("--max_model_len", "--max-model-len", "use maxModelLen"),
+    ("--max_model_len=4096", "--max-model-len", "use maxModelLen"),
+    ("--dtyp", "--dtype", "use dtype"),
+    ("--dt=float32", "--dtype", "use dtype"),
+    ("--tensor-parallel", "--tensor-parallel-size", "use gpusPerReplica"),
+    ("-tp", "--tensor-parallel-size", "use gpusPerReplica"),
+    ("-t=1", "--tensor-parallel-size", "use gpusPerReplica"),
+    ("--served-model-name.x", "--served-model-name", "use model.servedName"),
+    ("--no_enable_prefix", "--enable-prefix-caching", "use engine.enablePrefixCaching"),
+    ("--disable-prefix-caching", "--enable-prefix-caching", "use engine.enablePrefixCaching"),
+    ("--disable-chunked-p", "--enable-chunked-prefill", "the operator always turns it on"),
+    ("--device-memory-utilization=0.5", "--gpu-memory-utilization",
+     "use engine.gpuMemoryUtilizationPercent"),
+    ("--max-num-b", "--max-num-batched-tokens", "use engine.maxNumBatchedTokens"),
+    ("--ho", "--host", "the operator sets it"),
+    ("--stre", "--stream-interval", "use the profiles' streamCoalesceChunks"),
+    ("--reasoning_parser=x", "--reasoning-parser", "use engine.reasoningParser"),
+])  # fmt: skip
+def test_extra_args_refuse_every_spelling_of_a_managed_flag(
+    arg: str, flag: str, instead: str
+) -> None:
+    [message] = _extra_args_refusals(arg)
+    assert message.startswith(f"engine.extraArgs may not set a flag the operator manages: {flag} ")
+    assert message.endswith(instead)
+
+
+def test_extra_args_refuse_a_config_file() -> None:
+    for arg in ("--config", "--config=/etc/vllm.yaml"):
+        assert _extra_args_refusals(arg) == [
+            "engine.extraArgs may not use --config: its YAML could set a managed flag or "
+            "--api-key out of sight; list the flags themselves in extraArgs instead"
+        ]
+
+
+@pytest.mark.parametrize("arg", [
+    "--enforce-eager", "--seed=0", "0", "/models/x",
+    # flags of their own that share a prefix with a managed one
+    "--max-num-partial-prefills", "--reasoning-parser-plugin", "--config-format=hf",
+    "--pooler-config", "--scheduler-cls", "--device-ids", "--enable-chunked-mm-input",
+    "--disable-log-stats", "--limit-mm-per-prompt.image=2", "--api-server-count",
+    # ambiguous in vLLM (it refuses them itself), not a managed flag's
+    "--max-n", "--po", "--d",
+])  # fmt: skip
+def test_extra_args_rules_pass_other_flags(arg: str) -> None:
+    assert _extra_args_refusals(arg) == []

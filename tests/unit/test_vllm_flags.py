@@ -9,6 +9,7 @@ import pytest
 
 from autoglm_runtime.engine_args import (
     MANAGED_FLAGS,
+    MANAGED_SPELLINGS,
     PINNED_VLLM_VERSION,
     EngineSettings,
     build_vllm_argv,
@@ -48,6 +49,24 @@ def test_every_emitted_flag_exists(settings: EngineSettings, flags: frozenset[st
 
 def test_managed_flags_exist(flags: frozenset[str]) -> None:
     assert set(MANAGED_FLAGS) - flags == set()
+
+
+def test_every_managed_flag_has_its_spellings() -> None:
+    spellings = {option for m in MANAGED_SPELLINGS.values() for option in m.spellings}
+    assert set(MANAGED_FLAGS) <= spellings
+    assert set(MANAGED_SPELLINGS) <= set(MANAGED_FLAGS)
+
+
+def test_managed_abbreviations_shadow_no_other_flag(flags: frozenset[str]) -> None:
+    """An abbreviation another vLLM flag starts with is not vLLM's for the managed flag (it is
+    ambiguous, or exact for the other), and refusing it would refuse that flag. Whether each is
+    the shortest vLLM expands is checked on the real parser: hack/check_managed_flags.py."""
+    spellings = {o: short for m in MANAGED_SPELLINGS.values() for o, short in m.spellings.items()}
+    others = flags - set(spellings)
+    for option, shortest in spellings.items():
+        assert option.startswith(shortest), option
+        if shortest != option:  # an exact flag wins over the flags it is a prefix of
+            assert sorted(f for f in others if f.startswith(shortest)) == [], option
 
 
 def test_glm_reasoning_parser_is_registered() -> None:

@@ -36,6 +36,7 @@ def test_no_model_is_a_clear_error(tmp_path: Path) -> None:
 @pytest.mark.parametrize("key_args", [
     ["--api-key", "s3cret"], ["--api-key=s3cret"], ["--api_key=s3cret"], ["--api-ke", "s3cret"],
     ["--api-k=s3cret"],  # vLLM's parser takes `_` for `-` and unique prefixes
+    ["--api-key.x", "s3cret"],  # and `.key` (JSON form): api_key becomes ['{"x": "s3cret"}']
 ])
 def test_an_api_key_on_the_command_line_is_refused(tmp_path: Path, key_args: list[str]) -> None:
     """The middleware checks the key before admission and knows only VLLM_API_KEY."""
@@ -46,6 +47,46 @@ def test_an_api_key_on_the_command_line_is_refused(tmp_path: Path, key_args: lis
     config.write_text(json.dumps({"engine": {"model": "/m", "extraArgs": key_args}}))
     with pytest.raises(ConfigError, match="VLLM_API_KEY"):
         launcher.serve_argv(RuntimeSettings(config_file=config, labels_file=tmp_path / "x"), [])
+
+
+def _config_argv(tmp_path: Path, extra_args: list[str]) -> list[str]:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"engine": {"model": "/m", "extraArgs": extra_args}}))
+    return launcher.serve_argv(RuntimeSettings(config_file=config, labels_file=tmp_path / "x"), [])
+
+
+# Spellings vLLM 0.33's parser reads as a managed flag (checked against the real parser with
+# hack/check_managed_flags.py): `_` for `-`, unique abbreviations, aliases, `.key` JSON form.
+@pytest.mark.parametrize("extra_args, flag, instead", [
+    (["--max_model_len", "4096"], "--max-model-len", "engine.maxModelLen"),
+    (["--dtyp", "float32"], "--dtype", "engine.dtype"),
+    (["--tensor-parallel", "1"], "--tensor-parallel-size", "engine.tensorParallelSize"),
+    (["-tp=1"], "--tensor-parallel-size", "engine.tensorParallelSize"),
+    (["--disable-prefix-caching"], "--enable-prefix-caching", "engine.enablePrefixCaching"),
+    (["--device-m", "0.5"], "--gpu-memory-utilization", "engine.gpuMemoryUtilizationPercent"),
+    (["--served_model.x=y"], "--served-model-name", "engine.servedModelName"),
+    (["--mi", "x.Y"], "--middleware", "it is always set"),
+])
+def test_extra_args_may_not_set_a_managed_flag(
+    tmp_path: Path, extra_args: list[str], flag: str, instead: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        _config_argv(tmp_path, extra_args)
+    name = extra_args[0].split("=")[0].split(".")[0]
+    assert f"engine.extraArgs: {name} sets {flag}, which the runtime manages" in str(err.value)
+    assert instead in str(err.value)
+
+
+def test_extra_args_may_not_read_a_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"engine\.extraArgs: may not use --config"):
+        _config_argv(tmp_path, ["--config", "/etc/vllm.yaml"])
+
+
+def test_extra_args_near_managed_flags_pass(tmp_path: Path) -> None:
+    """Flags of their own that share a prefix with a managed one reach vLLM unchanged."""
+    extra = ["--enforce-eager", "--seed=0", "--max-num-partial-prefills", "2",
+             "--reasoning-parser-plugin", "/p.py", "--config-format", "hf", "--pooler-config", "{}"]
+    assert _config_argv(tmp_path, extra)[-len(extra):] == extra
 
 
 def test_flags_that_only_look_like_the_key_pass(tmp_path: Path) -> None:
