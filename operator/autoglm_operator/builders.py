@@ -38,6 +38,13 @@ CONFIG_KEY = "config.json"
 ADMIN_DIR = "/etc/autoglm/admin"
 ADMIN_TOKEN_KEY = "token"
 PODINFO_DIR = "/etc/podinfo"
+# The root filesystem is read-only; what vLLM, torch, triton and flashinfer write goes to
+# emptyDirs: $HOME holds their caches (~/.cache/vllm with the torch.compile cache, ~/.triton,
+# ~/.cache/flashinfer, ~/.config/vllm), /tmp torch inductor's cache and vLLM's IPC sockets.
+HOME_DIR = "/home/autoglm"
+TMP_DIR = "/tmp"
+HOME_SIZE_LIMIT = "16Gi"
+TMP_SIZE_LIMIT = "8Gi"
 DEFAULT_MAX_TOKENS = 512
 # After the drain call: time for endpoint controllers to drop the pod before SIGTERM arrives.
 PRESTOP_SLEEP_SECONDS = 5
@@ -235,6 +242,8 @@ def _volumes(name: str, spec: crd.AutoGLMDeploymentSpec) -> list[dict[str, Any]]
         # Tensor-parallel workers exchange tensors through shared memory.
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
         {"name": "model", **model_volume},
+        {"name": "home", "emptyDir": {"sizeLimit": HOME_SIZE_LIMIT}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE_LIMIT}},
         {
             "name": "config",
             "configMap": {
@@ -267,6 +276,10 @@ def _env(spec: crd.AutoGLMDeploymentSpec) -> list[dict[str, Any]]:
         {"name": "AUTOGLM_DRAIN_GRACE_SECONDS", "value": str(spec.engine.shutdown_timeout_seconds)},
         {"name": "AUTOGLM_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "HF_HOME", "value": spec.model.mount_path},
+        # Any image: the caches land in the writable home, not on the read-only root.
+        {"name": "HOME", "value": HOME_DIR},
+        {"name": "XDG_CACHE_HOME", "value": f"{HOME_DIR}/.cache"},
+        {"name": "XDG_CONFIG_HOME", "value": f"{HOME_DIR}/.config"},
     ]
     if spec.api_key_secret_ref is not None:
         # vLLM's own variable: clients must send this key on the /v1 routes.
@@ -297,6 +310,8 @@ def _container(spec: crd.AutoGLMDeploymentSpec, mode: Mode | None) -> dict[str, 
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "model", "mountPath": spec.model.mount_path}
             | ({"readOnly": True} if model_read_only else {}),
+            {"name": "home", "mountPath": HOME_DIR},
+            {"name": "tmp", "mountPath": TMP_DIR},
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "admin", "mountPath": ADMIN_DIR, "readOnly": True},
             {"name": "podinfo", "mountPath": PODINFO_DIR, "readOnly": True},
@@ -327,6 +342,7 @@ def _container(spec: crd.AutoGLMDeploymentSpec, mode: Mode | None) -> dict[str, 
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
             "runAsNonRoot": True,
             "seccompProfile": {"type": "RuntimeDefault"},
         },

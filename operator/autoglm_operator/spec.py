@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field
 from pydantic.json_schema import JsonDict
 
+from autoglm_operator import images
 from autoglm_runtime.engine_args import DEFAULT_SERVED_MODEL_NAME, MANAGED_FLAGS
 from autoglm_runtime.profiles import CamelModel, Mode, ModeProfiles
 
@@ -25,7 +26,8 @@ SINGULAR = "autoglmdeployment"
 SHORT_NAMES = ["agd"]
 # AutoGLM-Phone-9B's position embeddings end here; vLLM refuses a longer --max-model-len.
 MODEL_CONTEXT_LIMIT = 8192
-DEFAULT_IMAGE = "ghcr.io/autoglm/autoglm-runtime:0.1.0"
+# The runtime image `make images` pushes, at the project version (images.py).
+DEFAULT_IMAGE = images.reference(images.RUNTIME_IMAGE)
 # Services are named <name>-streaming and <name>-batching: DNS-1035 labels of at most 63.
 MAX_NAME_LENGTH = 63 - len("-") - max(len(mode.value) for mode in Mode)
 # Names of the objects a field refers to (PVC, Secret, PriorityClass): DNS-1123 subdomains.
@@ -241,8 +243,18 @@ Quantity = Annotated[
 ]
 
 
+# CPU and memory beside the GPUs, sized for AutoGLM-Phone-9B in FP16 on 2 GPUs. Memory: the
+# load streams ~20 GB of safetensors through the page cache (charged to the pod), while the API
+# server, the engine core and one worker per GPU each hold torch and a CUDA context (3-5 GB
+# each): ~32 GB at the peak. The request keeps the pod off nodes where it would be OOM-killed
+# mid-load; the limit, twice that, is headroom for page cache and image batches. CPU: the
+# engine core and each worker keep a core busy, and the API server tokenizes and decodes images.
+DEFAULT_RESOURCE_REQUESTS: dict[str, int | str] = {"cpu": "8", "memory": "32Gi"}
+DEFAULT_RESOURCE_LIMITS: dict[str, int | str] = {"cpu": "16", "memory": "64Gi"}
+
+
 class ResourceSettings(CamelModel):
-    """CPU and memory for each replica; the operator sets the GPU count itself."""
+    """CPU and memory per replica (the operator sets the GPUs); a map set replaces its default."""
 
     model_config = _validations(
         _cel(
@@ -254,8 +266,16 @@ class ResourceSettings(CamelModel):
             "resources.requests may not name a GPU: use gpusPerReplica",
         ),
     )
-    requests: dict[str, Quantity] | None = Field(default=None, max_length=32)
-    limits: dict[str, Quantity] | None = Field(default=None, max_length=32)
+    requests: dict[str, Quantity] | None = Field(
+        default=DEFAULT_RESOURCE_REQUESTS,
+        max_length=32,
+        description="CPU and memory the scheduler reserves (default sized for the 9B model).",
+    )
+    limits: dict[str, Quantity] | None = Field(
+        default=DEFAULT_RESOURCE_LIMITS,
+        max_length=32,
+        description="Most CPU and memory a replica may use before throttling or OOM-kill.",
+    )
 
 
 class SchedulingSettings(CamelModel):
