@@ -64,9 +64,8 @@ cluster-up: venv binaries  ## start the local control plane and leave it running
 cluster-down:  ## stop what cluster-up started
 	python3 hack/localcluster.py down
 
-images:  ## build the operator and runtime images (needs a Docker engine)
-	docker build -f images/operator.Dockerfile -t ghcr.io/autoglm/autoglm-operator:0.1.0 .
-	docker build -f images/runtime.Dockerfile -t ghcr.io/autoglm/autoglm-runtime:0.1.0 .
+images:  ## build and push both images: make images REGISTRY=registry.example.com/team
+	REGISTRY=$(REGISTRY) bash hack/images.sh
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache

@@ -3,6 +3,7 @@
 # (the launcher, the mode middleware `vllm serve --middleware` loads, and the `sim` CPU engine).
 # Build from the repository root (images/runtime.Dockerfile.dockerignore limits the context):
 #   docker build -f images/runtime.Dockerfile -t ghcr.io/autoglm/autoglm-runtime:0.1.0 .
+# `make images REGISTRY=...` (hack/images.sh) builds and pushes both, tagged with the version.
 # The tag must match PINNED_VLLM_VERSION in runtime/autoglm_runtime/engine_args.py; a unit test
 # keeps them equal. Pin by digest for releases: --build-arg VLLM_IMAGE=vllm/vllm-openai:v0.33.0@sha256:...
 ARG VLLM_IMAGE=vllm/vllm-openai:v0.33.0

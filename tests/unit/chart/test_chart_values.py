@@ -18,6 +18,7 @@ from chartkit import CHART, CHART_CRD, CRD_SOURCE, REPO, one, render, run_helm, 
 BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
     ("nameOverride", {"nameOverride": "AutoGLM_Operator"}, "at '/nameOverride'"),
     ("fullnameOverride", {"fullnameOverride": "x" * 64}, "at '/fullnameOverride'"),
+    ("image.registry", {"image.registry": "ghcr.io/Team/"}, "at '/image/registry'"),
     ("image.repository", {"image.repository": "ghcr.io/AutoGLM/operator"},
      "at '/image/repository'"),
     ("image.tag", {"image.tag": "0.1.0 latest"}, "at '/image/tag'"),
