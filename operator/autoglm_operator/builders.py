@@ -38,9 +38,10 @@ CONFIG_KEY = "config.json"
 ADMIN_DIR = "/etc/autoglm/admin"
 ADMIN_TOKEN_KEY = "token"
 PODINFO_DIR = "/etc/podinfo"
-# The root filesystem is read-only; what vLLM, torch, triton and flashinfer write goes to
-# emptyDirs: $HOME holds their caches (~/.cache/vllm with the torch.compile cache, ~/.triton,
-# ~/.cache/flashinfer, ~/.config/vllm), /tmp torch inductor's cache and vLLM's IPC sockets.
+# The root filesystem is read-only; what vLLM 0.33 and its libraries write goes to emptyDirs:
+# $HOME holds their caches (vLLM's ~/.cache/vllm with the torch.compile cache and
+# ~/.config/vllm, triton's ~/.triton, flashinfer's ~/.cache/flashinfer, tilelang's
+# ~/.tilelang), /tmp torch inductor's cache and vLLM's IPC sockets (VLLM_RPC_BASE_PATH).
 HOME_DIR = "/home/autoglm"
 TMP_DIR = "/tmp"
 HOME_SIZE_LIMIT = "16Gi"
@@ -49,7 +50,9 @@ DEFAULT_MAX_TOKENS = 512
 # After the drain call: time for endpoint controllers to drop the pod before SIGTERM arrives.
 PRESTOP_SLEEP_SECONDS = 5
 STARTUP_PROBE_PERIOD_SECONDS = 10
-RUN_AS_USER = 1000
+# The runtime image's user: above the uids nodes give their own users, so a process that
+# escaped its container is no node user.
+RUN_AS_USER = 10001
 
 
 @dataclass(frozen=True)

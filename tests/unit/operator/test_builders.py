@@ -111,7 +111,8 @@ def test_root_filesystem_is_read_only_and_what_vllm_writes_has_an_empty_dir(
         f"{env['XDG_CONFIG_HOME']}/vllm/usage_stats.json",
         f"{home}/.triton/cache",
         f"{home}/.cache/flashinfer",
-        "/tmp/torchinductor_ubuntu",
+        f"{home}/.tilelang/cache",
+        "/tmp/torchinductor_autoglm",
     ]
     for path in written:
         assert _writable_volume(pod, path), f"{path} is on the read-only root filesystem"
