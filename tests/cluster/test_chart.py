@@ -117,6 +117,14 @@ DRY_RUN_SETS: dict[str, dict[str, Any]] = {
         "monitoring.plainPrometheusConfig.enabled": True,
         "monitoring.dashboard.enabled": True,
     },
+    "network-policy": {
+        "networkPolicy.enabled": True,
+        "networkPolicy.clients": [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}}},
+            {"ipBlock": {"cidr": "10.0.0.0/8"}},
+        ],
+        "operator.replicas": 2,
+    },
 }
 
 
