@@ -7,8 +7,8 @@ PY := $(VENV)/bin/python
 PYTEST := AUTOGLM_BIN_DIR=$$(bash hack/k8s-bin.sh) $(PY) -m pytest
 export AUTOGLM_CACHE ?= $(HOME)/.cache/autoglm
 
-.PHONY: help deps venv binaries crd lint test test-unit test-cluster test-e2e bench demo \
-        cluster-up cluster-down images clean
+.PHONY: help deps venv binaries crd lint checkov test test-unit test-images test-cluster \
+        test-e2e bench demo cluster-up cluster-down images clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
@@ -36,8 +36,14 @@ lint: venv  ## ruff, mypy and the import contracts
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
+checkov: venv binaries  ## checkov (pinned, own venv) on the chart and the operator's children
+	PYTHON=$(PY) bash hack/checkov.sh
+
 test-unit: venv binaries  ## pure code, middleware and servers on loopback; no cluster
-	$(PYTEST) -m "not cluster and not e2e and not bench"
+	$(PYTEST) -m "not cluster and not e2e and not bench and not images"
+
+test-images: venv  ## the Dockerfiles' pip installs in clean venvs, and their entrypoints
+	$(PY) -m pytest -m images tests/images
 
 test-cluster: venv binaries  ## the real control plane with kwok GPU nodes
 	$(PYTEST) -m cluster
@@ -45,7 +51,7 @@ test-cluster: venv binaries  ## the real control plane with kwok GPU nodes
 test-e2e: venv binaries  ## control plane + Prometheus + sim runtimes + load
 	$(PYTEST) -m e2e
 
-test: lint test-unit test-cluster test-e2e  ## every tier CI runs
+test: lint checkov test-unit test-images test-cluster test-e2e  ## every tier CI runs
 
 BENCHMARKS := bench/runtime_calibration.py bench/runtime_middleware_overhead.py \
               bench/policy_goodput.py bench/policy_crosscheck.py bench/adaptive_reaction.py \
@@ -64,9 +70,8 @@ cluster-up: venv binaries  ## start the local control plane and leave it running
 cluster-down:  ## stop what cluster-up started
 	python3 hack/localcluster.py down
 
-images:  ## build the operator and runtime images (needs a Docker engine)
-	docker build -f images/operator.Dockerfile -t ghcr.io/autoglm/autoglm-operator:0.1.0 .
-	docker build -f images/runtime.Dockerfile -t ghcr.io/autoglm/autoglm-runtime:0.1.0 .
+images:  ## build and push both images: make images REGISTRY=registry.example.com/team
+	REGISTRY=$(REGISTRY) bash hack/images.sh
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache

@@ -2,6 +2,7 @@
 # The operator image: kopf and the Kubernetes client on slim Python 3.11, run as a non-root user.
 # Build from the repository root (images/operator.Dockerfile.dockerignore limits the context):
 #   docker build -f images/operator.Dockerfile -t ghcr.io/autoglm/autoglm-operator:0.1.0 .
+# `make images REGISTRY=...` (hack/images.sh) builds and pushes both, tagged with the version.
 # Pin the base by digest for releases: --build-arg PYTHON_IMAGE=python:3.11.14-slim-bookworm@sha256:...
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 

@@ -3,6 +3,7 @@
 # (the launcher, the mode middleware `vllm serve --middleware` loads, and the `sim` CPU engine).
 # Build from the repository root (images/runtime.Dockerfile.dockerignore limits the context):
 #   docker build -f images/runtime.Dockerfile -t ghcr.io/autoglm/autoglm-runtime:0.1.0 .
+# `make images REGISTRY=...` (hack/images.sh) builds and pushes both, tagged with the version.
 # The tag must match PINNED_VLLM_VERSION in runtime/autoglm_runtime/engine_args.py; a unit test
 # keeps them equal. Pin by digest for releases: --build-arg VLLM_IMAGE=vllm/vllm-openai:v0.33.0@sha256:...
 ARG VLLM_IMAGE=vllm/vllm-openai:v0.33.0
@@ -20,14 +21,19 @@ RUN set -eux; \
     rm -rf /tmp/autoglm /tmp/vllm-constraints.txt; \
     autoglm-runtime --help > /dev/null
 
-# The operator runs serving pods as uid 1000 (RUN_AS_USER in operator/autoglm_operator/
-# builders.py; Ubuntu 24.04 names it "ubuntu"). vLLM, torch and triton keep JIT caches under
-# $HOME, so HOME is a directory that uid (and group 0, for arbitrary-uid platforms) can write.
+# The operator runs serving pods as uid 10001 (RUN_AS_USER in operator/autoglm_operator/
+# builders.py): a high uid, so it is no node user's. It gets a passwd entry (getpass, `~`).
+# vLLM, torch, triton and flashinfer keep JIT caches under $HOME, so HOME is a directory that
+# uid (and group 0, for arbitrary-uid platforms) can write; in a pod the root filesystem is
+# read-only and HOME and /tmp are emptyDirs.
 ENV HOME=/home/autoglm \
     XDG_CACHE_HOME=/home/autoglm/.cache \
     PYTHONUNBUFFERED=1
-RUN install -d -o 1000 -g 0 -m 0775 /home/autoglm /home/autoglm/.cache
-USER 1000:0
+RUN useradd --uid 10001 --gid 0 --home-dir /home/autoglm --create-home --no-log-init \
+        --shell /usr/sbin/nologin autoglm \
+    && install -d -o 10001 -g 0 -m 0775 /home/autoglm/.cache \
+    && chmod 0775 /home/autoglm
+USER 10001:0
 WORKDIR /home/autoglm
 EXPOSE 8000
 # The operator sets the command (`autoglm-runtime serve -- <vllm argv>`); this default serves

@@ -38,11 +38,21 @@ CONFIG_KEY = "config.json"
 ADMIN_DIR = crd.ADMIN_MOUNT_PATH
 ADMIN_TOKEN_KEY = "token"
 PODINFO_DIR = crd.PODINFO_MOUNT_PATH
+# The root filesystem is read-only; what vLLM 0.33 and its libraries write goes to emptyDirs:
+# $HOME holds their caches (vLLM's ~/.cache/vllm with the torch.compile cache and
+# ~/.config/vllm, triton's ~/.triton, flashinfer's ~/.cache/flashinfer, tilelang's
+# ~/.tilelang), /tmp torch inductor's cache and vLLM's IPC sockets (VLLM_RPC_BASE_PATH).
+HOME_DIR = crd.HOME_MOUNT_PATH
+TMP_DIR = crd.TMP_MOUNT_PATH
+HOME_SIZE_LIMIT = "16Gi"
+TMP_SIZE_LIMIT = "8Gi"
 DEFAULT_MAX_TOKENS = 512
 # After the drain call: time for endpoint controllers to drop the pod before SIGTERM arrives.
 PRESTOP_SLEEP_SECONDS = 5
 STARTUP_PROBE_PERIOD_SECONDS = 10
-RUN_AS_USER = 1000
+# The runtime image's user: above the uids nodes give their own users, so a process that
+# escaped its container is no node user.
+RUN_AS_USER = 10001
 
 
 @dataclass(frozen=True)
@@ -235,6 +245,8 @@ def _volumes(name: str, spec: crd.AutoGLMDeploymentSpec) -> list[dict[str, Any]]
         # Tensor-parallel workers exchange tensors through shared memory.
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
         {"name": "model", **model_volume},
+        {"name": "home", "emptyDir": {"sizeLimit": HOME_SIZE_LIMIT}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE_LIMIT}},
         {
             "name": "config",
             "configMap": {
@@ -267,6 +279,10 @@ def _env(spec: crd.AutoGLMDeploymentSpec) -> list[dict[str, Any]]:
         {"name": "AUTOGLM_DRAIN_GRACE_SECONDS", "value": str(spec.engine.shutdown_timeout_seconds)},
         {"name": "AUTOGLM_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "HF_HOME", "value": spec.model.mount_path},
+        # Any image: the caches land in the writable home, not on the read-only root.
+        {"name": "HOME", "value": HOME_DIR},
+        {"name": "XDG_CACHE_HOME", "value": f"{HOME_DIR}/.cache"},
+        {"name": "XDG_CONFIG_HOME", "value": f"{HOME_DIR}/.config"},
     ]
     if spec.api_key_secret_ref is not None:
         # vLLM's own variable: clients must send this key on the /v1 routes.
@@ -297,6 +313,8 @@ def _container(spec: crd.AutoGLMDeploymentSpec, mode: Mode | None) -> dict[str, 
             {"name": "dshm", "mountPath": crd.SHM_MOUNT_PATH},
             {"name": "model", "mountPath": spec.model.mount_path}
             | ({"readOnly": True} if model_read_only else {}),
+            {"name": "home", "mountPath": HOME_DIR},
+            {"name": "tmp", "mountPath": TMP_DIR},
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "admin", "mountPath": ADMIN_DIR, "readOnly": True},
             {"name": "podinfo", "mountPath": PODINFO_DIR, "readOnly": True},
@@ -327,6 +345,7 @@ def _container(spec: crd.AutoGLMDeploymentSpec, mode: Mode | None) -> dict[str, 
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
             "runAsNonRoot": True,
             "seccompProfile": {"type": "RuntimeDefault"},
         },

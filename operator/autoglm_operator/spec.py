@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field
 from pydantic.json_schema import JsonDict, JsonValue
 
+from autoglm_operator import images
 from autoglm_runtime.engine_args import (
     API_KEY_FLAG_MESSAGE,
     API_KEY_FLAG_PATTERN,
@@ -37,7 +38,8 @@ SINGULAR = "autoglmdeployment"
 SHORT_NAMES = ["agd"]
 # AutoGLM-Phone-9B's position embeddings end here; vLLM refuses a longer --max-model-len.
 MODEL_CONTEXT_LIMIT = 8192
-DEFAULT_IMAGE = "ghcr.io/autoglm/autoglm-runtime:0.1.0"
+# The runtime image `make images` pushes, at the project version (images.py).
+DEFAULT_IMAGE = images.reference(images.RUNTIME_IMAGE)
 # Services are named <name>-streaming and <name>-batching: DNS-1035 labels of at most 63.
 MAX_NAME_LENGTH = 63 - len("-") - max(len(mode.value) for mode in Mode)
 # Names of the objects a field refers to (PVC, Secret, PriorityClass): DNS-1123 subdomains.
@@ -59,7 +61,17 @@ CONFIG_MOUNT_PATH = "/etc/autoglm"
 ADMIN_MOUNT_PATH = "/etc/autoglm/admin"
 PODINFO_MOUNT_PATH = "/etc/podinfo"
 SHM_MOUNT_PATH = "/dev/shm"
-RUNTIME_MOUNT_PATHS = (CONFIG_MOUNT_PATH, ADMIN_MOUNT_PATH, PODINFO_MOUNT_PATH, SHM_MOUNT_PATH)
+# The root filesystem is read-only: $HOME and /tmp are emptyDirs for what vLLM writes.
+HOME_MOUNT_PATH = "/home/autoglm"
+TMP_MOUNT_PATH = "/tmp"
+RUNTIME_MOUNT_PATHS = (
+    CONFIG_MOUNT_PATH,
+    ADMIN_MOUNT_PATH,
+    PODINFO_MOUNT_PATH,
+    SHM_MOUNT_PATH,
+    HOME_MOUNT_PATH,
+    TMP_MOUNT_PATH,
+)
 # The image's operating system (FHS): weights mounted on or inside one of these would hide what
 # the container needs to run.
 SYSTEM_DIRS = (
@@ -338,8 +350,18 @@ Quantity = Annotated[
 ]
 
 
+# CPU and memory beside the GPUs, sized for AutoGLM-Phone-9B in FP16 on 2 GPUs. Memory: the
+# load streams ~20 GB of safetensors through the page cache (charged to the pod), while the API
+# server, the engine core and one worker per GPU each hold torch and a CUDA context (3-5 GB
+# each): ~32 GB at the peak. The request keeps the pod off nodes where it would be OOM-killed
+# mid-load; the limit, twice that, is headroom for page cache and image batches. CPU: the
+# engine core and each worker keep a core busy, and the API server tokenizes and decodes images.
+DEFAULT_RESOURCE_REQUESTS: dict[str, int | str] = {"cpu": "8", "memory": "32Gi"}
+DEFAULT_RESOURCE_LIMITS: dict[str, int | str] = {"cpu": "16", "memory": "64Gi"}
+
+
 class ResourceSettings(CamelModel):
-    """CPU and memory for each replica; the operator sets the GPU count itself."""
+    """CPU and memory per replica (the operator sets the GPUs); a map set replaces its default."""
 
     model_config = _validations(
         _cel(
@@ -351,8 +373,16 @@ class ResourceSettings(CamelModel):
             "resources.requests may not name a GPU: use gpusPerReplica",
         ),
     )
-    requests: dict[str, Quantity] | None = Field(default=None, max_length=32)
-    limits: dict[str, Quantity] | None = Field(default=None, max_length=32)
+    requests: dict[str, Quantity] | None = Field(
+        default=DEFAULT_RESOURCE_REQUESTS,
+        max_length=32,
+        description="CPU and memory the scheduler reserves (default sized for the 9B model).",
+    )
+    limits: dict[str, Quantity] | None = Field(
+        default=DEFAULT_RESOURCE_LIMITS,
+        max_length=32,
+        description="Most CPU and memory a replica may use before throttling or OOM-kill.",
+    )
 
 
 # -- scheduling: Kubernetes' own Toleration and Affinity schemas, plus the pod validator's rules --

@@ -1,3 +1,6 @@
 """AutoGLM serving runtime: the vLLM launcher, the live mode middleware and the `sim` CPU engine."""
 
-__version__ = "0.1.0"
+from importlib.metadata import version
+
+# pyproject.toml holds the version; the images are tagged with it (hack/images.sh).
+__version__ = version("autoglm-operator")

@@ -49,6 +49,8 @@ from chartkit import (
     set_args,
 )
 
+from autoglm_operator import spec as crd_spec
+
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
 CRD_NAME = "autoglmdeployments.autoglm.io"
@@ -116,6 +118,14 @@ DRY_RUN_SETS: dict[str, dict[str, Any]] = {
         "monitoring.prometheusRule.enabled": True,
         "monitoring.plainPrometheusConfig.enabled": True,
         "monitoring.dashboard.enabled": True,
+    },
+    "network-policy": {
+        "networkPolicy.enabled": True,
+        "networkPolicy.clients": [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}}},
+            {"ipBlock": {"cidr": "10.0.0.0/8"}},
+        ],
+        "operator.replicas": 2,
     },
 }
 
@@ -265,9 +275,11 @@ def test_install_upgrade_uninstall(
 def test_cluster_scope_permissions_are_the_listed_ones(
     cluster: LocalCluster, crd: str, namespace: str, helm: Callable[..., Any]
 ) -> None:
-    helm(
+    out = helm(
         "install", "perm", str(CHART), "-n", namespace, "--skip-crds", "--wait", "--timeout", "120s"
     )
+    # NOTES' first AutoGLMDeployment runs the runtime image from the same registry.
+    assert f"image: {crd_spec.DEFAULT_IMAGE}" in out.stdout
     sa = f"system:serviceaccount:{namespace}:perm-autoglm"
     try:
         elsewhere = ("-n", "kube-system")

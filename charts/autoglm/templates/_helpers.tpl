@@ -40,12 +40,18 @@ app.kubernetes.io/component: operator
 {{- end -}}
 {{- end -}}
 
+{{/* The image names hack/images.sh pushes (operator/autoglm_operator/images.py). */}}
 {{- define "autoglm.image" -}}
+{{- $repository := .Values.image.repository | default (printf "%s/autoglm-operator" .Values.image.registry) -}}
 {{- if .Values.image.digest -}}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- printf "%s@%s" $repository .Values.image.digest -}}
 {{- else -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
+{{- end -}}
+
+{{- define "autoglm.runtimeImage" -}}
+{{- printf "%s/autoglm-runtime:%s" .Values.image.registry .Chart.AppVersion -}}
 {{- end -}}
 
 {{/* The namespaces the operator watches in Namespace scope (the release namespace by default). */}}

@@ -53,6 +53,11 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "from-values": FROM_VALUES,
     "ha": {"operator.replicas": 2},
     "everything": {**MONITORING_ON, **FROM_VALUES, "operator.replicas": 3},
+    "network-policy": {
+        "networkPolicy.enabled": True,
+        "networkPolicy.clients": [{"ipBlock": {"cidr": "10.0.0.0/8"}}],
+        **NAMESPACED,
+    },
 }
 
 

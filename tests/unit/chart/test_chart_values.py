@@ -14,10 +14,24 @@ import pytest
 import yaml
 from chartkit import CHART, CHART_CRD, CRD_SOURCE, REPO, one, render, run_helm, template_args
 
+_APPS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}}}
 # (the key a case is about, the values, text the error must contain)
 BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
+    ("networkPolicy.enabled", {"networkPolicy.enabled": "yes"}, "at '/networkPolicy/enabled'"),
+    ("networkPolicy.clients", {"networkPolicy.enabled": True},
+     "networkPolicy.enabled needs networkPolicy.clients"),
+    ("networkPolicy.clients", {"networkPolicy.clients": [{}]},
+     "at '/networkPolicy/clients/0': minProperties"),
+    ("networkPolicy.clients", {"networkPolicy.clients": [{"podSelectors": {}}]},
+     "at '/networkPolicy/clients/0': additional properties 'podSelectors' not allowed"),
+    ("networkPolicy.namespaces",
+     {"networkPolicy.enabled": True, "networkPolicy.clients": [_APPS],
+      "networkPolicy.namespaces": ["Bad_NS"]}, "at '/networkPolicy/namespaces/0'"),
+    ("networkPolicy.prometheus", {"networkPolicy.prometheus": [{"ipBlock": {}}]},
+     "at '/networkPolicy/prometheus/0/ipBlock': missing property 'cidr'"),
     ("nameOverride", {"nameOverride": "AutoGLM_Operator"}, "at '/nameOverride'"),
     ("fullnameOverride", {"fullnameOverride": "x" * 64}, "at '/fullnameOverride'"),
+    ("image.registry", {"image.registry": "ghcr.io/Team/"}, "at '/image/registry'"),
     ("image.repository", {"image.repository": "ghcr.io/AutoGLM/operator"},
      "at '/image/repository'"),
     ("image.tag", {"image.tag": "0.1.0 latest"}, "at '/image/tag'"),

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
 import tomllib
 from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
 import yaml
-from chartkit import CHART, REPO, one, render
+from chartkit import CHART, CHART_CRD, CRD_SOURCE, REPO, one, render
 
-from autoglm_operator import builders, cli
+from autoglm_operator import builders, cli, images
 from autoglm_operator import spec as crd
 from autoglm_runtime.engine_args import PINNED_VLLM_VERSION
 
@@ -148,12 +149,65 @@ def test_chart_metrics_port_env_is_the_one_the_operator_reads() -> None:
     assert env[PORT_ENV] == str(DEFAULT_PORT)
 
 
+VERSION = PYPROJECT["project"]["version"]
+OPERATOR_REF = f"{images.DEFAULT_REGISTRY}/{images.OPERATOR_IMAGE}:{VERSION}"
+RUNTIME_REF = f"{images.DEFAULT_REGISTRY}/{images.RUNTIME_IMAGE}:{VERSION}"
+# Files that name an image: each reference must be the default one, or one in $REGISTRY.
+IMAGE_REFERENCE = re.compile(r"([\w.\-/:$]*)/(autoglm-(?:operator|runtime))([:@])([\w.\-$]+)")
+FILES_NAMING_IMAGES = [
+    REPO / "README.md", REPO / "Makefile", REPO / "hack" / "images.sh",
+    *sorted((REPO / "examples").glob("*.yaml")), *sorted(IMAGES.glob("*.Dockerfile")),
+    *sorted(p for p in CHART.rglob("*") if p.suffix in (".yaml", ".tpl", ".txt", ".json")),
+]  # fmt: skip
+
+
+def _spec_image_default(crd_file: Path) -> str:
+    doc = yaml.safe_load(crd_file.read_text())
+    schema = doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return str(schema["properties"]["spec"]["properties"]["image"]["default"])
+
+
 def test_versions_agree_across_package_chart_and_images() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    assert chart["appVersion"] == PYPROJECT["project"]["version"]
-    assert f"ghcr.io/autoglm/autoglm-runtime:{chart['appVersion']}" == crd.DEFAULT_IMAGE
+    assert chart["appVersion"] == VERSION == images.VERSION
+    assert crd.DEFAULT_IMAGE == RUNTIME_REF
+    assert _spec_image_default(CRD_SOURCE) == _spec_image_default(CHART_CRD) == RUNTIME_REF
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    assert values["image"]["repository"] == "ghcr.io/autoglm/autoglm-operator"
+    assert values["image"]["registry"] == images.DEFAULT_REGISTRY
+    example = yaml.safe_load((REPO / "examples" / "autoglm.yaml").read_text())
+    assert example["spec"]["image"] == RUNTIME_REF
+
+
+def test_chart_defaults_to_the_images_images_py_names() -> None:
+    docs = render({"deployment.create": True})
+    operator = one(docs, "Deployment", "agl-autoglm")["spec"]["template"]["spec"]["containers"][0]
+    assert operator["image"] == OPERATOR_REF
+    assert one(docs, "AutoGLMDeployment", "phone-9b")["spec"]["image"] == RUNTIME_REF
+
+
+def test_one_registry_value_points_both_images_at_the_users_registry() -> None:
+    registry = "registry.example.com:5000/team"
+    docs = render({"image.registry": registry, "deployment.create": True})
+    operator = one(docs, "Deployment", "agl-autoglm")["spec"]["template"]["spec"]["containers"][0]
+    assert operator["image"] == f"{registry}/autoglm-operator:{VERSION}"
+    runtime = one(docs, "AutoGLMDeployment", "phone-9b")["spec"]["image"]
+    assert runtime == f"{registry}/autoglm-runtime:{VERSION}"
+    # An image set in the spec, or a full operator repository, still wins.
+    docs = render({
+        "image.registry": registry, "image.repository": "mirror.example.com/op",
+        "deployment.create": True, "deployment.spec": {"image": "mirror.example.com/rt:1"},
+    })  # fmt: skip
+    operator = one(docs, "Deployment", "agl-autoglm")["spec"]["template"]["spec"]["containers"][0]
+    assert operator["image"] == f"mirror.example.com/op:{VERSION}"
+    assert one(docs, "AutoGLMDeployment", "phone-9b")["spec"]["image"] == "mirror.example.com/rt:1"
+
+
+@pytest.mark.parametrize("path", FILES_NAMING_IMAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_image_reference_in_docs_and_examples_is_the_current_one(path: Path) -> None:
+    for registry, name, separator, tag in IMAGE_REFERENCE.findall(path.read_text()):
+        ref = f"{registry}/{name}{separator}{tag}"
+        assert registry in (images.DEFAULT_REGISTRY, "$REGISTRY"), f"{path.name}: {ref}"
+        assert separator == ":" and tag == VERSION, f"{path.name}: {ref} is not at {VERSION}"
 
 
 def _ignored(path: str, patterns: list[str]) -> bool:
@@ -194,3 +248,80 @@ def test_build_context_holds_every_file_the_copy_lines_need(dockerfile: Path) ->
     # And the bulky things stay out.
     for heavy in (".venv", ".git", "tests", "charts"):
         assert _ignored(heavy, patterns), f"{heavy} would be sent to the builder"
+
+
+# -- hack/images.sh: `make images`, with stand-in builders that record what they were asked ----
+
+FAKE_BUILDER = """#!/bin/sh
+echo "$(basename "$0") $*" >> "$CALLS"
+[ "$1" != info ] || exit "${DOCKER_INFO_RC:-0}"
+"""
+
+
+def _images_sh(tmp_path: Path, builders_: list[str], **env: str) -> tuple[int, str, list[str]]:
+    """(exit status, stdout then stderr, the builder calls) of hack/images.sh."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name in builders_:
+        (bin_dir / name).write_text(FAKE_BUILDER)
+        (bin_dir / name).chmod(0o755)
+    calls = tmp_path / "calls"
+    result = subprocess.run(
+        ["bash", str(REPO / "hack" / "images.sh")],
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "CALLS": str(calls), **env},
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    lines = calls.read_text().splitlines() if calls.exists() else []
+    return result.returncode, result.stdout + "\n" + result.stderr, lines
+
+
+def test_make_images_builds_and_pushes_both_images_with_docker(tmp_path: Path) -> None:
+    registry = "registry.example.com/team"
+    rc, out, calls = _images_sh(tmp_path, ["docker", "podman"], REGISTRY=registry + "/")
+    assert rc == 0, out
+    operator = f"{registry}/autoglm-operator:{VERSION}"
+    runtime = f"{registry}/autoglm-runtime:{VERSION}"
+    assert calls == [
+        "docker info",
+        f"docker build -f {OPERATOR} -t {operator} {REPO}",
+        f"docker build -f {RUNTIME} -t {runtime} {REPO}",
+        f"docker push {operator}",
+        f"docker push {runtime}",
+    ]
+    # stdout: the pushed references, one a line, for scripts.
+    assert out.split("\n")[:2] == [operator, runtime]
+
+
+def test_make_images_uses_podman_when_the_docker_daemon_is_down(tmp_path: Path) -> None:
+    rc, out, calls = _images_sh(
+        tmp_path, ["docker", "podman"], REGISTRY="localhost:5000/x", DOCKER_INFO_RC="1"
+    )
+    assert rc == 0, out
+    ref = f"localhost:5000/x/autoglm-runtime:{VERSION}"
+    ignore = f"{RUNTIME}.dockerignore"
+    assert f"podman build --ignorefile {ignore} -f {RUNTIME} -t {ref} {REPO}" in calls
+    assert calls[-1] == f"podman push {ref}" and not any(c.startswith("docker b") for c in calls)
+
+
+def test_make_images_with_buildah_only_and_push_off(tmp_path: Path) -> None:
+    rc, out, calls = _images_sh(tmp_path, ["buildah"], REGISTRY="r.example.com", PUSH="0")
+    assert rc == 0, out
+    assert [c.split()[:2] for c in calls] == [["buildah", "build"]] * 2
+
+
+@pytest.mark.parametrize(
+    ("builders_", "env", "message"),
+    [
+        (["docker"], {}, "set REGISTRY"),
+        (["docker"], {"REGISTRY": "Registry.Example.com/Team"}, "not a registry host"),
+        ([], {"REGISTRY": "r.example.com"}, "no image builder: install Docker"),
+        (["docker"], {"REGISTRY": "r.example.com", "DOCKER_INFO_RC": "1"}, "daemon does not"),
+        (["docker"], {"REGISTRY": "r.example.com", "BUILDER": "podman"}, "BUILDER=podman is not"),
+    ],
+)
+def test_make_images_says_what_is_missing(
+    tmp_path: Path, builders_: list[str], env: dict[str, str], message: str
+) -> None:
+    rc, out, calls = _images_sh(tmp_path, builders_, **env)
+    assert rc != 0 and message in out, out
+    assert not [c for c in calls if " build " in f" {c} " or " push " in f" {c} "]

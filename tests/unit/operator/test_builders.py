@@ -60,8 +60,17 @@ def test_gpus_per_replica_sets_both_the_gpu_request_and_tensor_parallelism() -> 
     c = container(spec)
     assert flag(c["args"], "--tensor-parallel-size") == "4"
     assert flag(c["args"], "--dtype") == "bfloat16"
-    assert c["resources"]["requests"] == {"amd.com/gpu": "4"}
-    assert c["resources"]["limits"] == {"amd.com/gpu": "4"}
+    assert c["resources"]["requests"]["amd.com/gpu"] == "4"
+    assert c["resources"]["limits"]["amd.com/gpu"] == "4"
+    assert "nvidia.com/gpu" not in c["resources"]["requests"]
+
+
+def test_default_cpu_and_memory_fit_a_9b_fp16_model_on_two_gpus() -> None:
+    # Loading ~20 GB of FP16 weights takes tens of GB of host memory: without a request the
+    # scheduler may place the pod where it is OOM-killed mid-load.
+    res = container(make_spec())["resources"]
+    assert res["requests"] == {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "2"}
+    assert res["limits"] == {"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": "2"}
 
 
 def test_cpu_and_memory_resources_sit_beside_the_gpus() -> None:
@@ -70,7 +79,47 @@ def test_cpu_and_memory_resources_sit_beside_the_gpus() -> None:
     )
     res = container(spec)["resources"]
     assert res["requests"] == {"cpu": "8", "memory": "48Gi", "nvidia.com/gpu": "2"}
+    # A map that is set replaces its default whole: no CPU limit here.
     assert res["limits"] == {"memory": "64Gi", "nvidia.com/gpu": "2"}
+
+
+def _writable_volume(pod: dict[str, Any], path: str) -> dict[str, Any] | None:
+    """The emptyDir a write to `path` lands in (deepest mount wins), or None."""
+    c = pod["containers"][0]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = sorted(c["volumeMounts"], key=lambda m: len(m["mountPath"]), reverse=True)
+    for mount in mounts:
+        if path == mount["mountPath"] or path.startswith(mount["mountPath"].rstrip("/") + "/"):
+            volume = volumes[mount["name"]]
+            return volume if "emptyDir" in volume and not mount.get("readOnly") else None
+    return None
+
+
+@pytest.mark.parametrize("model", [{}, {"pvcName": "weights"}])
+def test_root_filesystem_is_read_only_and_what_vllm_writes_has_an_empty_dir(
+    model: dict[str, Any],
+) -> None:
+    pod = builders.deployment(OWNER, make_spec(model=model))["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    home = env["HOME"]
+    # vLLM's cache root (~/.cache/vllm, with the torch.compile cache) and config root, triton's
+    # and flashinfer's JIT caches, torch inductor's cache and vLLM's IPC sockets in /tmp.
+    written = [
+        f"{env['XDG_CACHE_HOME']}/vllm/torch_compile_cache",
+        f"{env['XDG_CONFIG_HOME']}/vllm/usage_stats.json",
+        f"{home}/.triton/cache",
+        f"{home}/.cache/flashinfer",
+        f"{home}/.tilelang/cache",
+        "/tmp/torchinductor_autoglm",
+    ]
+    for path in written:
+        assert _writable_volume(pod, path), f"{path} is on the read-only root filesystem"
+    # Without a weights volume vLLM downloads into HF_HOME; a PVC stays read-only.
+    assert bool(_writable_volume(pod, env["HF_HOME"])) == (not model)
+    limits = {v["name"]: v["emptyDir"].get("sizeLimit") for v in pod["volumes"] if "emptyDir" in v}
+    assert limits["home"] and limits["tmp"]
 
 
 def test_envelope_follows_the_larger_profile() -> None:
@@ -99,6 +148,7 @@ def test_pod_is_restricted_and_shaped_for_tensor_parallel_serving() -> None:
     assert c["securityContext"] == {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
         "runAsNonRoot": True,
         "seccompProfile": {"type": "RuntimeDefault"},
     }

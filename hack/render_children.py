@@ -1,0 +1,49 @@
+"""Print, as YAML documents, the children the operator creates for an AutoGLMDeployment file.
+
+    python hack/render_children.py [--namespace NS] examples/autoglm.yaml > children.yaml
+
+The operator's pure builders make them from the spec (with the CRD's defaults filled in, as the
+apiserver would), so no cluster is needed: hack/checkov.sh scans what this prints. The admin
+Secret's token is random in a cluster; here it is a placeholder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+from autoglm_operator import builders
+from autoglm_operator import spec as crd
+
+PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
+
+
+def render(path: Path, namespace: str | None = None) -> str:
+    obj = yaml.safe_load(path.read_text())
+    if not isinstance(obj, dict) or obj.get("kind") != crd.KIND:
+        raise SystemExit(f"{path}: not an {crd.KIND}")
+    metadata = obj.get("metadata") or {}
+    spec = crd.AutoGLMDeploymentSpec.model_validate(obj.get("spec") or {})
+    owner = builders.Owner(
+        name=metadata["name"],
+        namespace=namespace or metadata.get("namespace", "default"),
+        uid=PLACEHOLDER_UID,
+    )
+    docs = [*builders.children(owner, spec), builders.admin_secret(owner, "placeholder")]
+    return yaml.safe_dump_all(docs, sort_keys=False)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("file", type=Path, help="an AutoGLMDeployment manifest")
+    parser.add_argument("--namespace", help="default: the manifest's, else default")
+    args = parser.parse_args(argv)
+    sys.stdout.write(render(args.file, args.namespace))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,19 @@
+"""Where the operator and runtime images live by default, in one place.
+
+`make images REGISTRY=...` (hack/images.sh) pushes `<registry>/<name>:<version>`; the chart
+(values.yaml `image.registry`), the CRD's default `image` and the examples name the same
+references, and tests/unit/chart/test_images.py keeps them equal. The version is pyproject.toml's.
+"""
+
+from __future__ import annotations
+
+from autoglm_runtime import __version__
+
+DEFAULT_REGISTRY = "ghcr.io/autoglm"
+OPERATOR_IMAGE = "autoglm-operator"
+RUNTIME_IMAGE = "autoglm-runtime"
+VERSION = __version__
+
+
+def reference(name: str, registry: str = DEFAULT_REGISTRY, tag: str = VERSION) -> str:
+    return f"{registry}/{name}:{tag}"

@@ -1,0 +1,109 @@
+"""The optional NetworkPolicies: serving pods reachable only from the named clients, the operator,
+Prometheus and the helm test pod; the operator pod only on its metrics port, from Prometheus.
+
+Selectors are checked against the objects they must match (the operator's own pod template, the
+chart's operator Deployment and test pod), so a renamed label breaks a test, not the traffic.
+Bad values: tests/unit/chart/test_chart_values.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from chartkit import NAMESPACE, RELEASE, by_kind, one, render
+
+from autoglm_operator import builders
+from autoglm_operator import spec as crd
+
+FULLNAME = f"{RELEASE}-autoglm"
+APPS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}}}
+ENABLED = {"networkPolicy.enabled": True, "networkPolicy.clients": [APPS]}
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    assert set(selector) == {"matchLabels"}, selector
+    return selector["matchLabels"].items() <= labels.items()
+
+
+def _peer_matches(peer: dict[str, Any], namespace: str, labels: dict[str, str]) -> bool:
+    ns = peer.get("namespaceSelector")
+    ns_ok = ns == {} or (
+        ns is not None and _selects(ns, {"kubernetes.io/metadata.name": namespace})
+    )
+    return ns_ok and _selects(peer["podSelector"], labels)
+
+
+def test_off_by_default() -> None:
+    assert by_kind(render(), "NetworkPolicy") == []
+
+
+def test_serving_pods_take_only_the_named_clients_the_operator_prometheus_and_helm_test() -> None:
+    docs = render({**ENABLED, "tests.namespace": NAMESPACE})
+    policy = one(docs, "NetworkPolicy", f"{FULLNAME}-serving")
+    assert policy["metadata"]["namespace"] == NAMESPACE
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    # It selects the pods the operator creates, and their serving port by name.
+    pod = builders.pod_template("phone-9b", crd.AutoGLMDeploymentSpec())
+    assert _selects(policy["spec"]["podSelector"], pod["metadata"]["labels"])
+    [rule] = policy["spec"]["ingress"]
+    port_names = {p["name"] for p in pod["spec"]["containers"][0]["ports"]}
+    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}] and "http" in port_names
+    peers = rule["from"]
+    operator_pod = one(docs, "Deployment", FULLNAME)["spec"]["template"]["metadata"]["labels"]
+    test_pod = one(docs, "Pod", f"{FULLNAME}-test-models")["metadata"]["labels"]
+    assert any(_peer_matches(p, NAMESPACE, operator_pod) for p in peers if "podSelector" in p)
+    assert any(_peer_matches(p, NAMESPACE, test_pod) for p in peers if "podSelector" in p)
+    prometheus = {"app.kubernetes.io/name": "prometheus", "prometheus": "k8s"}
+    assert any(_peer_matches(p, "monitoring", prometheus) for p in peers if "podSelector" in p)
+    assert APPS in peers
+    # Nobody else: an unlabelled pod in the release namespace matches no peer.
+    assert not any(
+        _peer_matches(p, NAMESPACE, {"app": "other"}) for p in peers if "podSelector" in p
+    )
+    assert len(peers) == 4
+
+
+def test_operator_pod_takes_only_prometheus_on_its_metrics_port() -> None:
+    docs = render(ENABLED)
+    policy = one(docs, "NetworkPolicy", f"{FULLNAME}-operator")
+    operator = one(docs, "Deployment", FULLNAME)["spec"]["template"]
+    assert _selects(policy["spec"]["podSelector"], operator["metadata"]["labels"])
+    [rule] = policy["spec"]["ingress"]
+    ports = {p["name"] for p in operator["spec"]["containers"][0]["ports"]}
+    assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}] and "metrics" in ports
+    # The values' default: the Prometheus Operator's and the prometheus-community chart's pods.
+    prometheus = {"app.kubernetes.io/name": "prometheus"}
+    assert rule["from"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": prometheus}}]
+
+
+@pytest.mark.parametrize(
+    ("values", "namespaces"),
+    [
+        ({}, [NAMESPACE]),
+        ({"operator.scope": "Namespace", "operator.watchNamespaces": ["a", "b"]}, ["a", "b"]),
+        ({"networkPolicy.namespaces": ["serving", "serving", "lab"]}, ["serving", "lab"]),
+    ],
+)
+def test_one_serving_policy_per_namespace_that_runs_models(
+    values: dict[str, Any], namespaces: list[str]
+) -> None:
+    docs = render({**ENABLED, **values})
+    serving = [
+        d for d in by_kind(docs, "NetworkPolicy") if d["metadata"]["name"].endswith("-serving")
+    ]
+    assert [d["metadata"]["namespace"] for d in serving] == namespaces
+
+
+def test_the_helm_test_pod_takes_no_connections() -> None:
+    docs = render(ENABLED)
+    policy = one(docs, "NetworkPolicy", f"{FULLNAME}-test")
+    test_pod = one(docs, "Pod", f"{FULLNAME}-test-models")
+    assert policy["metadata"]["namespace"] == test_pod["metadata"]["namespace"]
+    assert _selects(policy["spec"]["podSelector"], test_pod["metadata"]["labels"])
+    assert policy["spec"]["policyTypes"] == ["Ingress"] and "ingress" not in policy["spec"]
+
+
+def test_no_operator_policy_without_an_operator_pod() -> None:
+    docs = render({**ENABLED, "operator.replicas": 0})
+    names = [d["metadata"]["name"] for d in by_kind(docs, "NetworkPolicy")]
+    assert names == [f"{FULLNAME}-serving", f"{FULLNAME}-test"]
