@@ -19,7 +19,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from autoglm_operator import plan
 from autoglm_operator import policy as pol
+from autoglm_operator.pods import PodView
 from autoglm_operator.prom import Availability, Reading
 from autoglm_operator.runtime_client import RuntimeAdminError, SetModeResult
 from autoglm_operator.spec import (
@@ -29,6 +31,7 @@ from autoglm_operator.spec import (
     ModePolicy,
     SwitchStrategy,
 )
+from autoglm_operator.status import merge_conditions
 from autoglm_runtime.profiles import Mode
 
 logger = logging.getLogger(__name__)
@@ -39,16 +42,6 @@ OWNED_CONDITIONS = (METRICS_AVAILABLE, MODE_TRANSITIONING)
 HISTORY_LIMIT = 10
 PAUSED = "Paused"
 NOT_QUERIED = "NotQueried"
-
-
-@dataclass(frozen=True)
-class PodView:
-    """A pod of the deployment as the loop needs it; ip None: not reachable yet."""
-
-    name: str
-    ip: str | None
-    mode: Mode | None
-    ready: bool
 
 
 @dataclass(frozen=True)
@@ -103,40 +96,11 @@ class PassResult:
     reading: Reading | None = None
     flips: list[FlipOutcome] = field(default_factory=list)
     repairs: list[RepairOutcome] = field(default_factory=list)
+    # switchStrategy Rolling: how many replicas should run batching pods (the plan steps there)
+    batching_target: int | None = None
 
 
 # -- conditions ------------------------------------------------------------------------------
-
-
-def merge_conditions(
-    existing: Sequence[Mapping[str, Any]], updates: Sequence[Condition], now_iso: str
-) -> list[dict[str, Any]]:
-    """Replace the conditions named in updates, keep every other one as it is (safe to rerun).
-
-    lastTransitionTime moves only when a condition's status changes, as api-conventions ask.
-    """
-    by_type = {u.type: u for u in updates}
-    merged: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    for current in existing:
-        kind = current.get("type")
-        if kind not in by_type:
-            merged.append(dict(current))
-            continue
-        seen.add(kind)
-        update = by_type[kind]
-        same_status = current.get("status") == update.status
-        transition = current.get("lastTransitionTime") if same_status else None
-        merged.append(_condition_dict(update, transition or now_iso))
-    for kind, update in by_type.items():
-        if kind not in seen:
-            merged.append(_condition_dict(update, now_iso))
-    return merged
-
-
-def _condition_dict(condition: Condition, transition: str) -> dict[str, Any]:
-    data = condition.model_copy(update={"last_transition_time": transition})
-    return data.model_dump(by_alias=True, exclude_none=True)
 
 
 def _metrics_condition(
@@ -183,6 +147,8 @@ class PassInput:
     status: Mapping[str, Any]  # the object's current status, as read
     pods: Sequence[PodView]
     now: float
+    # switchStrategy Rolling: the replicas each mode's Deployment has now (None: none yet).
+    deployment_split: Mapping[Mode, int] | None = None
 
 
 async def run_pass(
@@ -284,7 +250,7 @@ async def run_pass(
                         )
                     ],
                     now_iso,
-                )
+                ),
             }
         )
         outcomes = list(
@@ -357,10 +323,7 @@ async def run_pass(
     )  # fmt: skip
     last = status.get("lastDecision")
     if decision.flips or failed or _differs(last, record):
-        recorded = record.model_dump(by_alias=True, exclude_none=True)
-        patch["lastDecision"] = recorded
-        history = list(status.get("decisionHistory") or [])
-        patch["decisionHistory"] = [*history, recorded][-HISTORY_LIMIT:]
+        patch.update(_recorded(status, record))
     if stored_state != (status.get("adaptiveState") or {}):
         patch["adaptiveState"] = stored_state
 
@@ -397,12 +360,8 @@ def _rolling_pass(
     replicas = spec.replicas
     batching = sum(1 for p in inp.pods if p.mode is Mode.BATCHING)
     stored = (status.get("adaptiveState") or {}).get("batchingTarget")
-    if spec.mode_policy is ModePolicy.BATCHING:
-        target = replicas
-    elif spec.mode_policy is ModePolicy.STREAMING:
-        target = 0
-    else:
-        target = batching if stored is None else min(int(stored), replicas)
+    split = inp.deployment_split
+    target = plan.rolling_batching_target(spec, None if stored is None else int(stored), split)
     in_flight = batching != target or len(inp.pods) > replicas
     last = status.get("lastDecision")
     last = last if isinstance(last, Mapping) else {}
@@ -413,7 +372,8 @@ def _rolling_pass(
     completed = pending and not in_flight  # recorded first; a next step waits for next pass
     adaptive = spec.mode_policy is ModePolicy.ADAPTIVE
     if adaptive and decision.flips and not in_flight and not completed:
-        target, in_flight, kept_state = decision.to_batching, True, decision.state
+        target = plan.rolling_batching_target(spec, decision.to_batching, split)
+        in_flight, kept_state = True, decision.state
     started = in_flight and not (last.get("applied") is False and last.get("toBatching") == target)
 
     record: Decision | None = None
@@ -494,17 +454,26 @@ def _rolling_pass(
         events, after_repairs,
     )  # fmt: skip
     if record is not None:
-        recorded = record.model_dump(by_alias=True, exclude_none=True)
-        patch["lastDecision"] = recorded
-        history = list(status.get("decisionHistory") or [])
-        patch["decisionHistory"] = [*history, recorded][-HISTORY_LIMIT:]
+        patch.update(_recorded(status, record))
     stored_state = kept_state.to_status().model_copy(update={"batching_target": target})
     dumped = stored_state.model_dump(by_alias=True, exclude_none=True)
     if dumped != (status.get("adaptiveState") or {}):
         patch["adaptiveState"] = dumped
     return PassResult(
-        status_patch=patch, events=events, decision=decision, reading=reading, repairs=repairs
+        status_patch=patch,
+        events=events,
+        decision=decision,
+        reading=reading,
+        repairs=repairs,
+        batching_target=target,
     )
+
+
+def _recorded(status: Mapping[str, Any], record: Decision) -> dict[str, Any]:
+    """lastDecision and the bounded decisionHistory with the record appended."""
+    recorded = record.model_dump(by_alias=True, exclude_none=True)
+    history = list(status.get("decisionHistory") or [])
+    return {"lastDecision": recorded, "decisionHistory": [*history, recorded][-HISTORY_LIMIT:]}
 
 
 def _conditions_patch(

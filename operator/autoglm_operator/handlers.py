@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -20,7 +19,9 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from autoglm_operator import builders, kube, plan
+from autoglm_operator import adaptive_handlers, builders, kube, plan
+from autoglm_operator import pods as pods_
+from autoglm_operator import policy as pol
 from autoglm_operator import settings as settings_
 from autoglm_operator import spec as crd
 from autoglm_operator import status as status_
@@ -88,6 +89,7 @@ def owned_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_:
             "metadata": _trim(body)["metadata"],
             "status": {
                 "phase": status.get("phase"),
+                "podIP": status.get("podIP"),
                 "conditions": list(status.get("conditions") or []),
                 "containerStatuses": list(status.get("containerStatuses") or []),
             },
@@ -96,10 +98,6 @@ def owned_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_:
 
 
 # -- one reconcile pass ----------------------------------------------------------------------
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _owned(obj: dict[str, Any], uid: str) -> bool:
@@ -119,6 +117,9 @@ class LoopState:
     failures: int = 0
     retry_at: float = 0.0
     status_written: tuple[dict[str, Any], str] | None = None  # (status, rv it was based on)
+    # switchStrategy Rolling: the batching replicas the adaptive pass wants (None: not decided
+    # in this process yet; the plan then reads what a previous operator persisted in status).
+    batching_target: int | None = None
 
 
 @dataclass(frozen=True)
@@ -208,7 +209,7 @@ class Reconciler:
         surge = plan.surge_allowed(spec, desired_hashes, observed.deployment, observed.pods)
         split = None
         if builders.rolling(spec):
-            step = self._rolling_step(owner, spec, observed)
+            step = self._rolling_step(owner, spec, observed, state.batching_target)
             await self._retire(body, owner, step, observed.pods)
             split = step.split
         desired = builders.children(owner, spec, surge=surge, split=split)
@@ -243,15 +244,20 @@ class Reconciler:
         return None
 
     def _rolling_step(
-        self, owner: builders.Owner, spec: crd.AutoGLMDeploymentSpec, observed: Observed
+        self,
+        owner: builders.Owner,
+        spec: crd.AutoGLMDeploymentSpec,
+        observed: Observed,
+        decided: int | None,
     ) -> plan.RollingStep:
         """switchStrategy Rolling: the replicas each mode's Deployment should have now."""
         current = plan.deployment_split(observed.children, owner.name)
-        adaptive_state = (observed.body.get("status") or {}).get("adaptiveState") or {}
-        stored = adaptive_state.get("batchingTarget")
-        target = plan.rolling_batching_target(
-            spec, int(stored) if stored is not None else None, current
-        )
+        if decided is None:  # a restarted operator: what the last one decided, from status
+            stored = ((observed.body.get("status") or {}).get("adaptiveState") or {}).get(
+                "batchingTarget"
+            )
+            decided = int(stored) if stored is not None else None
+        target = plan.rolling_batching_target(spec, decided, current)
         hashes = {
             mode: builders.template_hash(builders.pod_template(owner.name, spec, mode)) or ""
             for mode in Mode
@@ -278,7 +284,7 @@ class Reconciler:
                 continue
             patch = {"metadata": {"annotations": {plan.DELETION_COST_ANNOTATION: plan.RETIRE_COST}}}
             await self.call(self.kube.merge_patch, "Pod", owner.namespace, name, patch)
-            mode = status_.pod_mode(pod)
+            mode = pods_.pod_mode(pod)
             new = "batching" if mode is Mode.STREAMING else "streaming"
             message = (
                 f"Replacing {mode.value if mode else 'unlabelled'} pod {name} with a {new} pod "
@@ -300,14 +306,14 @@ class Reconciler:
         replica with the current template (make-before-break for the strategy change too)."""
         name = builders.deployment_name(owner.name, Mode.BATCHING)
         stale = observed.children.get(("Deployment", name))
-        if stale is None or status_.is_terminating(stale):
+        if stale is None or pods_.is_terminating(stale):
             return
         current_ready = sum(
             1
             for p in observed.pods
-            if status_.is_live(p)
-            and status_.is_ready(p)
-            and status_.pod_template_hash(p) in desired_hashes
+            if pods_.is_live(p)
+            and pods_.is_ready(p)
+            and pods_.pod_template_hash(p) in desired_hashes
         )
         if current_ready < spec.replicas:
             return
@@ -389,7 +395,7 @@ class Reconciler:
             deployment=observed.deployment,
             pods=observed.pods,
             current=observed.body.get("status"),
-            now=_now(),
+            now=pol.iso_time(time.time()),
             problem=problem,
         )
         METRICS.replicas.labels(meta["namespace"], meta["name"]).set(spec.replicas)
@@ -494,28 +500,60 @@ async def reconcile(
     stopped: kopf.DaemonStopped,
     **kwargs: Any,
 ) -> None:
-    """The level-based loop: observe (memory), plan (pure), write only the difference."""
+    """The one loop per object: observe (memory), the adaptive pass when due, plan (pure),
+    write only the difference."""
     indexes = {index: kwargs[index] for index in INDEXES}
     reconciler = Reconciler(memo.kube, logger)
     state = LoopState()
+    adaptive = adaptive_handlers.AdaptiveLoop(memo.kube, str(namespace), name)
     interval = settings_.RECONCILE_INTERVAL_SECONDS
-    while not stopped:
-        observed = observe(body, str(namespace), name, uid, indexes)
-        fingerprint = observed.fingerprint()
-        now = time.monotonic()
-        due = now >= state.retry_at
-        if due and (fingerprint != state.fingerprint or plan.has_pending(state.written, now)):
-            try:
-                await reconciler.pass_once(body, observed, state)
-                state.fingerprint = fingerprint
-                state.failures = 0
-            except kube.ApiError as err:
-                state.fingerprint = None
-                await _failed(reconciler, body, observed, state, err)
-        await stopped.wait(interval)
-    for gauge in (METRICS.replicas, METRICS.ready_replicas):
-        with contextlib.suppress(KeyError):
-            gauge.remove(str(namespace), name)
+    try:
+        while not stopped:
+            observed = observe(body, str(namespace), name, uid, indexes)
+            if time.monotonic() >= adaptive.due_at:
+                await _adaptive_pass(adaptive, body, observed, state, logger)
+            fingerprint = (observed.fingerprint(), state.batching_target)
+            now = time.monotonic()
+            due = now >= state.retry_at
+            if due and (fingerprint != state.fingerprint or plan.has_pending(state.written, now)):
+                try:
+                    await reconciler.pass_once(body, observed, state)
+                    state.fingerprint = fingerprint
+                    state.failures = 0
+                except kube.ApiError as err:
+                    state.fingerprint = None
+                    await _failed(reconciler, body, observed, state, err)
+            await stopped.wait(interval)
+    finally:
+        await adaptive.close()
+        METRICS.forget(str(namespace), name)
+        for gauge in (METRICS.replicas, METRICS.ready_replicas):
+            with contextlib.suppress(KeyError):
+                gauge.remove(str(namespace), name)
+
+
+async def _adaptive_pass(
+    adaptive: adaptive_handlers.AdaptiveLoop,
+    body: kopf.Body,
+    observed: Observed,
+    state: LoopState,
+    logger: kopf.Logger,
+) -> None:
+    """Flip modes (InPlace) or decide the batching share the plan steps toward (Rolling)."""
+    live = [pods_.view(p) for p in observed.pods if pods_.is_live(p)]
+    split = plan.deployment_split(observed.children, observed.body["metadata"]["name"])
+    try:
+        result = await adaptive.run_once(observed.body, live, body, split)
+    except asyncio.CancelledError:
+        raise
+    except adaptive_handlers.MissingAdminToken as missing:
+        logger.warning(f"Adaptive pass waits for the admin token: {missing}")
+        adaptive.retry_soon()
+    except Exception:
+        logger.exception("Adaptive pass failed; retrying")
+        adaptive.retry_soon()
+    else:
+        state.batching_target = result.batching_target
 
 
 async def _failed(

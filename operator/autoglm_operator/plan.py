@@ -15,8 +15,8 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from autoglm_operator import builders
+from autoglm_operator import pods as pods_
 from autoglm_operator import spec as crd
-from autoglm_operator import status as status_
 from autoglm_runtime.profiles import Mode
 
 Key = tuple[str, str]  # (kind, name)
@@ -203,12 +203,12 @@ def surge_allowed(
     desired_hash: the current template's digest, or the set of them (one per mode, Rolling).
     """
     hashes = {desired_hash} if isinstance(desired_hash, str) else desired_hash
-    live = [p for p in pods if status_.is_live(p)]
-    outdated = [p for p in live if status_.pod_template_hash(p) not in hashes]
+    live = [p for p in pods if pods_.is_live(p)]
+    outdated = [p for p in live if pods_.pod_template_hash(p) not in hashes]
     if not outdated:
         return True
-    current = [p for p in live if status_.pod_template_hash(p) in hashes]
-    if any(status_.lacks_gpu(p, spec.gpu_resource_name) for p in current):
+    current = [p for p in live if pods_.pod_template_hash(p) in hashes]
+    if any(pods_.lacks_gpu(p, spec.gpu_resource_name) for p in current):
         return False
     strategy = ((deployment or {}).get("spec") or {}).get("strategy") or {}
     live_template = ((deployment or {}).get("spec") or {}).get("template") or {}
@@ -219,7 +219,7 @@ def surge_allowed(
 def pods_to_label(pods: list[dict[str, Any]]) -> list[str]:
     """Live pods without a valid mode label: each gets the initial mode."""
     return sorted(
-        p["metadata"]["name"] for p in pods if status_.is_live(p) and status_.pod_mode(p) is None
+        p["metadata"]["name"] for p in pods if pods_.is_live(p) and pods_.pod_mode(p) is None
     )
 
 
@@ -294,20 +294,20 @@ def rolling_step(
     """
     want = {Mode.BATCHING: batching_target, Mode.STREAMING: replicas - batching_target}
     split = {mode: int(current.get(mode, 0)) for mode in Mode}
-    live = [p for p in pods if status_.is_live(p)]
+    live = [p for p in pods if pods_.is_live(p)]
 
     def ready(mode: Mode) -> int:
         return sum(
             1
             for p in live
-            if status_.pod_mode(p) is mode
-            and status_.pod_template_hash(p) == current_hashes[mode]
-            and status_.is_ready(p)
+            if pods_.pod_mode(p) is mode
+            and pods_.pod_template_hash(p) == current_hashes[mode]
+            and pods_.is_ready(p)
         )
 
     def starved(mode: Mode) -> int:
-        of_mode = (p for p in live if status_.pod_mode(p) is mode)
-        return sum(1 for p in of_mode if status_.lacks_gpu(p, gpu_resource))
+        of_mode = (p for p in live if pods_.pod_mode(p) is mode)
+        return sum(1 for p in of_mode if pods_.lacks_gpu(p, gpu_resource))
 
     retire: list[str] = []
     # Break: remove the surplus of a mode above its share once the other mode's pods are up.
@@ -337,10 +337,14 @@ def _retire_order(live: list[dict[str, Any]], mode: Mode) -> list[dict[str, Any]
     def key(pod: dict[str, Any]) -> tuple[bool, bool, str, str]:
         meta = pod.get("metadata") or {}
         marked = (meta.get("annotations") or {}).get(DELETION_COST_ANNOTATION) == RETIRE_COST
-        return (not marked, status_.is_ready(pod), str(meta.get("creationTimestamp") or ""),
-                str(meta.get("name")))
+        return (
+            not marked,
+            pods_.is_ready(pod),
+            str(meta.get("creationTimestamp") or ""),
+            str(meta.get("name")),
+        )
 
-    return sorted((p for p in live if status_.pod_mode(p) is mode), key=key)
+    return sorted((p for p in live if pods_.pod_mode(p) is mode), key=key)
 
 
 def deployment_split(children: Mapping[Key, dict[str, Any]], name: str) -> dict[Mode, int] | None:

@@ -225,3 +225,25 @@ async def test_replica_gauges_follow_the_status() -> None:
     labels = {"namespace": NS, "name": NAME}
     assert REGISTRY.get_sample_value("autoglm_operator_replicas", labels) == 3
     assert REGISTRY.get_sample_value("autoglm_operator_ready_replicas", labels) == 0
+
+
+async def test_rolling_steps_toward_the_adaptive_target_in_memory_or_the_persisted_one() -> None:
+    """The adaptive pass hands its batching share to the plan in memory (no round trip through
+    status); a restarted operator, with nothing in memory yet, steps toward the share the last
+    one persisted in status.adaptiveState."""
+    spec = {
+        "replicas": 2,
+        "switchStrategy": "Rolling",
+        "adaptive": {"prometheus": {"url": "http://p:9090"}, "minStreamingReplicas": 0},
+    }
+
+    async def batching_replicas(state: handlers.LoopState, status: dict[str, Any]) -> int:
+        api = FakeKube()
+        await run_pass(api, body(spec, status=status), state)
+        deployment = api.objects[("Deployment", NS, f"{NAME}-batching")]
+        return int(deployment["spec"]["replicas"])
+
+    assert await batching_replicas(handlers.LoopState(batching_target=1), {}) == 1
+    persisted = {"adaptiveState": {"batchingTarget": 2}}
+    assert await batching_replicas(handlers.LoopState(), persisted) == 2
+    assert await batching_replicas(handlers.LoopState(batching_target=1), persisted) == 1
