@@ -10,7 +10,6 @@ again after the runtime refuses it) and to write status when it changed.
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -19,7 +18,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from autoglm_operator import builders, kube
+from autoglm_operator import executor
 from autoglm_operator import spec as crd
 from autoglm_operator.adaptive import (
     OWNED_CONDITIONS,
@@ -35,7 +34,7 @@ from autoglm_operator.runtime_client import (
     RuntimeUnauthorized,
     SetModeResult,
 )
-from autoglm_runtime.profiles import MODE_LABEL, Mode
+from autoglm_runtime.profiles import Mode
 
 logger = logging.getLogger(__name__)
 
@@ -43,38 +42,9 @@ logger = logging.getLogger(__name__)
 ERROR_RETRY_SECONDS = 5.0
 
 
-# -- Kubernetes access -----------------------------------------------------------------------
-
-# Our own field manager: server-side apply then owns exactly the status fields this loop writes
-# (its two conditions, lastDecision, decisionHistory, adaptiveState); status.py's manager owns
-# the rest, and neither apply can remove the other's conditions from the list-map.
-FIELD_MANAGER = "autoglm-adaptive"
+# Status fields this pass owns (its two conditions besides): written under its own field
+# manager, so neither its apply nor the reconcile pass's can remove the other's fields.
 OWNED_STATUS_FIELDS = ("lastDecision", "decisionHistory", "adaptiveState")
-
-
-class MissingAdminToken(LookupError):
-    """The admin Secret exists but holds no token (yet): the pass waits and retries."""
-
-
-def read_admin_token(client: kube.Kube, namespace: str, name: str) -> str | None:
-    """The runtime admin token; None while the Secret does not exist yet."""
-    secret = client.get("Secret", namespace, builders.admin_secret_name(name))
-    if secret is None:
-        return None
-    encoded = (secret.get("data") or {}).get(builders.ADMIN_TOKEN_KEY)
-    if not encoded:
-        raise MissingAdminToken(
-            f"Secret {builders.admin_secret_name(name)} has no key {builders.ADMIN_TOKEN_KEY!r}"
-        )
-    return base64.b64decode(encoded).decode()
-
-
-def patch_pod_mode(client: kube.Kube, namespace: str, pod: str, mode: Mode) -> None:
-    patched = client.merge_patch(
-        "Pod", namespace, pod, {"metadata": {"labels": {MODE_LABEL: mode.value}}}
-    )
-    if patched is None:
-        raise LookupError(f"pod {pod} is gone")
 
 
 def _without_empty(value: Any) -> Any:
@@ -117,13 +87,13 @@ class KubeIO:
 
     def __init__(
         self,
-        client: kube.Kube,
+        execute: executor.Executor,
         namespace: str,
         name: str,
         runtime: RuntimeClient | None,
         prometheus: PrometheusReader | None,
     ) -> None:
-        self.kube = client
+        self.executor = execute
         self.namespace = namespace
         self.name = name
         self.runtime = runtime
@@ -142,7 +112,7 @@ class KubeIO:
         return await asyncio.to_thread(self.prometheus.read, self.namespace, pods)
 
     async def set_label(self, pod: str, mode: Mode) -> None:
-        await asyncio.to_thread(patch_pod_mode, self.kube, self.namespace, pod, mode)
+        await asyncio.to_thread(self.executor.label_pod, self.namespace, pod, mode)
 
     async def runtime_mode(self, ip: str) -> Mode:
         try:
@@ -163,8 +133,8 @@ class KubeIO:
 
     async def write_status(self, status_patch: Mapping[str, Any]) -> None:
         owned = owned_status(self.status, status_patch)
-        await asyncio.to_thread(
-            self.kube.apply_status, self.namespace, self.name, owned, FIELD_MANAGER
+        await self.executor.write_status(
+            self.namespace, self.name, owned, executor.ADAPTIVE_FIELD_MANAGER
         )
 
 
@@ -197,8 +167,8 @@ class AdaptiveLoop:
     """What the adaptive pass keeps in memory between passes: HTTP sessions (runtime and
     Prometheus, kept alive between passes), the admin token, and when the next pass is due."""
 
-    def __init__(self, client: kube.Kube, namespace: str, name: str) -> None:
-        self.kube = client
+    def __init__(self, execute: executor.Executor, namespace: str, name: str) -> None:
+        self.executor = execute
         self.namespace = namespace
         self.name = name
         self.session: aiohttp.ClientSession | None = None
@@ -228,7 +198,7 @@ class AdaptiveLoop:
             self.session = aiohttp.ClientSession()
         if self.token is None:
             self.token = await asyncio.to_thread(
-                read_admin_token, self.kube, self.namespace, self.name
+                self.executor.read_admin_token, self.namespace, self.name
             )
             if self.token is None:
                 logger.info("Admin Secret of %s/%s not there yet", self.namespace, self.name)
@@ -247,7 +217,7 @@ class AdaptiveLoop:
         started = time.perf_counter()
         status = _plain(body.get("status") or {})
         io = KubeIO(
-            self.kube,
+            self.executor,
             self.namespace,
             self.name,
             await self._client(),
