@@ -5,6 +5,11 @@ builders) with the children kopf's indexes hold in memory (fed by watch streams,
 server-side by the managed-by label). Only a difference costs an API call, so a quiet cluster
 costs none; a missed event, an operator restart or a hand edit is repaired on the next pass.
 One loop per object also means one writer per object: no two handlers race on its children.
+
+A pass: observe (observe.py, from the indexes), the adaptive pass when
+spec.adaptive.intervalSeconds is due (adaptive_handlers.py: it flips modes in place, or under
+switchStrategy Rolling hands the batching share to the plan in memory), plan (plan.plan_pass,
+pure), execute (executor.py, the one module that writes to the API server), status.
 """
 
 from __future__ import annotations
