@@ -12,7 +12,7 @@ from kubernetes.client.exceptions import ApiException
 from operator_fakes import FakeKube
 from prometheus_client import REGISTRY
 
-from autoglm_operator import builders, handlers, kube, plan
+from autoglm_operator import builders, executor, handlers, kube, plan
 
 NS, NAME, UID = "serving", "phone-9b", "uid-1"
 
@@ -247,3 +247,17 @@ async def test_rolling_steps_toward_the_adaptive_target_in_memory_or_the_persist
     persisted = {"adaptiveState": {"batchingTarget": 2}}
     assert await batching_replicas(handlers.LoopState(), persisted) == 2
     assert await batching_replicas(handlers.LoopState(batching_target=1), persisted) == 1
+
+
+def test_the_admin_token_is_read_through_the_executor() -> None:
+    """Missing Secret: not there yet (None); emptied token: its own error, which the loop logs
+    and retries soon (not a kopf.TemporaryError that nothing catches)."""
+    api = FakeKube()
+    execute = executor.Executor(api, logging.getLogger("test"))  # type: ignore[arg-type]
+    assert execute.read_admin_token(NS, NAME) is None
+    secret = {"kind": "Secret", "metadata": {"name": f"{NAME}-admin", "namespace": NS}}
+    api.objects[("Secret", NS, f"{NAME}-admin")] = {**secret, "data": {"token": ""}}
+    with pytest.raises(executor.MissingAdminToken, match="has no key 'token'"):
+        execute.read_admin_token(NS, NAME)
+    api.objects[("Secret", NS, f"{NAME}-admin")] = {**secret, "data": {"token": "czNjcmV0"}}
+    assert execute.read_admin_token(NS, NAME) == "s3cret"
