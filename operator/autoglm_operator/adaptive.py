@@ -13,13 +13,16 @@ do not (ModeTransitioning=True, ModeMismatch) and that pod is never flipped unti
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from autoglm_operator import plan
 from autoglm_operator import policy as pol
+from autoglm_operator.pods import PodView
 from autoglm_operator.prom import Availability, Reading
 from autoglm_operator.runtime_client import RuntimeAdminError, SetModeResult
 from autoglm_operator.spec import (
@@ -29,6 +32,7 @@ from autoglm_operator.spec import (
     ModePolicy,
     SwitchStrategy,
 )
+from autoglm_operator.status import merge_conditions
 from autoglm_runtime.profiles import Mode
 
 logger = logging.getLogger(__name__)
@@ -39,16 +43,6 @@ OWNED_CONDITIONS = (METRICS_AVAILABLE, MODE_TRANSITIONING)
 HISTORY_LIMIT = 10
 PAUSED = "Paused"
 NOT_QUERIED = "NotQueried"
-
-
-@dataclass(frozen=True)
-class PodView:
-    """A pod of the deployment as the loop needs it; ip None: not reachable yet."""
-
-    name: str
-    ip: str | None
-    mode: Mode | None
-    ready: bool
 
 
 @dataclass(frozen=True)
@@ -103,40 +97,11 @@ class PassResult:
     reading: Reading | None = None
     flips: list[FlipOutcome] = field(default_factory=list)
     repairs: list[RepairOutcome] = field(default_factory=list)
+    # switchStrategy Rolling: how many replicas should run batching pods (the plan steps there)
+    batching_target: int | None = None
 
 
 # -- conditions ------------------------------------------------------------------------------
-
-
-def merge_conditions(
-    existing: Sequence[Mapping[str, Any]], updates: Sequence[Condition], now_iso: str
-) -> list[dict[str, Any]]:
-    """Replace the conditions named in updates, keep every other one as it is (safe to rerun).
-
-    lastTransitionTime moves only when a condition's status changes, as api-conventions ask.
-    """
-    by_type = {u.type: u for u in updates}
-    merged: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    for current in existing:
-        kind = current.get("type")
-        if kind not in by_type:
-            merged.append(dict(current))
-            continue
-        seen.add(kind)
-        update = by_type[kind]
-        same_status = current.get("status") == update.status
-        transition = current.get("lastTransitionTime") if same_status else None
-        merged.append(_condition_dict(update, transition or now_iso))
-    for kind, update in by_type.items():
-        if kind not in seen:
-            merged.append(_condition_dict(update, now_iso))
-    return merged
-
-
-def _condition_dict(condition: Condition, transition: str) -> dict[str, Any]:
-    data = condition.model_copy(update={"last_transition_time": transition})
-    return data.model_dump(by_alias=True, exclude_none=True)
 
 
 def _metrics_condition(
@@ -183,6 +148,26 @@ class PassInput:
     status: Mapping[str, Any]  # the object's current status, as read
     pods: Sequence[PodView]
     now: float
+    # switchStrategy Rolling: the replicas each mode's Deployment has now (None: none yet).
+    deployment_split: Mapping[Mode, int] | None = None
+
+
+@dataclass
+class Seen:
+    """What a pass found before deciding: label and runtime made to agree, and what could not."""
+
+    state: pol.LoopState  # the loop state from status, with finished flips counted
+    repairs: list[RepairOutcome]
+    runtime_modes: dict[str, Mode]
+    unreachable: dict[str, str]  # pod -> why its admin API could not be read
+    mismatched: set[str]  # label and runtime still disagree: never flipped
+    labels: dict[str, Mode | None]  # each pod's label after the repairs
+    events: list[Event]  # the repairs' Events; a pass appends its own
+    reading: Reading | None = None
+
+    @property
+    def after_repairs(self) -> int:
+        return len(self.repairs)
 
 
 async def run_pass(
@@ -191,110 +176,114 @@ async def run_pass(
     *,
     clock: Callable[[], float] = time.perf_counter,
 ) -> PassResult:
-    spec = inp.spec
-    status = inp.status
-    now_iso = pol.iso_time(inp.now)
-    state = pol.LoopState.from_status(_safe_state(status.get("adaptiveState")))
-    events: list[Event] = []
+    """Observe (repair label/runtime, read metrics), decide (pure), then flip in place or
+    report the replacement switchStrategy Rolling makes; the status patch says what happened."""
+    seen = await _observe(inp, io)
+    adaptive = inp.spec.mode_policy is ModePolicy.ADAPTIVE
+    if adaptive and not inp.spec.adaptive.paused:
+        seen.reading = await io.read_metrics([p.name for p in inp.pods])
+    decision = _decide(inp, seen)
+    if inp.spec.switch_strategy is SwitchStrategy.ROLLING and not inp.spec.adaptive.dry_run:
+        # A flip replaces pods (the reconcile plan does it); this pass only sets how many
+        # replicas run batching and reports the replacement until it is done.
+        return _rolling_pass(inp, seen, decision)
+    outcomes: list[FlipOutcome] = []
+    if decision.flips and not inp.spec.adaptive.dry_run:
+        await _announce(inp, decision, io)
+        outcomes = list(
+            await asyncio.gather(
+                *(apply_flip(f, _ip(inp, f.pod), io, clock=clock) for f in decision.flips)
+            )
+        )
+    return _in_place_result(inp, seen, decision, outcomes)
 
-    # 1. Level-based repair: label and runtime must agree before anything new is decided.
+
+def _ip(inp: PassInput, pod: str) -> str | None:
+    return next((p.ip for p in inp.pods if p.name == pod), None)
+
+
+async def _observe(inp: PassInput, io: AdaptiveIO) -> Seen:
+    """Level-based repair: label and runtime must agree before anything new is decided."""
+    state = pol.LoopState.from_status(_safe_state(inp.status.get("adaptiveState")))
     repairs, runtime_modes, unreachable = await _reconcile(inp.pods, io)
-    mismatched = {r.pod for r in repairs if r.action == "Failed"}
+    labels = {p.name: p.mode for p in inp.pods}
     for repair in repairs:
         if repair.action == "Finished":
             # A flip that was under way: count it now so the cooldown holds across the restart.
             records = dict(state.last_flips)
             records[repair.pod] = (inp.now, repair.label or Mode.STREAMING)
             state = pol.LoopState(state.high_since, state.low_since, records)
-        events.append(_repair_event(repair))
-
-    after_repairs = len(events)
-    labels = {p.name: p.mode for p in inp.pods}
-    for repair in repairs:
         if repair.action in ("Adopted", "Reverted"):
             labels[repair.pod] = repair.runtime
+    return Seen(
+        state=state,
+        repairs=repairs,
+        runtime_modes=runtime_modes,
+        unreachable=unreachable,
+        mismatched={r.pod for r in repairs if r.action == "Failed"},
+        labels=labels,
+        events=[_repair_event(r) for r in repairs],
+    )
+
+
+def _decide(inp: PassInput, seen: Seen) -> pol.PolicyDecision:
+    """The pure policy over the pods that can flip: runtime answered and agrees with label."""
     replicas = [
         pol.ReplicaState(
             name=p.name,
-            mode=labels[p.name],
-            # Flip only pods whose runtime answered and agrees with its label.
-            ready=p.ready and p.name in runtime_modes and p.name not in mismatched,
+            mode=seen.labels[p.name],
+            ready=p.ready and p.name in seen.runtime_modes and p.name not in seen.mismatched,
         )
         for p in inp.pods
     ]
-
-    # 2. Metrics, only when the policy needs them.
-    reading: Reading | None = None
-    adaptive = spec.mode_policy is ModePolicy.ADAPTIVE
-    if adaptive and not spec.adaptive.paused:
-        reading = await io.read_metrics([p.name for p in inp.pods])
-
-    # 3. Decide.
-    if adaptive and spec.adaptive.paused:
-        decision = pol.PolicyDecision(
+    spec = inp.spec
+    if spec.mode_policy is ModePolicy.ADAPTIVE and spec.adaptive.paused:
+        batching = sum(1 for r in replicas if r.effective_mode is Mode.BATCHING)
+        return pol.PolicyDecision(
             reason=PAUSED,
             message="adaptive.paused is true: holding every replica in its mode",
-            from_batching=sum(1 for r in replicas if r.effective_mode is Mode.BATCHING),
-            to_batching=sum(1 for r in replicas if r.effective_mode is Mode.BATCHING),
+            from_batching=batching,
+            to_batching=batching,
             flips=(),
-            state=pol.LoopState(last_flips=state.last_flips),
+            state=pol.LoopState(last_flips=seen.state.last_flips),
             metrics=pol.metric_sample(None, 0),
         )
-    else:
-        decision = pol.decide(
-            reading.samples if reading is not None else None,
-            replicas,
-            state,
-            spec.adaptive,
-            spec.mode_policy,
-            inp.now,
-        )
+    samples = seen.reading.samples if seen.reading is not None else None
+    return pol.decide(samples, replicas, seen.state, spec.adaptive, spec.mode_policy, inp.now)
 
-    # switchStrategy Rolling: a flip replaces pods (the reconcile loop does it); this loop only
-    # sets how many replicas run batching and reports the replacement until it is done.
-    dry_run = spec.adaptive.dry_run
-    rolling = spec.switch_strategy is SwitchStrategy.ROLLING
-    if rolling and not dry_run:
-        return _rolling_pass(
-            inp, state, decision, reading, events, after_repairs, repairs, unreachable, mismatched
-        )
 
-    # 4. Apply. dryRun flips nothing, pinned policies included.
-    why_not = "adaptive.dryRun is true"
-    outcomes: list[FlipOutcome] = []
-    stored_state = decision.state.to_status().model_dump(by_alias=True, exclude_none=True)
-    if decision.flips and not dry_run:
-        ips = {p.name: p.ip for p in inp.pods}
-        moves = ", ".join(f"{f.pod} to {f.to_mode.value}" for f in decision.flips)
-        # The loop state goes out with the announcement, before any pod is touched: an operator
-        # killed after a runtime switched but before the final status still finds each flip's
-        # cooldown (and the restarted stabilization window) when it starts again.
-        await io.announce(
-            {
-                "adaptiveState": stored_state,
-                "conditions": merge_conditions(
-                    status.get("conditions") or [],
-                    [
-                        Condition(
-                            type=MODE_TRANSITIONING,
-                            status="True",
-                            reason="Flipping",
-                            message=f"{decision.reason}: flipping {moves}",
-                            observed_generation=inp.generation,
-                        )
-                    ],
-                    now_iso,
-                )
-            }
-        )
-        outcomes = list(
-            await asyncio.gather(
-                *(apply_flip(f, ips[f.pod], io, clock=clock) for f in decision.flips)
-            )
-        )
+async def _announce(inp: PassInput, decision: pol.PolicyDecision, io: AdaptiveIO) -> None:
+    """The loop state goes out before any pod is touched: an operator killed after a runtime
+    switched but before the final status still finds each flip's cooldown (and the restarted
+    stabilization window) when it starts again."""
+    moves = ", ".join(f"{f.pod} to {f.to_mode.value}" for f in decision.flips)
+    flipping = Condition(
+        type=MODE_TRANSITIONING,
+        status="True",
+        reason="Flipping",
+        message=f"{decision.reason}: flipping {moves}",
+        observed_generation=inp.generation,
+    )
+    now_iso = pol.iso_time(inp.now)
+    await io.announce(
+        {
+            "adaptiveState": decision.state.to_status().model_dump(
+                by_alias=True, exclude_none=True
+            ),
+            "conditions": merge_conditions(inp.status.get("conditions") or [], [flipping], now_iso),
+        }
+    )
+
+
+DRY_RUN = "adaptive.dryRun is true"
+
+
+def _flip_events(
+    decision: pol.PolicyDecision, outcomes: Sequence[FlipOutcome], dry_run: bool
+) -> list[Event]:
+    events = []
     for outcome in outcomes:
         if outcome.applied:
-            labels[outcome.pod] = outcome.to_mode
             events.append(
                 Event(
                     "Normal",
@@ -305,10 +294,6 @@ async def run_pass(
                 )
             )
         else:
-            if outcome.mismatch:
-                mismatched.add(outcome.pod)
-            else:
-                labels[outcome.pod] = outcome.from_mode
             events.append(
                 Event(
                     "Warning",
@@ -317,32 +302,49 @@ async def run_pass(
                     f"{outcome.detail}",
                 )
             )
-    if dry_run:
-        for flip in decision.flips:
-            events.append(
-                Event(
-                    "Normal",
-                    "DryRunFlip",
-                    f"Would flip pod {flip.pod} from {flip.from_mode.value} to "
-                    f"{flip.to_mode.value} ({decision.reason}); {why_not}",
-                )
+    for flip in decision.flips if dry_run else ():
+        events.append(
+            Event(
+                "Normal",
+                "DryRunFlip",
+                f"Would flip pod {flip.pod} from {flip.from_mode.value} to "
+                f"{flip.to_mode.value} ({decision.reason}); {DRY_RUN}",
             )
+        )
+    return events
 
-    # 5. Status.
+
+def _in_place_result(
+    inp: PassInput,
+    seen: Seen,
+    decision: pol.PolicyDecision,
+    outcomes: Sequence[FlipOutcome],
+) -> PassResult:
+    """switchStrategy InPlace (and dry run): what the flips did, as status and Events."""
+    dry_run = inp.spec.adaptive.dry_run
+    labels, mismatched = dict(seen.labels), set(seen.mismatched)
+    for outcome in outcomes:
+        if outcome.applied:
+            labels[outcome.pod] = outcome.to_mode
+        elif outcome.mismatch:
+            mismatched.add(outcome.pod)
+        else:
+            labels[outcome.pod] = outcome.from_mode
+    events = seen.events + _flip_events(decision, outcomes, dry_run)
     failed = [o for o in outcomes if not o.applied]
     to_batching = sum(1 for m in labels.values() if (m or Mode.STREAMING) is Mode.BATCHING)
     message = decision.message
-    if unreachable:
-        message += f"; {len(unreachable)} pods not flippable, admin API failed: " + "; ".join(
-            unreachable[pod] for pod in sorted(unreachable)
+    if seen.unreachable:
+        message += f"; {len(seen.unreachable)} pods not flippable, admin API failed: " + "; ".join(
+            seen.unreachable[pod] for pod in sorted(seen.unreachable)
         )
     if failed:
         message += "; failed: " + "; ".join(f"{o.pod}: {o.detail}" for o in failed)
     if dry_run and decision.flips:
-        message += f" (nothing applied: {why_not})"
+        message += f" (nothing applied: {DRY_RUN})"
         to_batching = decision.to_batching
     record = Decision(
-        time=now_iso,
+        time=pol.iso_time(inp.now),
         from_batching=decision.from_batching,
         to_batching=to_batching,
         reason=decision.reason,
@@ -350,175 +352,205 @@ async def run_pass(
         applied=not dry_run and not failed,
         metrics=decision.metrics,
     )
-    transitioning = _transitioning_condition(mismatched, unreachable, inp.generation)
-    patch = _conditions_patch(
-        status, [_metrics_condition(reading, spec, inp.generation), transitioning], now_iso,
-        events, after_repairs,
-    )  # fmt: skip
-    last = status.get("lastDecision")
-    if decision.flips or failed or _differs(last, record):
-        recorded = record.model_dump(by_alias=True, exclude_none=True)
-        patch["lastDecision"] = recorded
-        history = list(status.get("decisionHistory") or [])
-        patch["decisionHistory"] = [*history, recorded][-HISTORY_LIMIT:]
-    if stored_state != (status.get("adaptiveState") or {}):
+    transitioning = _transitioning_condition(mismatched, seen.unreachable, inp.generation)
+    patch = _conditions_patch(inp, seen, transitioning, events)
+    if decision.flips or failed or _differs(inp.status.get("lastDecision"), record):
+        patch.update(_recorded(inp.status, record))
+    stored_state = decision.state.to_status().model_dump(by_alias=True, exclude_none=True)
+    if stored_state != (inp.status.get("adaptiveState") or {}):
         patch["adaptiveState"] = stored_state
-
     return PassResult(
         status_patch=patch,
         events=events,
         decision=decision,
-        reading=reading,
-        flips=outcomes,
-        repairs=repairs,
+        reading=seen.reading,
+        flips=list(outcomes),
+        repairs=seen.repairs,
     )
 
 
-def _rolling_pass(
-    inp: PassInput,
-    state: pol.LoopState,
-    decision: pol.PolicyDecision,
-    reading: Reading | None,
-    events: list[Event],
-    after_repairs: int,
-    repairs: list[RepairOutcome],
-    unreachable: Mapping[str, str],
-    mismatched: set[str],
-) -> PassResult:
-    """switchStrategy Rolling: decide the batching share, report the replacement until done.
+# -- switchStrategy Rolling: the pass decides the share, the plan replaces the pods -----------
 
-    The reconcile loop steps the two mode Deployments make-before-break toward
-    adaptiveState.batchingTarget (Adaptive) or the pinned policy. A decision is recorded with
-    applied=false when the replacement starts and again with applied=true once every pod runs
-    the decided mode and no surplus (old) pod is left; no new flip is decided meanwhile.
-    """
-    spec, status = inp.spec, inp.status
-    now_iso = pol.iso_time(inp.now)
-    replicas = spec.replicas
+
+class Rolling(enum.Enum):
+    """Where a Rolling replacement stands in this pass."""
+
+    STEADY = "steady"  # every pod runs the wanted mode: decisions are recorded as held
+    STARTING = "starting"  # a replacement starts now: recorded with applied=false
+    REPLACING = "replacing"  # pods are being replaced, recorded already: nothing new decided
+    DONE = "done"  # the pending replacement finished: recorded again with applied=true
+
+
+def _rolling_phase(
+    inp: PassInput, seen: Seen, decision: pol.PolicyDecision
+) -> tuple[Rolling, int, pol.LoopState]:
+    """The phase, the batching target (plan.rolling_batching_target, the one rule) and the
+    loop state to keep."""
+    spec = inp.spec
     batching = sum(1 for p in inp.pods if p.mode is Mode.BATCHING)
-    stored = (status.get("adaptiveState") or {}).get("batchingTarget")
-    if spec.mode_policy is ModePolicy.BATCHING:
-        target = replicas
-    elif spec.mode_policy is ModePolicy.STREAMING:
-        target = 0
-    else:
-        target = batching if stored is None else min(int(stored), replicas)
-    in_flight = batching != target or len(inp.pods) > replicas
-    last = status.get("lastDecision")
-    last = last if isinstance(last, Mapping) else {}
+    stored = (inp.status.get("adaptiveState") or {}).get("batchingTarget")
+    split = inp.deployment_split
+    target = plan.rolling_batching_target(spec, None if stored is None else int(stored), split)
+    in_flight = batching != target or len(inp.pods) > spec.replicas
+    last = _last(inp.status)
     # While pods are replaced the loop holds its windows where they were; a pass that flips
     # nothing keeps the policy's (when load turned high or low), or no window would ever fill.
-    kept_state = state if in_flight or decision.flips else decision.state
-    pending = last.get("applied") is False and last.get("toBatching") == target
-    completed = pending and not in_flight  # recorded first; a next step waits for next pass
-    adaptive = spec.mode_policy is ModePolicy.ADAPTIVE
-    if adaptive and decision.flips and not in_flight and not completed:
-        target, in_flight, kept_state = decision.to_batching, True, decision.state
-    started = in_flight and not (last.get("applied") is False and last.get("toBatching") == target)
+    kept = seen.state if in_flight or decision.flips else decision.state
+    done = not in_flight and last.get("applied") is False and last.get("toBatching") == target
+    if done:
+        return Rolling.DONE, target, kept
+    if spec.mode_policy is ModePolicy.ADAPTIVE and decision.flips and not in_flight:
+        target = plan.rolling_batching_target(spec, decision.to_batching, split)
+        in_flight, kept = True, decision.state
+    if not in_flight:
+        return Rolling.STEADY, target, kept
+    recorded = last.get("applied") is False and last.get("toBatching") == target
+    return (Rolling.REPLACING if recorded else Rolling.STARTING), target, kept
 
-    record: Decision | None = None
-    if started:
-        record = Decision(
-            time=now_iso,
-            from_batching=batching,
-            to_batching=target,
-            reason=decision.reason,
-            message=(
-                f"{decision.message}; switchStrategy Rolling: replacing pods make-before-break, "
-                f"{batching} of {replicas} replicas batching now, {target} wanted"
-            )[:1000],
-            applied=False,
-            metrics=decision.metrics,
-        )
-        verb = "batching" if target > batching else "streaming"
-        events.append(
-            Event(
-                "Normal",
-                "ModeReplacing",
-                f"Replacing {abs(target - batching)} replica(s) with {verb} pods "
-                f"({decision.reason}): each new pod is ready before an old one is removed",
-            )
-        )
-    elif completed:
-        took = inp.now - (pol.parse_iso(str(last.get("time"))) or inp.now)
-        record = Decision(
-            time=now_iso,
-            from_batching=int(last.get("fromBatching") or 0),
-            to_batching=batching,
-            reason=str(last.get("reason") or decision.reason),
-            message=(
-                f"switchStrategy Rolling: replacement done in {took:.0f}s, {batching} of "
-                f"{replicas} replicas batching; {decision.message}"
-            )[:1000],
-            applied=True,
-            metrics=decision.metrics,
-        )
-        events.append(
-            Event(
-                "Normal",
-                "ModeReplaced",
-                f"{batching} of {replicas} replicas run batching pods, as decided "
-                f"({record.reason}); make-before-break replacement took {took:.0f}s",
-            )
-        )
-    elif not in_flight:
-        record = Decision(
-            time=now_iso,
-            from_batching=batching,
-            to_batching=batching,
-            reason=decision.reason,
-            message=decision.message[:1000],
-            applied=True,
-            metrics=decision.metrics,
-        )
-        # The completion record's fromBatching is the count before the replacement: compare
-        # with the count now, so the pass after a completion writes nothing.
-        if last and not _differs({**last, "fromBatching": batching}, record):
-            record = None
 
-    if in_flight:
-        transitioning = Condition(
-            type=MODE_TRANSITIONING,
-            status="True",
-            reason="Replacing",
-            message=(
-                f"switchStrategy Rolling: {len(inp.pods)} pods, {batching} batching; "
-                f"replacing pods make-before-break toward {target} of {replicas} batching"
-            ),
-            observed_generation=inp.generation,
-        )
+def _last(status: Mapping[str, Any]) -> Mapping[str, Any]:
+    last = status.get("lastDecision")
+    return last if isinstance(last, Mapping) else {}
+
+
+def _rolling_pass(inp: PassInput, seen: Seen, decision: pol.PolicyDecision) -> PassResult:
+    """switchStrategy Rolling: decide the batching share, report the replacement until done.
+
+    The reconcile plan steps the two mode Deployments make-before-break toward the target
+    (Adaptive) or the pinned policy. A decision is recorded with applied=false when the
+    replacement starts and again with applied=true once every pod runs the decided mode and no
+    surplus (old) pod is left; no new flip is decided meanwhile.
+    """
+    phase, target, kept_state = _rolling_phase(inp, seen, decision)
+    record, event = _rolling_record(inp, decision, phase, target)
+    events = seen.events + ([event] if event else [])
+    if phase in (Rolling.STARTING, Rolling.REPLACING):
+        transitioning = _replacing_condition(inp, target)
     else:
-        transitioning = _transitioning_condition(mismatched, unreachable, inp.generation)
-    patch = _conditions_patch(
-        status, [_metrics_condition(reading, spec, inp.generation), transitioning], now_iso,
-        events, after_repairs,
-    )  # fmt: skip
+        transitioning = _transitioning_condition(seen.mismatched, seen.unreachable, inp.generation)
+    patch = _conditions_patch(inp, seen, transitioning, events)
     if record is not None:
-        recorded = record.model_dump(by_alias=True, exclude_none=True)
-        patch["lastDecision"] = recorded
-        history = list(status.get("decisionHistory") or [])
-        patch["decisionHistory"] = [*history, recorded][-HISTORY_LIMIT:]
+        patch.update(_recorded(inp.status, record))
     stored_state = kept_state.to_status().model_copy(update={"batching_target": target})
     dumped = stored_state.model_dump(by_alias=True, exclude_none=True)
-    if dumped != (status.get("adaptiveState") or {}):
+    if dumped != (inp.status.get("adaptiveState") or {}):
         patch["adaptiveState"] = dumped
     return PassResult(
-        status_patch=patch, events=events, decision=decision, reading=reading, repairs=repairs
+        status_patch=patch,
+        events=events,
+        decision=decision,
+        reading=seen.reading,
+        repairs=seen.repairs,
+        batching_target=target,
     )
+
+
+def _rolling_record(
+    inp: PassInput, decision: pol.PolicyDecision, phase: Rolling, target: int
+) -> tuple[Decision | None, Event | None]:
+    """The decision to record in this phase, and its Event."""
+    if phase is Rolling.STARTING:
+        return _started(inp, decision, target)
+    if phase is Rolling.DONE:
+        return _replaced(inp, decision)
+    if phase is Rolling.REPLACING:
+        return None, None
+    batching = sum(1 for p in inp.pods if p.mode is Mode.BATCHING)
+    record = Decision(
+        time=pol.iso_time(inp.now),
+        from_batching=batching,
+        to_batching=batching,
+        reason=decision.reason,
+        message=decision.message[:1000],
+        applied=True,
+        metrics=decision.metrics,
+    )
+    # The completion record's fromBatching is the count before the replacement: compare
+    # with the count now, so the pass after a completion writes nothing.
+    last = _last(inp.status)
+    if last and not _differs({**last, "fromBatching": batching}, record):
+        return None, None
+    return record, None
+
+
+def _started(inp: PassInput, decision: pol.PolicyDecision, target: int) -> tuple[Decision, Event]:
+    replicas = inp.spec.replicas
+    batching = sum(1 for p in inp.pods if p.mode is Mode.BATCHING)
+    verb = "batching" if target > batching else "streaming"
+    return Decision(
+        time=pol.iso_time(inp.now),
+        from_batching=batching,
+        to_batching=target,
+        reason=decision.reason,
+        message=(
+            f"{decision.message}; switchStrategy Rolling: replacing pods make-before-break, "
+            f"{batching} of {replicas} replicas batching now, {target} wanted"
+        )[:1000],
+        applied=False,
+        metrics=decision.metrics,
+    ), Event(
+        "Normal",
+        "ModeReplacing",
+        f"Replacing {abs(target - batching)} replica(s) with {verb} pods "
+        f"({decision.reason}): each new pod is ready before an old one is removed",
+    )
+
+
+def _replaced(inp: PassInput, decision: pol.PolicyDecision) -> tuple[Decision, Event]:
+    replicas = inp.spec.replicas
+    batching = sum(1 for p in inp.pods if p.mode is Mode.BATCHING)
+    last = _last(inp.status)
+    took = inp.now - (pol.parse_iso(str(last.get("time"))) or inp.now)
+    reason = str(last.get("reason") or decision.reason)
+    return Decision(
+        time=pol.iso_time(inp.now),
+        from_batching=int(last.get("fromBatching") or 0),
+        to_batching=batching,
+        reason=reason,
+        message=(
+            f"switchStrategy Rolling: replacement done in {took:.0f}s, {batching} of "
+            f"{replicas} replicas batching; {decision.message}"
+        )[:1000],
+        applied=True,
+        metrics=decision.metrics,
+    ), Event(
+        "Normal",
+        "ModeReplaced",
+        f"{batching} of {replicas} replicas run batching pods, as decided "
+        f"({reason}); make-before-break replacement took {took:.0f}s",
+    )
+
+
+def _replacing_condition(inp: PassInput, target: int) -> Condition:
+    batching = sum(1 for p in inp.pods if p.mode is Mode.BATCHING)
+    return Condition(
+        type=MODE_TRANSITIONING,
+        status="True",
+        reason="Replacing",
+        message=(
+            f"switchStrategy Rolling: {len(inp.pods)} pods, {batching} batching; "
+            f"replacing pods make-before-break toward {target} of {inp.spec.replicas} batching"
+        ),
+        observed_generation=inp.generation,
+    )
+
+
+def _recorded(status: Mapping[str, Any], record: Decision) -> dict[str, Any]:
+    """lastDecision and the bounded decisionHistory with the record appended."""
+    recorded = record.model_dump(by_alias=True, exclude_none=True)
+    history = list(status.get("decisionHistory") or [])
+    return {"lastDecision": recorded, "decisionHistory": [*history, recorded][-HISTORY_LIMIT:]}
 
 
 def _conditions_patch(
-    status: Mapping[str, Any],
-    owned: list[Condition],
-    now_iso: str,
-    events: list[Event],
-    after_repairs: int,
+    inp: PassInput, seen: Seen, transitioning: Condition, events: list[Event]
 ) -> dict[str, Any]:
-    """Merge the loop's conditions into status; a patch holding them when they changed. Their
+    """Merge the pass's conditions into status; a patch holding them when they changed. Their
     Events go in before the flips': metrics news comes before the flips it enabled or held."""
-    current = list(status.get("conditions") or [])
-    conditions = merge_conditions(current, owned, now_iso)
-    events[after_repairs:after_repairs] = _availability_events(current, conditions)
+    owned = [_metrics_condition(seen.reading, inp.spec, inp.generation), transitioning]
+    current = list(inp.status.get("conditions") or [])
+    conditions = merge_conditions(current, owned, pol.iso_time(inp.now))
+    events[seen.after_repairs : seen.after_repairs] = _availability_events(current, conditions)
     return {"conditions": conditions} if conditions != current else {}
 
 

@@ -1,21 +1,15 @@
-"""kopf wiring of the adaptive loop: one daemon per AutoGLMDeployment, a pod index, metrics.
+"""The adaptive pass wired to the world: Kubernetes, the runtime admin API, Prometheus.
 
-kopf timers have one fixed interval per handler, but spec.adaptive.intervalSeconds differs per
-object and may change, so each object gets a daemon that sleeps its own interval (read live
-from the body on every pass) and stops at once when the object goes away.
-
-Pods come from a kopf index fed by the pod watch, not from a list call per pass, so a quiet
-loop costs the apiserver nothing: API calls happen only to flip (pod label patch), to read the
-admin token (once per daemon, again after the runtime refuses it) and to write status when it
-changed.
-
-Import this module (for example from handlers.py) to register the handlers.
+The pass runs inside each AutoGLMDeployment's one daemon (handlers.reconcile), every
+spec.adaptive.intervalSeconds (read live from the body on every pass). Pods come from that
+daemon's pod index, not from a list call per pass, so a quiet loop costs the apiserver nothing:
+API calls happen only to flip (pod label patch), to read the admin token (once per daemon,
+again after the runtime refuses it) and to write status when it changed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -24,7 +18,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from autoglm_operator import builders, kube
+from autoglm_operator import executor
 from autoglm_operator import spec as crd
 from autoglm_operator.adaptive import (
     OWNED_CONDITIONS,
@@ -40,7 +34,7 @@ from autoglm_operator.runtime_client import (
     RuntimeUnauthorized,
     SetModeResult,
 )
-from autoglm_runtime.profiles import MODE_LABEL, Mode
+from autoglm_runtime.profiles import Mode
 
 logger = logging.getLogger(__name__)
 
@@ -48,44 +42,9 @@ logger = logging.getLogger(__name__)
 ERROR_RETRY_SECONDS = 5.0
 
 
-# -- Kubernetes access -----------------------------------------------------------------------
-
-# Our own field manager: server-side apply then owns exactly the status fields this loop writes
-# (its two conditions, lastDecision, decisionHistory, adaptiveState); status.py's manager owns
-# the rest, and neither apply can remove the other's conditions from the list-map.
-FIELD_MANAGER = "autoglm-adaptive"
+# Status fields this pass owns (its two conditions besides): written under its own field
+# manager, so neither its apply nor the reconcile pass's can remove the other's fields.
 OWNED_STATUS_FIELDS = ("lastDecision", "decisionHistory", "adaptiveState")
-
-_kube: kube.Kube | None = None
-
-
-def kube_client() -> kube.Kube:
-    global _kube
-    if _kube is None:
-        _kube = kube.Kube.from_environment()
-    return _kube
-
-
-def read_admin_token(namespace: str, name: str) -> str | None:
-    """The runtime admin token; None while the Secret does not exist yet."""
-    secret = kube_client().get("Secret", namespace, builders.admin_secret_name(name))
-    if secret is None:
-        return None
-    encoded = (secret.get("data") or {}).get(builders.ADMIN_TOKEN_KEY)
-    if not encoded:
-        raise kopf.TemporaryError(
-            f"Secret {builders.admin_secret_name(name)} has no key {builders.ADMIN_TOKEN_KEY!r}",
-            delay=15,
-        )
-    return base64.b64decode(encoded).decode()
-
-
-def patch_pod_mode(namespace: str, pod: str, mode: Mode) -> None:
-    patched = kube_client().merge_patch(
-        "Pod", namespace, pod, {"metadata": {"labels": {MODE_LABEL: mode.value}}}
-    )
-    if patched is None:
-        raise LookupError(f"pod {pod} is gone")
 
 
 def _without_empty(value: Any) -> Any:
@@ -113,38 +72,6 @@ def owned_status(current: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[s
     return dict(_without_empty(owned))
 
 
-def apply_status(namespace: str, name: str, status: Mapping[str, Any]) -> None:
-    body = {
-        "apiVersion": crd.API_VERSION,
-        "kind": crd.KIND,
-        "metadata": {"name": name, "namespace": namespace},
-        "status": dict(status),
-    }
-    kube_client().request(
-        "PATCH",
-        kube.path_for(crd.KIND, namespace, name, "status"),
-        body=body,
-        query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
-        content_type="application/apply-patch+yaml",
-    )
-
-
-def pod_view(pod: Mapping[str, Any]) -> PodView:
-    metadata = pod.get("metadata") or {}
-    status = pod.get("status") or {}
-    label = (metadata.get("labels") or {}).get(MODE_LABEL)
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in status.get("conditions") or []
-    )
-    return PodView(
-        name=metadata["name"],
-        ip=status.get("podIP") or None,
-        mode=Mode(label) if label in {m.value for m in Mode} else None,
-        ready=ready,
-    )
-
-
 # -- handlers --------------------------------------------------------------------------------
 
 
@@ -155,32 +82,20 @@ async def start_operator_metrics(logger: kopf.Logger, **_: Any) -> None:
         logger.info(f"Serving operator metrics on :{port}/metrics")
 
 
-@kopf.index("", "v1", "pods", labels={builders.MANAGED_BY_LABEL: builders.MANAGER})
-def adaptive_pods(
-    namespace: str | None, meta: kopf.Meta, labels: kopf.Labels, body: kopf.Body, **_: Any
-) -> dict[tuple[str | None, str], PodView] | None:
-    """Live pods of each AutoGLMDeployment, keyed by (namespace, instance)."""
-    instance = labels.get(builders.INSTANCE_LABEL)
-    phase = (body.get("status") or {}).get("phase")
-    if not instance or meta.get("deletionTimestamp") or phase in ("Succeeded", "Failed"):
-        return None
-    return {(namespace, instance): pod_view(body)}
-
-
 class KubeIO:
     """AdaptiveIO over the Kubernetes API, the runtime admin API and Prometheus."""
 
     def __init__(
         self,
+        execute: executor.Executor,
         namespace: str,
         name: str,
-        spec: crd.AutoGLMDeploymentSpec,
         runtime: RuntimeClient | None,
         prometheus: PrometheusReader | None,
     ) -> None:
+        self.executor = execute
         self.namespace = namespace
         self.name = name
-        self.spec = spec
         self.runtime = runtime
         self.prometheus = prometheus
         self.unauthorized = False
@@ -197,7 +112,7 @@ class KubeIO:
         return await asyncio.to_thread(self.prometheus.read, self.namespace, pods)
 
     async def set_label(self, pod: str, mode: Mode) -> None:
-        await asyncio.to_thread(patch_pod_mode, self.namespace, pod, mode)
+        await asyncio.to_thread(self.executor.label_pod, self.namespace, pod, mode)
 
     async def runtime_mode(self, ip: str) -> Mode:
         try:
@@ -214,8 +129,13 @@ class KubeIO:
             raise
 
     async def announce(self, status_patch: dict[str, Any]) -> None:
+        await self.write_status(status_patch)
+
+    async def write_status(self, status_patch: Mapping[str, Any]) -> None:
         owned = owned_status(self.status, status_patch)
-        await asyncio.to_thread(apply_status, self.namespace, self.name, owned)
+        await self.executor.write_status(
+            self.namespace, self.name, owned, executor.ADAPTIVE_FIELD_MANAGER
+        )
 
 
 def _plain(value: Any) -> Any:
@@ -243,16 +163,18 @@ def record(namespace: str, name: str, result: PassResult, dry_run: bool) -> None
     METRICS.observe_reading(namespace, name, result.reading)
 
 
-class DeploymentLoop:
-    """The state one daemon keeps in memory: HTTP sessions (runtime and Prometheus, kept alive
-    between passes) and the admin token."""
+class AdaptiveLoop:
+    """What the adaptive pass keeps in memory between passes: HTTP sessions (runtime and
+    Prometheus, kept alive between passes), the admin token, and when the next pass is due."""
 
-    def __init__(self, namespace: str, name: str) -> None:
+    def __init__(self, execute: executor.Executor, namespace: str, name: str) -> None:
+        self.executor = execute
         self.namespace = namespace
         self.name = name
         self.session: aiohttp.ClientSession | None = None
         self.token: str | None = None
         self.prometheus: PrometheusReader | None = None
+        self.due_at = 0.0  # monotonic; the first pass runs at once
 
     async def close(self) -> None:
         if self.session is not None:
@@ -275,22 +197,29 @@ class DeploymentLoop:
         if self.session is None:
             self.session = aiohttp.ClientSession()
         if self.token is None:
-            self.token = await asyncio.to_thread(read_admin_token, self.namespace, self.name)
+            self.token = await asyncio.to_thread(
+                self.executor.read_admin_token, self.namespace, self.name
+            )
             if self.token is None:
                 logger.info("Admin Secret of %s/%s not there yet", self.namespace, self.name)
                 return None
         return RuntimeClient(self.session, self.token)
 
     async def run_once(
-        self, body: Mapping[str, Any], pods: Sequence[PodView], posted: kopf.Body
-    ) -> float:
+        self,
+        body: Mapping[str, Any],
+        pods: Sequence[PodView],
+        posted: kopf.Body,
+        deployment_split: Mapping[Mode, int] | None = None,
+    ) -> PassResult:
+        """One pass; `body` is the object as observed, `posted` where its Events go."""
         spec = crd.AutoGLMDeploymentSpec.model_validate(_plain(body.get("spec") or {}))
         started = time.perf_counter()
         status = _plain(body.get("status") or {})
         io = KubeIO(
+            self.executor,
             self.namespace,
             self.name,
-            spec,
             await self._client(),
             self._prometheus(spec.adaptive.prometheus),
         )
@@ -304,43 +233,21 @@ class DeploymentLoop:
                 status=status,
                 pods=sorted(pods, key=lambda p: p.name),
                 now=time.time(),
+                deployment_split=deployment_split,
             ),
             io,
         )
         if io.unauthorized:
             self.token = None  # rotated or not yet mounted: read the Secret again next pass
         if result.status_patch:
-            owned = owned_status(status, result.status_patch)
-            await asyncio.to_thread(apply_status, self.namespace, self.name, owned)
+            await io.write_status(result.status_patch)
         for event in result.events:
             kopf.event(posted, type=event.type, reason=event.reason, message=event.message)
         METRICS.pass_seconds.observe(time.perf_counter() - started)
         record(self.namespace, self.name, result, spec.adaptive.dry_run)
-        return float(spec.adaptive.interval_seconds)
+        self.due_at = time.monotonic() + spec.adaptive.interval_seconds
+        return result
 
-
-@kopf.daemon(crd.GROUP, crd.VERSION, crd.PLURAL, id="adaptive", cancellation_timeout=10.0)
-async def adaptive_daemon(
-    name: str,
-    namespace: str | None,
-    body: kopf.Body,
-    stopped: kopf.DaemonStopped,
-    logger: kopf.Logger,
-    **kwargs: Any,
-) -> None:
-    index: kopf.Index[tuple[str | None, str], PodView] = kwargs["adaptive_pods"]
-    loop = DeploymentLoop(str(namespace), name)
-    try:
-        while not stopped:
-            try:
-                pods: list[PodView] = list(index.get((namespace, name), []))
-                interval = await loop.run_once(body, pods, body)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                logger.exception("Adaptive pass failed; retrying")
-                interval = ERROR_RETRY_SECONDS
-            await stopped.wait(interval)
-    finally:
-        await loop.close()
-        METRICS.forget(str(namespace), name)
+    def retry_soon(self) -> None:
+        """After an unexpected error a pass comes sooner than a full interval."""
+        self.due_at = time.monotonic() + ERROR_RETRY_SECONDS

@@ -21,8 +21,12 @@ import sys
 import threading
 from collections.abc import Sequence
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from autoglm_operator import settings as settings_
+
+if TYPE_CHECKING:
+    from autoglm_operator.leader import LeaderElector
 
 SUBCOMMAND_MODULES = ("autoglm_operator.replay",)
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -53,8 +57,6 @@ def _default_lease_namespace(args: argparse.Namespace) -> str:
 def run(args: argparse.Namespace) -> int:
     import kopf
 
-    from autoglm_operator import kube, leader
-
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -71,25 +73,9 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-    elector = None
-    if args.leader_election:
-        identity = args.identity or f"{socket.gethostname()}-{os.getpid()}"
-        namespace = args.lease_namespace or _default_lease_namespace(args)
-        elector = leader.LeaderElector(
-            kube.Kube.from_environment(user_agent=f"{kube.USER_AGENT}/leader"),
-            namespace=namespace,
-            identity=identity,
-            name=args.lease_name,
-            lease_seconds=args.lease_seconds,
-            renew_seconds=args.lease_seconds / 3,
-        )
-        if args.liveness:
-            with leader.StandbyProbe(args.liveness):
-                acquired = elector.acquire(stop)
-        else:
-            acquired = elector.acquire(stop)
-        if not acquired:
-            return 0
+    elector = _elector(args) if args.leader_election else None
+    if elector is not None and not _lead(elector, args, stop):
+        return 0
 
     async def operate() -> None:
         # kopf handles SIGTERM/SIGINT from here on; a lost Lease stops it through this event.
@@ -115,6 +101,31 @@ def run(args: argparse.Namespace) -> int:
         log.error("Exiting: leadership was lost")
         return 1
     return 0
+
+
+def _elector(args: argparse.Namespace) -> LeaderElector:
+    """The Lease elector: the second client that writes to the API server besides the
+    executor's."""
+    from autoglm_operator import kube, leader
+
+    return leader.LeaderElector(
+        kube.Kube.from_environment(user_agent=f"{kube.USER_AGENT}/leader"),
+        namespace=args.lease_namespace or _default_lease_namespace(args),
+        identity=args.identity or f"{socket.gethostname()}-{os.getpid()}",
+        name=args.lease_name,
+        lease_seconds=args.lease_seconds,
+        renew_seconds=args.lease_seconds / 3,
+    )
+
+
+def _lead(elector: LeaderElector, args: argparse.Namespace, stop: threading.Event) -> bool:
+    """Wait for the Lease (answering liveness meanwhile); False when stopped first."""
+    from autoglm_operator import leader
+
+    if args.liveness:
+        with leader.StandbyProbe(args.liveness):
+            return elector.acquire(stop)
+    return elector.acquire(stop)
 
 
 def crd(_: argparse.Namespace) -> int:

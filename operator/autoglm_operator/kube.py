@@ -16,6 +16,7 @@ import json
 import logging
 import threading
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -218,23 +219,29 @@ class Kube:
                 return None
             raise
 
-    def apply_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
-        """Server-side apply of the AutoGLMDeployment status this manager owns.
+    def apply_status(
+        self,
+        namespace: str,
+        name: str,
+        status: Mapping[str, Any],
+        field_manager: str = STATUS_FIELD_MANAGER,
+    ) -> dict[str, Any]:
+        """Server-side apply of the AutoGLMDeployment status `field_manager` owns.
 
         Conditions are a list-map keyed by type, so other writers' conditions (the adaptive
-        loop's) survive: each manager owns only the entries it applies.
+        pass's) survive: each manager owns only the entries it applies.
         """
         body = {
             "apiVersion": crd.API_VERSION,
             "kind": crd.KIND,
             "metadata": {"name": name, "namespace": namespace},
-            "status": status,
+            "status": dict(status),
         }
         return self.request(
             "PATCH",
             path_for(crd.KIND, namespace, name, "status"),
             body=body,
-            query=[("fieldManager", STATUS_FIELD_MANAGER), ("force", "true")],
+            query=[("fieldManager", field_manager), ("force", "true")],
             content_type="application/apply-patch+yaml",
         )
 

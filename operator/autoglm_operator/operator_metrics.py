@@ -24,6 +24,7 @@ _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 class OperatorMetrics:
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        # Long, but only declarations: one metric each, read best side by side.
         self.registry = registry
         self.decisions = Counter(
             "autoglm_operator_adaptive_decisions",

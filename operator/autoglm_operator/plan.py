@@ -1,4 +1,9 @@
-"""Pure: compare desired children with what the cluster holds and say what to write.
+"""Pure: from the spec, what the cluster holds and the loop's memory, the plan of one pass.
+
+`plan_pass` is the one entry: it says which children to create or apply, which pods to label
+or retire, whether the admin Secret needs a token and which child to delete; executor.py
+applies the plan and reports what happened.
+
 
 A child is in sync when every field the operator sets has the same value in the live object
 (the apiserver adds defaults and status, which do not count), or when the live object is exactly
@@ -10,16 +15,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from autoglm_operator import builders
+from autoglm_operator import pods as pods_
 from autoglm_operator import spec as crd
 from autoglm_operator import status as status_
+from autoglm_operator.observe import Key, Observed
 from autoglm_runtime.profiles import Mode
-
-Key = tuple[str, str]  # (kind, name)
 
 _SUFFIXES = {
     "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
@@ -203,12 +208,12 @@ def surge_allowed(
     desired_hash: the current template's digest, or the set of them (one per mode, Rolling).
     """
     hashes = {desired_hash} if isinstance(desired_hash, str) else desired_hash
-    live = [p for p in pods if status_.is_live(p)]
-    outdated = [p for p in live if status_.pod_template_hash(p) not in hashes]
+    live = [p for p in pods if pods_.is_live(p)]
+    outdated = [p for p in live if pods_.pod_template_hash(p) not in hashes]
     if not outdated:
         return True
-    current = [p for p in live if status_.pod_template_hash(p) in hashes]
-    if any(status_.lacks_gpu(p, spec.gpu_resource_name) for p in current):
+    current = [p for p in live if pods_.pod_template_hash(p) in hashes]
+    if any(pods_.lacks_gpu(p, spec.gpu_resource_name) for p in current):
         return False
     strategy = ((deployment or {}).get("spec") or {}).get("strategy") or {}
     live_template = ((deployment or {}).get("spec") or {}).get("template") or {}
@@ -219,7 +224,7 @@ def surge_allowed(
 def pods_to_label(pods: list[dict[str, Any]]) -> list[str]:
     """Live pods without a valid mode label: each gets the initial mode."""
     return sorted(
-        p["metadata"]["name"] for p in pods if status_.is_live(p) and status_.pod_mode(p) is None
+        p["metadata"]["name"] for p in pods if pods_.is_live(p) and pods_.pod_mode(p) is None
     )
 
 
@@ -294,20 +299,20 @@ def rolling_step(
     """
     want = {Mode.BATCHING: batching_target, Mode.STREAMING: replicas - batching_target}
     split = {mode: int(current.get(mode, 0)) for mode in Mode}
-    live = [p for p in pods if status_.is_live(p)]
+    live = [p for p in pods if pods_.is_live(p)]
 
     def ready(mode: Mode) -> int:
         return sum(
             1
             for p in live
-            if status_.pod_mode(p) is mode
-            and status_.pod_template_hash(p) == current_hashes[mode]
-            and status_.is_ready(p)
+            if pods_.pod_mode(p) is mode
+            and pods_.pod_template_hash(p) == current_hashes[mode]
+            and pods_.is_ready(p)
         )
 
     def starved(mode: Mode) -> int:
-        of_mode = (p for p in live if status_.pod_mode(p) is mode)
-        return sum(1 for p in of_mode if status_.lacks_gpu(p, gpu_resource))
+        of_mode = (p for p in live if pods_.pod_mode(p) is mode)
+        return sum(1 for p in of_mode if pods_.lacks_gpu(p, gpu_resource))
 
     retire: list[str] = []
     # Break: remove the surplus of a mode above its share once the other mode's pods are up.
@@ -337,10 +342,14 @@ def _retire_order(live: list[dict[str, Any]], mode: Mode) -> list[dict[str, Any]
     def key(pod: dict[str, Any]) -> tuple[bool, bool, str, str]:
         meta = pod.get("metadata") or {}
         marked = (meta.get("annotations") or {}).get(DELETION_COST_ANNOTATION) == RETIRE_COST
-        return (not marked, status_.is_ready(pod), str(meta.get("creationTimestamp") or ""),
-                str(meta.get("name")))
+        return (
+            not marked,
+            pods_.is_ready(pod),
+            str(meta.get("creationTimestamp") or ""),
+            str(meta.get("name")),
+        )
 
-    return sorted((p for p in live if status_.pod_mode(p) is mode), key=key)
+    return sorted((p for p in live if pods_.pod_mode(p) is mode), key=key)
 
 
 def deployment_split(children: Mapping[Key, dict[str, Any]], name: str) -> dict[Mode, int] | None:
@@ -351,3 +360,163 @@ def deployment_split(children: Mapping[Key, dict[str, Any]], name: str) -> dict[
         if live is not None:
             found[mode] = int((live.get("spec") or {}).get("replicas") or 0)
     return found or None
+
+
+# -- the loop's memory and the plan of one pass ----------------------------------------------
+
+
+@dataclass
+class LoopState:
+    """What one object's loop remembers between passes (lost on restart, by design)."""
+
+    written: dict[Key, Written] = field(default_factory=dict)
+    labelled: dict[str, str] = field(default_factory=dict)  # pod -> resourceVersion seen
+    fingerprint: Any = None
+    checked_generation: int | None = None
+    blocked: tuple[int, status_.Problem] | None = None  # permanent, until the spec changes
+    failures: int = 0
+    retry_at: float = 0.0
+    status_written: tuple[dict[str, Any], str] | None = None  # (status, rv it was based on)
+    # switchStrategy Rolling: the batching replicas the adaptive pass wants (None: not decided
+    # in this process yet; the plan then reads what a previous operator persisted in status).
+    batching_target: int | None = None
+
+
+@dataclass(frozen=True)
+class Retire:
+    pod: str
+    mode: Mode | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything one reconcile pass writes, in the order the executor writes it."""
+
+    owner: builders.Owner
+    desired_hash: str  # the pod template digests, for event messages
+    retire: tuple[Retire, ...] = ()  # old-mode pods a shrinking Deployment must remove first
+    actions: tuple[Action, ...] = ()  # children to create or apply
+    admin_secret: str | None = None  # "create" or "apply" with a new token; None: fine
+    settled: tuple[Key, ...] = ()  # writes that came back through the watch: forget them
+    label: tuple[tuple[str, str], ...] = ()  # (pod, resourceVersion) to label
+    label_mode: Mode = Mode.STREAMING
+    delete: tuple[Key, ...] = ()
+
+
+def plan_pass(
+    owner: builders.Owner,
+    spec: crd.AutoGLMDeploymentSpec,
+    observed: Observed,
+    memory: LoopState,
+    now: float,
+) -> Plan:
+    """The one planning function of a reconcile pass (no I/O, no clock: `now` is given)."""
+    desired_hashes = builders.desired_template_hashes(owner.name, spec)
+    surge = surge_allowed(spec, desired_hashes, observed.deployment, observed.pods)
+    split: dict[Mode, int] | None = None
+    retire: tuple[Retire, ...] = ()
+    if builders.rolling(spec):
+        step = rolling_step_for(owner, spec, observed, memory.batching_target)
+        split, retire = step.split, _to_mark(step, observed.pods)
+    desired = builders.children(owner, spec, surge=surge, split=split)
+    secret, settled = admin_secret_action(owner, observed.secret, memory.written, now)
+    return Plan(
+        owner=owner,
+        desired_hash=", ".join(sorted(desired_hashes)),
+        retire=retire,
+        actions=tuple(plan_children(desired, observed.children, memory.written, now)),
+        admin_secret=secret,
+        settled=settled,
+        label=_to_label(observed.pods, memory.labelled),
+        label_mode=builders.initial_mode(spec),
+        delete=() if builders.rolling(spec) else _batching_deployment_to_delete(
+            owner, spec, observed, desired_hashes
+        ),
+    )  # fmt: skip
+
+
+def rolling_step_for(
+    owner: builders.Owner,
+    spec: crd.AutoGLMDeploymentSpec,
+    observed: Observed,
+    decided: int | None,
+) -> RollingStep:
+    """switchStrategy Rolling: the replicas each mode's Deployment should have now."""
+    current = deployment_split(observed.children, owner.name)
+    if decided is None:  # a restarted operator: what the last one decided, from status
+        stored = ((observed.body.get("status") or {}).get("adaptiveState") or {}).get(
+            "batchingTarget"
+        )
+        decided = int(stored) if stored is not None else None
+    target = rolling_batching_target(spec, decided, current)
+    hashes = {
+        mode: builders.template_hash(builders.pod_template(owner.name, spec, mode)) or ""
+        for mode in Mode
+    }
+    return rolling_step(
+        spec.replicas, target, current or {}, observed.pods, hashes, spec.gpu_resource_name
+    )
+
+
+def _to_mark(step: RollingStep, pods: list[dict[str, Any]]) -> tuple[Retire, ...]:
+    """The pods to retire that do not carry the lowest deletion cost yet."""
+    by_name = {p["metadata"]["name"]: p for p in pods}
+    marks = []
+    for name in step.retire:
+        pod = by_name[name]
+        annotations = pod["metadata"].get("annotations") or {}
+        if annotations.get(DELETION_COST_ANNOTATION) != RETIRE_COST:
+            marks.append(Retire(name, pods_.pod_mode(pod)))
+    return tuple(marks)
+
+
+def _to_label(
+    pods: list[dict[str, Any]], labelled: Mapping[str, str]
+) -> tuple[tuple[str, str], ...]:
+    """New pods start in the initial mode; one labelled at this version already is skipped
+    (the watch has not caught up with our patch)."""
+    by_name = {p["metadata"]["name"]: p for p in pods}
+    wanted = (
+        (pod, str(by_name[pod]["metadata"].get("resourceVersion"))) for pod in pods_to_label(pods)
+    )
+    return tuple((pod, rv) for pod, rv in wanted if labelled.get(pod) != rv)
+
+
+def admin_secret_action(
+    owner: builders.Owner,
+    secret: dict[str, Any] | None,
+    written: Mapping[Key, Written],
+    now: float,
+) -> tuple[str | None, tuple[Key, ...]]:
+    """Generate the admin token once; only a missing or emptied Secret gets a new one.
+
+    Returns the write ("create", "apply" or None) and the keys whose write came back."""
+    key = ("Secret", builders.admin_secret_name(owner.name))
+    seen = _rv(secret)
+    ours = written.get(key)
+    if secret is not None and secret.get("hasToken"):
+        # Our write is back: what happens next is someone else's.
+        return None, (key,) if ours and seen == ours.resource_version else ()
+    if ours and ours.based_on == seen and now - ours.at < WATCH_GRACE_SECONDS:
+        return None, ()  # we still see what our write replaced: it has not come back yet
+    return ("create" if secret is None else "apply"), ()
+
+
+def _batching_deployment_to_delete(
+    owner: builders.Owner,
+    spec: crd.AutoGLMDeploymentSpec,
+    observed: Observed,
+    desired_hashes: frozenset[str],
+) -> tuple[Key, ...]:
+    """Back from Rolling to InPlace: drop `<name>-batching` once `<name>` serves every
+    replica with the current template (make-before-break for the strategy change too)."""
+    key = ("Deployment", builders.deployment_name(owner.name, Mode.BATCHING))
+    stale = observed.children.get(key)
+    if stale is None or pods_.is_terminating(stale):
+        return ()
+    current_ready = sum(
+        1
+        for p in observed.pods
+        if pods_.is_live(p) and pods_.is_ready(p) and pods_.pod_template_hash(p) in desired_hashes
+    )
+    return (key,) if current_ready >= spec.replicas else ()

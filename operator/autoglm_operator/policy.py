@@ -30,7 +30,7 @@ How it decides, per pass:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
@@ -168,126 +168,176 @@ def decide(
 ) -> PolicyDecision:
     """Decide which replicas flip now, and why. Pure: same inputs, same decision."""
     from_batching = sum(1 for r in replicas if r.effective_mode is Mode.BATCHING)
-    metrics = metric_sample(samples, _divisor(samples, replicas))
     kept = _prune(history, replicas)
+    if policy is not ModePolicy.ADAPTIVE:
+        outcome = _pinned(replicas, policy, kept)
+    else:
+        outcome = _adaptive(samples, replicas, history, kept, config, now)
+    state = outcome.state
+    if outcome.flips:
+        records = dict(state.last_flips)
+        for flip in outcome.flips:
+            records[flip.pod] = (now, flip.to_mode)
+        state = replace(state, last_flips=records)
+    delta = sum(1 if f.to_mode is Mode.BATCHING else -1 for f in outcome.flips)
+    return PolicyDecision(
+        reason=outcome.reason,
+        message=outcome.message,
+        from_batching=from_batching,
+        to_batching=from_batching + delta,
+        flips=outcome.flips,
+        state=state,
+        metrics=metric_sample(samples, _divisor(samples, replicas)),
+    )
 
-    def result(
-        reason: str, message: str, planned: Iterable[Flip], state: LoopState
-    ) -> PolicyDecision:
-        flips = tuple(planned)
-        delta = sum(1 if f.to_mode is Mode.BATCHING else -1 for f in flips)
-        if flips:
-            records = dict(state.last_flips)
-            for flip in flips:
-                records[flip.pod] = (now, flip.to_mode)
-            state = replace(state, last_flips=records)
-        return PolicyDecision(
-            reason=reason,
-            message=message,
-            from_batching=from_batching,
-            to_batching=from_batching + delta,
-            flips=flips,
-            state=state,
-            metrics=metrics,
+
+@dataclass(frozen=True)
+class _Outcome:
+    """A decision before the bookkeeping: why, which flips, the windows to keep."""
+
+    reason: str
+    message: str
+    flips: tuple[Flip, ...]
+    state: LoopState
+
+
+def _outcome(reason: str, message: str, flips: Sequence[Flip], state: LoopState) -> _Outcome:
+    return _Outcome(reason, _with_flips(message, flips), tuple(flips), state)
+
+
+Kept = Mapping[str, tuple[float, Mode]]
+
+
+def _pinned(replicas: Sequence[ReplicaState], policy: ModePolicy, kept: Kept) -> _Outcome:
+    target = Mode.STREAMING if policy is ModePolicy.STREAMING else Mode.BATCHING
+    reason = PINNED_STREAMING if target is Mode.STREAMING else PINNED_BATCHING
+    flips = [
+        Flip(r.name, r.effective_mode, target)
+        for r in replicas
+        if r.ready and r.effective_mode is not target
+    ]
+    message = f"modePolicy {policy.value} pins every replica to {target.value}"
+    return _outcome(reason, message, flips, LoopState(last_flips=kept))
+
+
+@dataclass(frozen=True)
+class _Fleet:
+    """The ready replicas by mode, and how many must stay streaming."""
+
+    ready: list[ReplicaState]
+    streaming: list[ReplicaState]
+    batching: list[ReplicaState]
+    min_streaming: int
+
+    @classmethod
+    def of(cls, replicas: Sequence[ReplicaState], config: AdaptiveSettings) -> _Fleet:
+        ready = [r for r in replicas if r.ready]
+        return cls(
+            ready=ready,
+            streaming=[r for r in ready if r.effective_mode is Mode.STREAMING],
+            batching=[r for r in ready if r.effective_mode is Mode.BATCHING],
+            min_streaming=min(config.min_streaming_replicas, len(ready)),
         )
 
-    if policy is not ModePolicy.ADAPTIVE:
-        target = Mode.STREAMING if policy is ModePolicy.STREAMING else Mode.BATCHING
-        reason = PINNED_STREAMING if target is Mode.STREAMING else PINNED_BATCHING
-        flips = [
-            Flip(r.name, r.effective_mode, target)
-            for r in replicas
-            if r.ready and r.effective_mode is not target
-        ]
-        message = f"modePolicy {policy.value} pins every replica to {target.value}"
-        return result(reason, _with_flips(message, flips), flips, LoopState(last_flips=kept))
 
-    ready = [r for r in replicas if r.ready]
-    if not ready:
-        return result(NO_READY_REPLICAS, "no ready replica to decide for", [], _reset(kept))
-
-    ready_streaming = [r for r in ready if r.effective_mode is Mode.STREAMING]
-    ready_batching = [r for r in ready if r.effective_mode is Mode.BATCHING]
-    min_streaming = min(config.min_streaming_replicas, len(ready))
-
+def _adaptive(
+    samples: Samples | None,
+    replicas: Sequence[ReplicaState],
+    history: LoopState,
+    kept: Kept,
+    config: AdaptiveSettings,
+    now: float,
+) -> _Outcome:
+    fleet = _Fleet.of(replicas, config)
+    if not fleet.ready:
+        return _outcome(NO_READY_REPLICAS, "no ready replica to decide for", [], _reset(kept))
     # A hard floor, whatever the load: interactive chat always has a streaming replica.
-    if len(ready_streaming) < min_streaming:
-        wanted = min(min_streaming - len(ready_streaming), config.max_flips_per_step)
-        chosen = _oldest_first(ready_batching, kept)[:wanted]
+    if len(fleet.streaming) < fleet.min_streaming:
+        wanted = min(fleet.min_streaming - len(fleet.streaming), config.max_flips_per_step)
+        chosen = _oldest_first(fleet.batching, kept)[:wanted]
         flips = [Flip(r.name, Mode.BATCHING, Mode.STREAMING) for r in chosen]
         message = (
-            f"{len(ready_streaming)} ready replicas streaming, "
+            f"{len(fleet.streaming)} ready replicas streaming, "
             f"minStreamingReplicas is {config.min_streaming_replicas}"
         )
-        return result(MIN_STREAMING_REPLICAS, _with_flips(message, flips), flips, _reset(kept))
-
+        return _outcome(MIN_STREAMING_REPLICAS, message, flips, _reset(kept))
     load = _classify(samples, _divisor(samples, replicas), config)
     if load.unavailable:
-        return result(METRICS_UNAVAILABLE, f"holding modes: {load.unavailable}", [], _reset(kept))
-
+        message = f"holding modes: {load.unavailable}"
+        return _outcome(METRICS_UNAVAILABLE, message, [], _reset(kept))
     if load.high:
-        high_since = history.high_since if history.high_since is not None else now
-        state = LoopState(high_since=high_since, low_since=None, last_flips=kept)
-        room = len(ready) - min_streaming - len(ready_batching)
-        if load.high == (QPS_ABOVE_HIGH,) and ready_batching and room > 0:
-            message = (
-                f"{load.summary}; {len(ready_batching)} of {len(ready)} ready replicas batching "
-                "and no queue in front of the streaming ones: they keep up"
-            )
-            # The evidence a further step needs is a queue, not QPS: its window starts then.
-            return result(KEEPING_UP, message, [], _reset(kept))
-        if room <= 0:
-            message = (
-                f"{load.summary}; {len(ready_batching)} of {len(ready)} ready replicas batching, "
-                f"minStreamingReplicas {config.min_streaming_replicas} keeps the rest streaming"
-            )
-            return result(MAX_BATCHING_REACHED, message, [], state)
-        waited = now - high_since
-        window = _evidence_window(config.to_batching_stabilization_seconds, load.severity)
-        if waited < window:
-            message = f"{load.summary}; high for {waited:.0f}s of {window:.0f}s before a flip"
-            return result(STABILIZING, message, [], state)
-        eligible = [r for r in ready_streaming if _cooled(r.name, kept, now, config)]
-        if not eligible:
-            return result(
-                COOLDOWN,
-                _cooldown_message(load.summary, ready_streaming, kept, now, config),
-                [],
-                state,
-            )
-        step = min(config.max_flips_per_step, room, _step_size(room, load.shortage))
-        chosen = _oldest_first(eligible, kept)[:step]
-        flips = [Flip(r.name, Mode.STREAMING, Mode.BATCHING) for r in chosen]
-        # Restart the window: the next step needs fresh evidence that load stays high.
-        state = replace(state, high_since=now)
-        return result(load.high[0], _with_flips(load.summary, flips), flips, state)
-
+        return _toward_batching(load, fleet, history, kept, config, now)
     if load.low:
-        low_since = history.low_since if history.low_since is not None else now
-        state = LoopState(high_since=None, low_since=low_since, last_flips=kept)
-        if not ready_batching:
-            return result(
-                ALL_STREAMING, f"{load.summary}; every ready replica streaming", [], state
-            )
-        waited = now - low_since
-        window = config.to_streaming_stabilization_seconds
-        if waited < window:
-            message = f"{load.summary}; low for {waited:.0f}s of {window}s before a return"
-            return result(STABILIZING, message, [], state)
-        eligible = [r for r in ready_batching if _cooled(r.name, kept, now, config)]
-        if not eligible:
-            return result(
-                COOLDOWN,
-                _cooldown_message(load.summary, ready_batching, kept, now, config),
-                [],
-                state,
-            )
-        chosen = _oldest_first(eligible, kept)[:1]
-        flips = [Flip(r.name, Mode.BATCHING, Mode.STREAMING) for r in chosen]
-        state = replace(state, low_since=now)
-        return result(LOAD_BELOW_LOW, _with_flips(load.summary, flips), flips, state)
+        return _toward_streaming(load, fleet, history, kept, config, now)
+    message = f"{load.summary}; inside the hysteresis band"
+    return _outcome(WITHIN_BAND, message, [], _reset(kept))
 
-    return result(WITHIN_BAND, f"{load.summary}; inside the hysteresis band", [], _reset(kept))
+
+def _toward_batching(
+    load: _Load,
+    fleet: _Fleet,
+    history: LoopState,
+    kept: Kept,
+    config: AdaptiveSettings,
+    now: float,
+) -> _Outcome:
+    high_since = history.high_since if history.high_since is not None else now
+    state = LoopState(high_since=high_since, low_since=None, last_flips=kept)
+    ready, batching = fleet.ready, fleet.batching
+    room = len(ready) - fleet.min_streaming - len(batching)
+    if load.high == (QPS_ABOVE_HIGH,) and batching and room > 0:
+        message = (
+            f"{load.summary}; {len(batching)} of {len(ready)} ready replicas batching "
+            "and no queue in front of the streaming ones: they keep up"
+        )
+        # The evidence a further step needs is a queue, not QPS: its window starts then.
+        return _outcome(KEEPING_UP, message, [], _reset(kept))
+    if room <= 0:
+        message = (
+            f"{load.summary}; {len(batching)} of {len(ready)} ready replicas batching, "
+            f"minStreamingReplicas {config.min_streaming_replicas} keeps the rest streaming"
+        )
+        return _outcome(MAX_BATCHING_REACHED, message, [], state)
+    waited = now - high_since
+    window = _evidence_window(config.to_batching_stabilization_seconds, load.severity)
+    if waited < window:
+        message = f"{load.summary}; high for {waited:.0f}s of {window:.0f}s before a flip"
+        return _outcome(STABILIZING, message, [], state)
+    eligible = [r for r in fleet.streaming if _cooled(r.name, kept, now, config)]
+    if not eligible:
+        message = _cooldown_message(load.summary, fleet.streaming, kept, now, config)
+        return _outcome(COOLDOWN, message, [], state)
+    step = min(config.max_flips_per_step, room, _step_size(room, load.shortage))
+    chosen = _oldest_first(eligible, kept)[:step]
+    flips = [Flip(r.name, Mode.STREAMING, Mode.BATCHING) for r in chosen]
+    # Restart the window: the next step needs fresh evidence that load stays high.
+    return _outcome(load.high[0], load.summary, flips, replace(state, high_since=now))
+
+
+def _toward_streaming(
+    load: _Load,
+    fleet: _Fleet,
+    history: LoopState,
+    kept: Kept,
+    config: AdaptiveSettings,
+    now: float,
+) -> _Outcome:
+    low_since = history.low_since if history.low_since is not None else now
+    state = LoopState(high_since=None, low_since=low_since, last_flips=kept)
+    if not fleet.batching:
+        return _outcome(ALL_STREAMING, f"{load.summary}; every ready replica streaming", [], state)
+    waited = now - low_since
+    window = config.to_streaming_stabilization_seconds
+    if waited < window:
+        message = f"{load.summary}; low for {waited:.0f}s of {window}s before a return"
+        return _outcome(STABILIZING, message, [], state)
+    eligible = [r for r in fleet.batching if _cooled(r.name, kept, now, config)]
+    if not eligible:
+        message = _cooldown_message(load.summary, fleet.batching, kept, now, config)
+        return _outcome(COOLDOWN, message, [], state)
+    chosen = _oldest_first(eligible, kept)[:1]
+    flips = [Flip(r.name, Mode.BATCHING, Mode.STREAMING) for r in chosen]
+    return _outcome(LOAD_BELOW_LOW, load.summary, flips, replace(state, low_since=now))
 
 
 @dataclass(frozen=True)

@@ -303,57 +303,29 @@ class PrometheusReader:
 
         values: dict[str, float | None] = {}
         for name in SIGNALS:
-            series, outcome = self._query(name, render(self.queries[name], namespace, pods))
-            value: float | None = None
-            if series is not None:
-                finite = [v for _, _, v in series if math.isfinite(v)]
-                if finite:
-                    value = _combine(name, finite)
-                    outcome = QueryOutcome(name, outcome.query, value, None, "", outcome.seconds)
-                elif series:
-                    outcome = QueryOutcome(
-                        name,
-                        outcome.query,
-                        None,
-                        Availability.NO_DATA,
-                        "returned NaN",
-                        outcome.seconds,
-                    )
-                else:
-                    outcome = QueryOutcome(
-                        name,
-                        outcome.query,
-                        None,
-                        Availability.NO_DATA,
-                        "returned no series",
-                        outcome.seconds,
-                    )
-            values[name] = value
-            outcomes[name] = outcome
-            if outcome.failure is Availability.UNREACHABLE:
+            values[name], outcomes[name] = self._signal(name, namespace, pods)
+            if outcomes[name].failure is Availability.UNREACHABLE:
                 break  # Prometheus went away mid-round: the rest would only time out too.
 
         availability, message = self._judge(outcomes, stale_problem)
-        usable = availability in (Availability.OK, Availability.PARTIAL)
-        samples = Samples(
-            qps=values.get(QPS),
-            gpu_memory_percent=values.get(GPU_MEMORY_PERCENT),
-            queue_depth=values.get(QUEUE_DEPTH),
-            kv_cache_percent=values.get(KV_CACHE_PERCENT),
-            ttft_p95_seconds=values.get(TTFT_P95_SECONDS),
-            reporting_replicas=reporting,
-            problem=None if usable else f"{availability.value}: {message}",
-        )
-        if not usable:
-            # Never hand the policy half a picture: required values are withheld as a whole.
-            samples = Samples(
-                kv_cache_percent=samples.kv_cache_percent,
-                gpu_memory_percent=samples.gpu_memory_percent,
-                ttft_p95_seconds=samples.ttft_p95_seconds,
-                reporting_replicas=reporting,
-                problem=samples.problem,
-            )
+        samples = _samples(values, reporting, availability, message)
         return Reading(samples, availability, message, outcomes, self.clock() - started)
+
+    def _signal(
+        self, name: str, namespace: str, pods: Sequence[str]
+    ) -> tuple[float | None, QueryOutcome]:
+        """One signal's value (its series combined), or why there is none."""
+        series, outcome = self._query(name, render(self.queries[name], namespace, pods))
+        if series is None:
+            return None, outcome
+        finite = [v for _, _, v in series if math.isfinite(v)]
+        if finite:
+            value = _combine(name, finite)
+            return value, QueryOutcome(name, outcome.query, value, None, "", outcome.seconds)
+        detail = "returned NaN" if series else "returned no series"
+        return None, QueryOutcome(
+            name, outcome.query, None, Availability.NO_DATA, detail, outcome.seconds
+        )
 
     def _coverage(
         self, series: Any, outcome: QueryOutcome, outcomes: dict[str, QueryOutcome]
@@ -478,3 +450,30 @@ class PrometheusReader:
                 )
             )
         return rows
+
+
+def _samples(
+    values: Mapping[str, float | None],
+    reporting: int | None,
+    availability: Availability,
+    message: str,
+) -> Samples:
+    usable = availability in (Availability.OK, Availability.PARTIAL)
+    if not usable:
+        # Never hand the policy half a picture: required values are withheld as a whole.
+        return Samples(
+            kv_cache_percent=values.get(KV_CACHE_PERCENT),
+            gpu_memory_percent=values.get(GPU_MEMORY_PERCENT),
+            ttft_p95_seconds=values.get(TTFT_P95_SECONDS),
+            reporting_replicas=reporting,
+            problem=f"{availability.value}: {message}",
+        )
+    return Samples(
+        qps=values.get(QPS),
+        gpu_memory_percent=values.get(GPU_MEMORY_PERCENT),
+        queue_depth=values.get(QUEUE_DEPTH),
+        kv_cache_percent=values.get(KV_CACHE_PERCENT),
+        ttft_p95_seconds=values.get(TTFT_P95_SECONDS),
+        reporting_replicas=reporting,
+        problem=None,
+    )

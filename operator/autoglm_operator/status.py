@@ -9,12 +9,22 @@ MetricsAvailable and ModeTransitioning) are neither read nor written here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from autoglm_operator import builders
 from autoglm_operator import spec as crd
-from autoglm_runtime.profiles import MODE_LABEL, Mode
+from autoglm_operator.pods import (
+    condition,
+    is_live,
+    is_ready,
+    lacks_gpu,
+    pod_mode,
+    pod_template_hash,
+    unschedulable_message,
+)
+from autoglm_runtime.profiles import Mode
 
 READY = "Ready"
 PROGRESSING = "Progressing"
@@ -60,54 +70,6 @@ class StatusUpdate:
 # -- pods ------------------------------------------------------------------------------------
 
 
-def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
-    for cond in (obj.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == kind:
-            return dict(cond)
-    return None
-
-
-def is_terminating(pod: dict[str, Any]) -> bool:
-    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
-
-
-def is_live(pod: dict[str, Any]) -> bool:
-    phase = (pod.get("status") or {}).get("phase")
-    return not is_terminating(pod) and phase not in ("Succeeded", "Failed")
-
-
-def is_ready(pod: dict[str, Any]) -> bool:
-    cond = _condition(pod, "Ready")
-    return bool(cond and cond.get("status") == "True")
-
-
-def pod_mode(pod: dict[str, Any]) -> Mode | None:
-    value = ((pod.get("metadata") or {}).get("labels") or {}).get(MODE_LABEL)
-    try:
-        return Mode(str(value))
-    except ValueError:
-        return None
-
-
-def pod_template_hash(pod: dict[str, Any]) -> str | None:
-    value = ((pod.get("metadata") or {}).get("annotations") or {}).get(
-        builders.TEMPLATE_HASH_ANNOTATION
-    )
-    return str(value) if value is not None else None
-
-
-def unschedulable_message(pod: dict[str, Any]) -> str | None:
-    cond = _condition(pod, "PodScheduled")
-    if cond and cond.get("status") == "False" and cond.get("reason") == "Unschedulable":
-        return str(cond.get("message") or "unschedulable")
-    return None
-
-
-def lacks_gpu(pod: dict[str, Any], gpu_resource: str) -> bool:
-    message = unschedulable_message(pod)
-    return message is not None and f"Insufficient {gpu_resource}" in message
-
-
 def _stuck_container(pod: dict[str, Any]) -> tuple[str, str] | None:
     for status in (pod.get("status") or {}).get("containerStatuses") or []:
         waiting = (status.get("state") or {}).get("waiting") or {}
@@ -119,6 +81,41 @@ def _stuck_container(pod: dict[str, Any]) -> tuple[str, str] | None:
 
 
 # -- conditions ------------------------------------------------------------------------------
+
+
+def transition_time(before: Mapping[str, Any] | None, status: str, now: str) -> str:
+    """lastTransitionTime moves only when a condition's status changes (api-conventions)."""
+    if before is not None and before.get("status") == status:
+        return str(before.get("lastTransitionTime") or now)
+    return now
+
+
+def merge_conditions(
+    existing: Sequence[Mapping[str, Any]], updates: Sequence[crd.Condition], now: str
+) -> list[dict[str, Any]]:
+    """Replace the conditions named in updates, keep every other one as it is (safe to rerun)."""
+    by_type = {u.type: u for u in updates}
+    merged: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for current in existing:
+        kind = current.get("type")
+        if kind not in by_type:
+            merged.append(dict(current))
+            continue
+        seen.add(kind)
+        merged.append(_condition_dict(by_type[kind], current, now))
+    for kind, update in by_type.items():
+        if kind not in seen:
+            merged.append(_condition_dict(update, None, now))
+    return merged
+
+
+def _condition_dict(
+    update: crd.Condition, before: Mapping[str, Any] | None, now: str
+) -> dict[str, Any]:
+    when = transition_time(before, update.status, now)
+    data = update.model_copy(update={"last_transition_time": when})
+    return data.model_dump(by_alias=True, exclude_none=True)
 
 
 def _cond(kind: str, status: bool, reason: str, message: str) -> dict[str, Any]:
@@ -163,7 +160,7 @@ def _degraded(
         stuck = _stuck_container(pod)
         if stuck:
             return _cond(DEGRADED, True, stuck[0], stuck[1])
-    progress = _condition(deployment or {}, "Progressing")
+    progress = condition(deployment or {}, "Progressing")
     if progress and progress.get("reason") == "ProgressDeadlineExceeded":
         return _cond(DEGRADED, True, "ProgressDeadlineExceeded", str(progress.get("message", "")))
     return _cond(DEGRADED, False, "AsExpected", "No problems observed.")
@@ -254,10 +251,8 @@ def compute(
     for cond in conditions:
         cond["observedGeneration"] = generation
         before = previous.get(cond["type"])
-        if before is not None and before.get("status") == cond["status"]:
-            cond["lastTransitionTime"] = before.get("lastTransitionTime") or now
-        else:
-            cond["lastTransitionTime"] = now
+        cond["lastTransitionTime"] = transition_time(before, cond["status"], now)
+        if before is None or before.get("status") != cond["status"]:
             flipped.append(cond)
 
     status: dict[str, Any] = {

@@ -62,6 +62,7 @@ class SimMetrics:
 
     @classmethod
     def create(cls, model_name: str, max_model_len: int) -> SimMetrics:
+        # Long, but only declarations: one vllm:* series each, named as vLLM names them.
         registry = CollectorRegistry()
         names = ["model_name", "engine"]
         token_buckets = _one_two_five(max_model_len)

@@ -1,4 +1,5 @@
-"""The pure parts of adaptive_handlers and operator_metrics: what is written, what is counted."""
+"""The pure parts of adaptive_handlers, pods and operator_metrics: what is written, what is
+counted, how a pod is seen."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from autoglm_operator import adaptive_handlers as ah
+from autoglm_operator import pods
 from autoglm_operator import policy as pol
 from autoglm_operator.adaptive import FlipOutcome, PassResult, PodView, RepairOutcome
 from autoglm_operator.operator_metrics import OperatorMetrics
@@ -44,9 +46,9 @@ def test_pod_view_reads_ip_label_and_readiness() -> None:
         "metadata": {"name": "p", "labels": {"autoglm.io/mode": "batching"}},
         "status": {"podIP": "10.0.0.7", "conditions": [{"type": "Ready", "status": "True"}]},
     }
-    assert ah.pod_view(pod) == PodView("p", "10.0.0.7", Mode.BATCHING, True)
+    assert pods.view(pod) == PodView("p", "10.0.0.7", Mode.BATCHING, True)
     odd = {"metadata": {"name": "q", "labels": {"autoglm.io/mode": "turbo"}}, "status": {}}
-    assert ah.pod_view(odd) == PodView("q", None, None, False)
+    assert pods.view(odd) == PodView("q", None, None, False)
 
 
 def test_record_counts_decisions_flips_repairs_and_query_errors(

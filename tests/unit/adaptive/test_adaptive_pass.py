@@ -6,7 +6,7 @@ from typing import Any
 
 from adaptive_fakes import FakeIO, FakePod
 
-from autoglm_operator import adaptive
+from autoglm_operator import adaptive, plan
 from autoglm_operator import policy as pol
 from autoglm_operator.adaptive import PassInput, PodView, merge_conditions, run_pass
 from autoglm_operator.prom import Availability, Reading
@@ -446,3 +446,24 @@ async def test_rolling_keeps_the_stabilization_window_between_passes() -> None:
     last = due.status_patch["lastDecision"]
     assert (last["applied"], last["fromBatching"], last["toBatching"]) == (False, 0, 1)
     assert due.status_patch["adaptiveState"]["batchingTarget"] == 1
+
+
+async def test_rolling_target_keeps_min_streaming_replicas_as_the_plan_does() -> None:
+    """One rule for the batching share: a target stored before minStreamingReplicas was raised
+    is capped the way the Deployments are stepped, so the pass does not wait for a share the
+    plan will never reach."""
+    io = FakeIO(
+        fleet(
+            FakePod("agd-0", "10.0.0.0", Mode.STREAMING, Mode.STREAMING),
+            FakePod("agd-1", "10.0.0.1", Mode.BATCHING, Mode.BATCHING),
+            FakePod("agd-2", "10.0.0.2", Mode.BATCHING, Mode.BATCHING),
+        ),
+        reading=healthy(qps=6.0),
+    )
+    status = {"adaptiveState": {"batchingTarget": 3}}
+    result = await one_pass(io, rolling_spec(), status)
+    split = {Mode.STREAMING: 1, Mode.BATCHING: 2}
+    assert plan.rolling_batching_target(rolling_spec(), 3, split) == 2
+    assert result.batching_target == 2
+    assert result.status_patch["adaptiveState"]["batchingTarget"] == 2
+    assert condition(result.status_patch, "ModeTransitioning")["reason"] != "Replacing"

@@ -62,6 +62,8 @@ class FakeKube:
         current["metadata"].setdefault("labels", {}).update(patch["metadata"]["labels"])
         return self._store(current)
 
-    def apply_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+    def apply_status(
+        self, namespace: str, name: str, status: dict[str, Any], field_manager: str = ""
+    ) -> dict[str, Any]:
         self._check("apply_status", "AutoGLMDeployment", name)
         return {"metadata": {"resourceVersion": str(next(self._rv))}, "status": status}

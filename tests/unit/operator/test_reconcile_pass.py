@@ -12,7 +12,7 @@ from kubernetes.client.exceptions import ApiException
 from operator_fakes import FakeKube
 from prometheus_client import REGISTRY
 
-from autoglm_operator import builders, handlers, kube, plan
+from autoglm_operator import builders, executor, handlers, kube, plan
 
 NS, NAME, UID = "serving", "phone-9b", "uid-1"
 
@@ -225,3 +225,39 @@ async def test_replica_gauges_follow_the_status() -> None:
     labels = {"namespace": NS, "name": NAME}
     assert REGISTRY.get_sample_value("autoglm_operator_replicas", labels) == 3
     assert REGISTRY.get_sample_value("autoglm_operator_ready_replicas", labels) == 0
+
+
+async def test_rolling_steps_toward_the_adaptive_target_in_memory_or_the_persisted_one() -> None:
+    """The adaptive pass hands its batching share to the plan in memory (no round trip through
+    status); a restarted operator, with nothing in memory yet, steps toward the share the last
+    one persisted in status.adaptiveState."""
+    spec = {
+        "replicas": 2,
+        "switchStrategy": "Rolling",
+        "adaptive": {"prometheus": {"url": "http://p:9090"}, "minStreamingReplicas": 0},
+    }
+
+    async def batching_replicas(state: handlers.LoopState, status: dict[str, Any]) -> int:
+        api = FakeKube()
+        await run_pass(api, body(spec, status=status), state)
+        deployment = api.objects[("Deployment", NS, f"{NAME}-batching")]
+        return int(deployment["spec"]["replicas"])
+
+    assert await batching_replicas(handlers.LoopState(batching_target=1), {}) == 1
+    persisted = {"adaptiveState": {"batchingTarget": 2}}
+    assert await batching_replicas(handlers.LoopState(), persisted) == 2
+    assert await batching_replicas(handlers.LoopState(batching_target=1), persisted) == 1
+
+
+def test_the_admin_token_is_read_through_the_executor() -> None:
+    """Missing Secret: not there yet (None); emptied token: its own error, which the loop logs
+    and retries soon (not a kopf.TemporaryError that nothing catches)."""
+    api = FakeKube()
+    execute = executor.Executor(api, logging.getLogger("test"))  # type: ignore[arg-type]
+    assert execute.read_admin_token(NS, NAME) is None
+    secret = {"kind": "Secret", "metadata": {"name": f"{NAME}-admin", "namespace": NS}}
+    api.objects[("Secret", NS, f"{NAME}-admin")] = {**secret, "data": {"token": ""}}
+    with pytest.raises(executor.MissingAdminToken, match="has no key 'token'"):
+        execute.read_admin_token(NS, NAME)
+    api.objects[("Secret", NS, f"{NAME}-admin")] = {**secret, "data": {"token": "czNjcmV0"}}
+    assert execute.read_admin_token(NS, NAME) == "s3cret"

@@ -1,0 +1,183 @@
+"""Execute: the one module that acts on the API server for an AutoGLMDeployment.
+
+It applies a plan (plan.Plan) and reports what happened (what it wrote, in the loop's memory,
+and as Events); it writes status (one writer, for the reconcile and the adaptive pass) and the
+pod labels of a mode flip, and reads the two objects a pass needs beyond the indexes (a
+referenced Secret, the admin token). Apart from leader election (leader.py), nothing else in
+the operator imports the Kubernetes client (kube.py); an import contract keeps it so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from autoglm_operator import builders, kube, plan
+from autoglm_operator.observe import Observed
+from autoglm_runtime.profiles import MODE_LABEL, Mode
+
+ApiError = kube.ApiError
+Kube = kube.Kube
+T = TypeVar("T")
+
+# Status field managers: the reconcile pass owns the replica counts and Ready, Progressing and
+# Degraded; the adaptive pass owns MetricsAvailable, ModeTransitioning and the decision fields.
+STATUS_FIELD_MANAGER = kube.STATUS_FIELD_MANAGER
+ADAPTIVE_FIELD_MANAGER = "autoglm-adaptive"
+
+
+class MissingAdminToken(LookupError):
+    """The admin Secret exists but holds no token (yet): the adaptive pass waits and retries."""
+
+
+def connect(role: str) -> kube.Kube:
+    """The client of one role (its user agent names it in the apiserver's audit log)."""
+    return kube.Kube.from_environment(user_agent=f"{kube.USER_AGENT}/{role}")
+
+
+def event(body: Any, *, warning: bool = False, reason: str, message: str) -> None:
+    """A Kubernetes Event on the AutoGLMDeployment, through kopf's poster (never blocks)."""
+    kube.event(body, warning=warning, reason=reason, message=message)
+
+
+class Executor:
+    def __init__(self, client: kube.Kube, logger: Any) -> None:
+        self.kube = client
+        self.logger = logger
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.to_thread(fn, *args)
+
+    # -- reads a pass needs beyond the indexes ---------------------------------------------------
+
+    async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self.call(self.kube.get, kind, namespace, name)
+
+    def read_admin_token(self, namespace: str, name: str) -> str | None:
+        """The runtime admin token; None while the Secret does not exist yet."""
+        secret = self.kube.get("Secret", namespace, builders.admin_secret_name(name))
+        if secret is None:
+            return None
+        encoded = (secret.get("data") or {}).get(builders.ADMIN_TOKEN_KEY)
+        if not encoded:
+            raise MissingAdminToken(
+                f"Secret {builders.admin_secret_name(name)} has no key {builders.ADMIN_TOKEN_KEY!r}"
+            )
+        return base64.b64decode(encoded).decode()
+
+    # -- writes ----------------------------------------------------------------------------------
+
+    async def write_status(
+        self,
+        namespace: str,
+        name: str,
+        status: Mapping[str, Any],
+        field_manager: str = STATUS_FIELD_MANAGER,
+    ) -> None:
+        await self.call(self.kube.apply_status, namespace, name, status, field_manager)
+
+    def label_pod(self, namespace: str, pod: str, mode: Mode) -> None:
+        """A flip's first and last step: the label routes the pod to its mode's Service."""
+        patched = self.kube.merge_patch(
+            "Pod", namespace, pod, {"metadata": {"labels": {MODE_LABEL: mode.value}}}
+        )
+        if patched is None:
+            raise LookupError(f"pod {pod} is gone")
+
+    async def apply(
+        self, body: Any, the_plan: plan.Plan, observed: Observed, state: plan.LoopState
+    ) -> None:
+        """Apply a reconcile plan in order; record each write in the loop's memory."""
+        for retire in the_plan.retire:
+            await self._retire(body, the_plan.owner, retire)
+        now = time.monotonic()
+        for action in the_plan.actions:
+            await self._apply_child(body, the_plan, action, observed, state, now)
+        for key in the_plan.settled:
+            state.written.pop(key, None)
+        if the_plan.admin_secret:
+            await self._admin_secret(body, the_plan, observed, state)
+        await self._label(the_plan, observed, state)
+        for kind, name in the_plan.delete:
+            await self.call(self.kube.delete, kind, the_plan.owner.namespace, name)
+            self._report(body, "Deleted", f"Deleted {kind} {name}: switchStrategy is InPlace")
+
+    def _report(self, body: Any, reason: str, message: str) -> None:
+        event(body, reason=reason, message=message)
+        self.logger.info(message)
+
+    async def _retire(self, body: Any, owner: builders.Owner, retire: plan.Retire) -> None:
+        """Mark an old-mode pod a shrinking Deployment must remove (its replacement is ready,
+        or cannot start without its GPUs): the ReplicaSet removes the lowest deletion cost
+        first."""
+        patch = {"metadata": {"annotations": {plan.DELETION_COST_ANNOTATION: plan.RETIRE_COST}}}
+        await self.call(self.kube.merge_patch, "Pod", owner.namespace, retire.pod, patch)
+        new = "batching" if retire.mode is Mode.STREAMING else "streaming"
+        self._report(
+            body,
+            "PodReplaced",
+            f"Replacing {retire.mode.value if retire.mode else 'unlabelled'} pod {retire.pod} "
+            f"with a {new} pod (switchStrategy Rolling): removing it now that its replacement "
+            "is ready, or needs its GPUs",
+        )
+
+    async def _apply_child(
+        self,
+        body: Any,
+        the_plan: plan.Plan,
+        action: plan.Action,
+        observed: Observed,
+        state: plan.LoopState,
+        now: float,
+    ) -> None:
+        kind, child = action.key
+        rollout = plan.is_rollout(action, observed.children)
+        old = observed.children.get(action.key)
+        result = await self.call(self.kube.apply, action.manifest)
+        state.written[action.key] = plan.Written(
+            digest=builders.digest(action.manifest),
+            resource_version=str(result["metadata"]["resourceVersion"]),
+            based_on=str((old or {}).get("metadata", {}).get("resourceVersion") or ""),
+            at=now,
+        )
+        if action.verb == "create":
+            self._report(body, "Created", f"Created {kind} {child}")
+        elif rollout:
+            message = f"Rolling Deployment {child} to pod template {the_plan.desired_hash}"
+            self._report(body, "RollingOut", message)
+        else:
+            message = f"Updated {kind} {child}: {plan.describe_update(old, action.manifest)}"
+            self._report(body, "Updated", message)
+
+    async def _admin_secret(
+        self, body: Any, the_plan: plan.Plan, observed: Observed, state: plan.LoopState
+    ) -> None:
+        """A new admin token, in a new Secret or in the emptied one."""
+        key = ("Secret", builders.admin_secret_name(the_plan.owner.name))
+        seen = str(((observed.secret or {}).get("metadata") or {}).get("resourceVersion") or "")
+        manifest = builders.admin_secret(the_plan.owner, secrets.token_urlsafe(32))
+        if the_plan.admin_secret == "create":
+            result = await self.call(self.kube.create, manifest)
+            verb = "Created"
+        else:
+            result = await self.call(self.kube.apply, manifest)
+            verb = "Updated"
+        if result is not None:
+            self._report(body, verb, f"{verb} Secret {key[1]} with a new admin token")
+        rv = str(((result or {}).get("metadata") or {}).get("resourceVersion") or "")
+        state.written[key] = plan.Written("", rv, seen, time.monotonic())
+
+    async def _label(self, the_plan: plan.Plan, observed: Observed, state: plan.LoopState) -> None:
+        """A new pod starts in the initial mode; the label routes it to its mode's Service."""
+        names = {p["metadata"]["name"] for p in observed.pods}
+        state.labelled = {k: v for k, v in state.labelled.items() if k in names}
+        mode = the_plan.label_mode.value
+        for pod, rv in the_plan.label:
+            patch = {"metadata": {"labels": {MODE_LABEL: mode}}}
+            await self.call(self.kube.merge_patch, "Pod", the_plan.owner.namespace, pod, patch)
+            state.labelled[pod] = rv
+            self.logger.info(f"Labelled pod {pod} {MODE_LABEL}={mode}")

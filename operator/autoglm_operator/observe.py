@@ -1,0 +1,80 @@
+"""Observe: what the cluster holds for one AutoGLMDeployment, read from the kopf indexes (memory).
+
+The indexes are fed by watch streams filtered server-side by the managed-by label, so a pass
+reads no API at all. Pods are placed by the instance label (their owners are ReplicaSets); the
+other children by their ownerReference to this object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from autoglm_operator import builders
+
+Key = tuple[str, str]  # (kind, name)
+
+# The kopf index handlers (handlers.py) by the kind of child they hold.
+CHILD_INDEXES = (
+    ("owned_deployments", "Deployment"),
+    ("owned_services", "Service"),
+    ("owned_configmaps", "ConfigMap"),
+    ("owned_pdbs", "PodDisruptionBudget"),
+)
+INDEXES = (*(index for index, _ in CHILD_INDEXES), "owned_secrets", "owned_pods")
+
+# An index as kopf hands it to a daemon: (namespace, instance) -> the objects filed there.
+Index = Mapping[tuple[str, str], Iterable[Any]]
+
+
+@dataclass(frozen=True)
+class Observed:
+    body: dict[str, Any]
+    deployment: dict[str, Any] | None
+    children: dict[Key, dict[str, Any]]
+    secret: dict[str, Any] | None
+    pods: list[dict[str, Any]]
+
+    def fingerprint(self) -> Any:
+        """Changes whenever any observed object does (resourceVersions)."""
+
+        def rv(obj: dict[str, Any]) -> str:
+            return str((obj.get("metadata") or {}).get("resourceVersion"))
+
+        objs = [*self.children.values(), *self.pods, *([self.secret] if self.secret else [])]
+        return rv(self.body), tuple(sorted(rv(o) for o in objs))
+
+
+def _owned(obj: dict[str, Any], uid: str) -> bool:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return any(ref.get("uid") == uid for ref in refs)
+
+
+def observe(
+    body: Mapping[str, Any],
+    namespace: str,
+    name: str,
+    uid: str,
+    indexes: Mapping[str, Index],
+) -> Observed:
+    key = (namespace, name)
+
+    def owned(index: str) -> list[dict[str, Any]]:
+        return [o for o in indexes[index].get(key, []) if _owned(o, uid)]
+
+    children: dict[Key, dict[str, Any]] = {}
+    for index, kind in CHILD_INDEXES:
+        for obj in owned(index):
+            children[(kind, obj["metadata"]["name"])] = {"kind": kind, **obj}
+    secret_name = builders.admin_secret_name(name)
+    secret = next((s for s in owned("owned_secrets") if s["metadata"]["name"] == secret_name), None)
+    # Pods are owned by ReplicaSets, not by us: the instance label places them.
+    pods = list(indexes["owned_pods"].get(key, []))
+    return Observed(
+        body=dict(body),
+        deployment=children.get(("Deployment", name)),
+        children=children,
+        secret=secret,
+        pods=pods,
+    )
