@@ -123,9 +123,11 @@ def kubeconfig_access(path: str, context: str | None = None) -> ApiAccess:
     if "exec" in user or "auth-provider" in user:
         raise AccessError(f"kubeconfig {path}: exec and auth-provider users are not supported; "
                           "use a token")
+    if not cluster.get("server"):
+        raise AccessError(f"kubeconfig {path}: cluster {ctx.get('cluster')!r} has no server")
     base = Path(path).parent
     return ApiAccess(
-        server=str(cluster.get("server", "")).rstrip("/"),
+        server=str(cluster["server"]).rstrip("/"),
         namespace=ctx.get("namespace"),
         token=user.get("token"),
         token_file=_path(base, user.get("tokenFile")),
@@ -252,6 +254,11 @@ class PodTable:
 
 
 # -- the watch --------------------------------------------------------------------------------
+
+
+def _state(pod: PodReplica | None) -> tuple[object, ...] | None:
+    """What routing reads of a pod (its resourceVersion changes with every status write)."""
+    return None if pod is None else (pod.url, pod.mode, pod.ready, pod.terminating)
 
 
 class KubernetesDiscovery:
@@ -402,12 +409,16 @@ class KubernetesDiscovery:
                         self._apply(orjson.loads(line))
 
     def _apply(self, event: Mapping[str, Any]) -> None:
+        uid = ((event.get("object") or {}).get("metadata") or {}).get("uid", "")
+        before = self.table.pods.get(uid)
         self.table.apply(event)
         self._forget_gone()
-        if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
-            pod = replica_of_pod(event.get("object") or {}, self.table.port)
-            log.debug("Pod %s %s: url=%s mode=%s ready=%s terminating=%s", pod.pod,
-                      event["type"], pod.url, pod.mode, pod.ready, pod.terminating)
+        after = self.table.pods.get(uid)
+        pod = after or before
+        if pod is not None and _state(before) != _state(after):
+            log.info("Pod %s %s: url=%s mode=%s ready=%s terminating=%s", pod.pod,
+                     "gone" if after is None else "now", pod.url, pod.mode and pod.mode.value,
+                     pod.ready, pod.terminating)
 
     def _forget_gone(self) -> None:
         self._draining &= set(self.table.pods)

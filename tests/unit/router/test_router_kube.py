@@ -202,3 +202,12 @@ def test_a_missing_ca_file_is_an_access_error(tmp_path: Path) -> None:
     access = kubeconfig_access(kubeconfig(tmp_path, {"token": "abc"}))
     with pytest.raises(AccessError, match="CA"):
         access.ssl_context()
+
+
+def test_a_kubeconfig_cluster_without_a_server_is_refused(tmp_path: Path) -> None:
+    path = kubeconfig(tmp_path, {"token": "abc"})
+    config = json.loads(Path(path).read_text())
+    del config["clusters"][0]["cluster"]["server"]
+    Path(path).write_text(json.dumps(config))
+    with pytest.raises(AccessError, match="has no server"):
+        kubeconfig_access(path)
