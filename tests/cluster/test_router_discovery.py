@@ -288,13 +288,11 @@ def test_requests_reach_sims_at_pod_addresses_by_their_mode_label(
     # Flip b's label: streamed chats now have two streaming replicas to share.
     cluster.kubectl("label", "pod", "b", "-n", namespace, "--overwrite",
                     "autoglm.io/mode=streaming")
-    with urllib.request.urlopen(router + "/health", timeout=5) as response:
-        print("router /health after the flip:", response.read().decode())
-    wait_for("flip seen by the router", lambda: json.loads(urllib.request.urlopen(
-        router + "/health", timeout=5).read())["replicas"]["streaming"] == 2, timeout=5)
+    wait_for("flip seen by the router", lambda: replicas_by_mode(router) == {
+        "streaming": 2, "batching": 0, "unknown": 0}, timeout=5)
     cluster.kubectl("delete", "pod", "s", "-n", namespace, "--wait=false")
-    wait_for("deleted pod gone from the router", lambda: json.loads(urllib.request.urlopen(
-        router + "/health", timeout=5).read())["replicas"]["streaming"] == 1, timeout=5)
+    wait_for("deleted pod gone from the router", lambda: replicas_by_mode(router) == {
+        "streaming": 1, "batching": 0, "unknown": 0}, timeout=5)
     before = {name: admitted(url) for name, url in sims.items()}
     for _ in range(3):
         chat(router, stream=True)
@@ -302,10 +300,15 @@ def test_requests_reach_sims_at_pod_addresses_by_their_mode_label(
     assert served == {"s": 0, "b": 3}, served
 
 
+def replicas_by_mode(router: str) -> dict[str, int]:
+    with urllib.request.urlopen(router + "/health", timeout=5) as response:
+        return json.loads(response.read())["replicas"]  # type: ignore[no-any-return]
+
+
 def pod_ips(cluster: LocalCluster, namespace: str, count: int) -> dict[str, str] | None:
     pods = cluster.get_json("pods", "-n", namespace)["items"]
     ips = {p["metadata"]["name"]: p["status"].get("podIP") for p in pods}
-    return ips if len(ips) == count and all(ips.values()) else None  # type: ignore[return-value]
+    return ips if len(ips) == count and all(ips.values()) else None
 
 
 def service_account_kubeconfig(cluster: LocalCluster, folder: Path) -> Path:
