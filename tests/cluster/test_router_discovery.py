@@ -157,6 +157,16 @@ async def test_pods_appear_flip_and_leave_through_the_watch(
         lambda: modes(watch).get("b") is Mode.STREAMING, FLIP_SECONDS, started)
     assert watch.lists == 1
 
+    # The readiness probe fails (the kubelet's status write): a is out, then back.
+    for ready in ("False", "True"):
+        started = time.monotonic()
+        await kubectl(cluster, "patch", "pod", "a", "-n", namespace, "--subresource=status",
+                      "-p", json.dumps({"status": {"conditions": [
+                          {"type": "Ready", "status": ready}]}}))
+        figures[f"ready {ready}"] = await seconds_until(
+            lambda ready=ready: ("a" in modes(watch)) == (ready == "True"), FLIP_SECONDS,
+            started)
+
     b_url = next(p.url for p in watch.table.pods.values() if p.pod == "b")
     started = time.monotonic()
     await kubectl(cluster, "delete", "pod", "b", "-n", namespace, "--wait=false")

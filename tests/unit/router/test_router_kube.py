@@ -153,6 +153,8 @@ def test_in_cluster_access_reads_the_service_account(tmp_path: Path) -> None:
     assert access.bearer() == "tok"
     (tmp_path / "token").write_text("rotated")  # the kubelet rotates projected tokens
     assert access.bearer() == "rotated"
+    ipv6 = in_cluster_access({**env, "KUBERNETES_SERVICE_HOST": "fd00::1"}, tmp_path)
+    assert ipv6.server == "https://[fd00::1]:443"
     with pytest.raises(AccessError, match="not inside a pod"):
         in_cluster_access({}, tmp_path)
     with pytest.raises(AccessError, match="no ServiceAccount token"):
