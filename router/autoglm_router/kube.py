@@ -344,12 +344,19 @@ class KubernetesDiscovery:
                 log.info("Watch of pods %r: resourceVersion too old, listing again",
                          self.selector)
                 listed = False
-            except (aiohttp.ClientError, TimeoutError, ApiError, ValueError, OSError) as exc:
+            except Exception as exc:  # nothing may end discovery: back off and go on
                 backoff = min(self.backoff_max, max(0.5, backoff * 2))
-                level = logging.ERROR if isinstance(exc, ApiError) else logging.WARNING
-                log.log(level, "Watching pods %r in %s failed (%s); again in %.1f s",
-                        self.selector, self.namespace, exc, backoff)
+                self._log_failure(exc, backoff)
                 await asyncio.sleep(backoff)
+
+    def _log_failure(self, exc: Exception, backoff: float) -> None:
+        what = f"Watching pods {self.selector!r} in {self.namespace} failed"
+        if isinstance(exc, ApiError):  # 401/403 or a bad selector: a person must act
+            log.error("%s (%s); again in %.1f s", what, exc, backoff)
+        elif isinstance(exc, aiohttp.ClientError | TimeoutError | ValueError | OSError):
+            log.warning("%s (%r); again in %.1f s", what, exc, backoff)
+        else:
+            log.exception("%s; again in %.1f s", what, backoff)
 
     async def _list(self) -> None:
         table = PodTable(self.table.port)
