@@ -1,16 +1,25 @@
-"""`autoglm-router`: the router on uvicorn, in front of a fixed list of runtime endpoints."""
+"""`autoglm-router`: the router on uvicorn, in front of a list of runtime endpoints or the pods
+a Kubernetes label selector matches."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
 import uvicorn
 
-from autoglm_router.discovery import StaticDiscovery
+from autoglm_router.discovery import Discovery, StaticDiscovery
+from autoglm_router.kube import (
+    AccessError,
+    ApiAccess,
+    KubernetesDiscovery,
+    in_cluster_access,
+    kubeconfig_access,
+)
 from autoglm_router.proxy import ProxySettings, RouterApp
 from autoglm_router.routing import RoutingConfig
 from autoglm_runtime.profiles import BatchingProfile, Mode, StreamingProfile
@@ -41,8 +50,22 @@ def build_parser() -> argparse.ArgumentParser:
         description="Route OpenAI requests to AutoGLM runtime replicas by mode and session.")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on")
     p.add_argument("--port", type=int, default=8000, help="port to listen on")
-    p.add_argument("--endpoint", action="append", type=_endpoint, required=True,
-                   metavar="URL", help="a replica's base URL; repeat for each replica")
+    p.add_argument("--endpoint", action="append", type=_endpoint, metavar="URL",
+                   help="a replica's base URL; repeat for each replica")
+    kube = p.add_argument_group("Kubernetes discovery (instead of --endpoint)")
+    kube.add_argument("--kubernetes", action="store_true",
+                      help="watch the pods --selector matches in --namespace")
+    kube.add_argument("--namespace", help="the pods' namespace (default: the ServiceAccount's "
+                      "or the kubeconfig context's)")
+    kube.add_argument("--selector", help="label selector of one deployment's serving pods, "
+                      "e.g. app.kubernetes.io/instance=NAME,app.kubernetes.io/component=server")
+    kube.add_argument("--port-name", help="the container port to send requests to, by name "
+                      "(default http)")
+    kube.add_argument("--target-port", type=_positive(int),
+                      help="the port to send requests to, by number (instead of --port-name)")
+    kube.add_argument("--kubeconfig", help="reach the apiserver with this kubeconfig instead "
+                      "of the pod's ServiceAccount (default $KUBECONFIG outside a pod)")
+    kube.add_argument("--context", help="the kubeconfig context (default its current one)")
     p.add_argument("--load-factor", type=float, default=1.25,
                    help="no replica above this times the mean in-flight cost (>= 1.0)")
     p.add_argument("--no-spill", dest="spill", action="store_false",
@@ -66,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stream-timeout", type=_positive(float), default=DEFAULTS.stream_timeout,
                    help="seconds a whole response may take")
     p.add_argument("--poll-interval", type=_positive(float), default=1.0,
-                   help="seconds between polls of each replica's /health and /metrics")
+                   help="seconds between polls of each replica's /health and /metrics (with "
+                   "--kubernetes: of an unreachable replica's /health)")
     p.add_argument("--drain-seconds", type=_positive(int), default=30,
                    help="on SIGTERM, how long streams in flight may take to finish")
     p.add_argument("--log-level", default="info",
@@ -74,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def create_app(args: argparse.Namespace) -> RouterApp:
+def create_app(args: argparse.Namespace, discovery: Discovery | None = None) -> RouterApp:
     config = RoutingConfig(
         load_factor=args.load_factor, spill=args.spill, virtual_nodes=args.virtual_nodes,
         caps={Mode.STREAMING: args.streaming_cap, Mode.BATCHING: args.batching_cap},
@@ -84,8 +108,53 @@ def create_app(args: argparse.Namespace) -> RouterApp:
         connect_timeout=args.connect_timeout, idle_timeout=args.idle_timeout,
         stream_timeout=args.stream_timeout,
     )
-    return RouterApp(StaticDiscovery(args.endpoint, interval=args.poll_interval), config,
-                     settings)
+    return RouterApp(discovery or discovery_of(args), config, settings)
+
+
+KUBE_ONLY = ("namespace", "selector", "port_name", "target_port", "kubeconfig", "context")
+
+
+def check_discovery_flags(args: argparse.Namespace) -> str | None:
+    """What is wrong with the discovery flags, or None."""
+    if args.kubernetes and args.endpoint:
+        return "--endpoint and --kubernetes exclude each other: give one"
+    if not args.kubernetes:
+        if not args.endpoint:
+            return "give each replica with --endpoint URL, or --kubernetes to watch pods"
+        given = [f"--{name.replace('_', '-')}" for name in KUBE_ONLY
+                 if getattr(args, name) is not None]
+        return f"{', '.join(given)} only apply with --kubernetes" if given else None
+    if not args.selector or not args.selector.strip():
+        return "--kubernetes needs --selector (e.g. app.kubernetes.io/instance=NAME)"
+    if args.port_name is not None and args.target_port is not None:
+        return "--port-name and --target-port exclude each other: give one"
+    if args.context is not None and args.kubeconfig is None and not os.environ.get("KUBECONFIG"):
+        return "--context needs --kubeconfig (or $KUBECONFIG)"
+    return None
+
+
+def api_access(args: argparse.Namespace, env: dict[str, str] | None = None) -> ApiAccess:
+    """The kubeconfig when given, else the pod's ServiceAccount, else $KUBECONFIG."""
+    env = dict(os.environ) if env is None else env
+    if args.kubeconfig:
+        return kubeconfig_access(args.kubeconfig, args.context)
+    if env.get("KUBERNETES_SERVICE_HOST"):
+        return in_cluster_access(env)
+    if env.get("KUBECONFIG"):
+        return kubeconfig_access(env["KUBECONFIG"].split(os.pathsep)[0], args.context)
+    raise AccessError("not inside a pod and no kubeconfig: give --kubeconfig")
+
+
+def discovery_of(args: argparse.Namespace) -> Discovery:
+    if not args.kubernetes:
+        return StaticDiscovery(args.endpoint, interval=args.poll_interval)
+    access = api_access(args)
+    namespace = args.namespace or access.namespace
+    if not namespace:
+        raise AccessError("no namespace: give --namespace")
+    port = args.target_port if args.target_port is not None else args.port_name or "http"
+    return KubernetesDiscovery(access, namespace, args.selector.strip(), port,
+                               probe_interval=args.poll_interval)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -93,14 +162,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.load_factor < 1.0:
         parser.error(f"--load-factor must be at least 1.0, got {args.load_factor}")
-    if len(set(args.endpoint)) != len(args.endpoint):
+    problem = check_discovery_flags(args)
+    if problem:
+        parser.error(problem)
+    if args.endpoint and len(set(args.endpoint)) != len(args.endpoint):
         parser.error("each --endpoint may be given once")
+    try:
+        discovery = discovery_of(args)
+    except AccessError as exc:
+        parser.error(str(exc))
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # uvicorn's SIGTERM handling is the drain: it stops listening, closes idle connections and
     # waits up to timeout_graceful_shutdown for requests in flight, streams included.
     # The replica's own Date and Server headers pass through, so uvicorn adds none.
-    uvicorn.run(create_app(args), host=args.host, port=args.port, lifespan="on",
+    uvicorn.run(create_app(args, discovery), host=args.host, port=args.port, lifespan="on",
                 log_level="warning", timeout_graceful_shutdown=args.drain_seconds,
                 access_log=False, server_header=False, date_header=False)
     return 0

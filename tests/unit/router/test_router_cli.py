@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from autoglm_router.cli import build_parser, create_app, main
+from autoglm_router.kube import KubernetesDiscovery
 from autoglm_runtime.profiles import Mode
 
 
@@ -33,3 +38,64 @@ def test_flags_reach_the_routing_config_and_proxy() -> None:
     assert app.config.caps[Mode.STREAMING] == 4 and app.config.caps[Mode.BATCHING] == 64
     assert app.settings.max_body_bytes == 4096 and app.settings.prefix_chars == 64
     assert [e.name for e in app.discovery.endpoints()] == ["http://a:8000"]
+
+
+KUBE = ["--kubernetes", "--selector", "app.kubernetes.io/instance=demo"]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--endpoint", "http://a:8000", *KUBE], "--endpoint and --kubernetes exclude each other"),
+    (["--kubernetes"], "--kubernetes needs --selector"),
+    (["--kubernetes", "--selector", " "], "--kubernetes needs --selector"),
+    (["--endpoint", "http://a:8000", "--selector", "x=y", "--target-port", "80"],
+     "--selector, --target-port only apply with --kubernetes"),
+    ([*KUBE, "--port-name", "http", "--target-port", "8000"],
+     "--port-name and --target-port exclude each other"),
+    ([*KUBE, "--target-port", "0"], "must be above 0"),
+    ([*KUBE, "--kubeconfig", "/nonexistent/kubeconfig"], "cannot read kubeconfig"),
+])
+def test_bad_kubernetes_flags_are_refused(argv: list[str], message: str,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_kubernetes_outside_a_pod_without_a_kubeconfig_is_refused(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    with pytest.raises(SystemExit):
+        main(KUBE)
+    assert "give --kubeconfig" in capsys.readouterr().err
+
+
+def self_signed_ca(folder: Path) -> Path:
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(folder / "ca.key"), "-out", str(folder / "ca.crt"),
+                    "-subj", "/CN=test-ca"], check=True, capture_output=True)
+    return folder / "ca.crt"
+
+
+def test_kubernetes_flags_reach_the_pod_watch(tmp_path: Path) -> None:
+    config = tmp_path / "kubeconfig"
+    self_signed_ca(tmp_path)
+    config.write_text(json.dumps({
+        "current-context": "dev",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443",
+                                               "certificate-authority": "ca.crt"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "dev", "context": {"cluster": "c", "user": "u",
+                                                 "namespace": "team"}}],
+    }))
+    args = build_parser().parse_args([*KUBE, "--kubeconfig", str(config)])
+    watch = create_app(args).discovery
+    assert isinstance(watch, KubernetesDiscovery)
+    assert (watch.namespace, watch.selector, watch.table.port) == (
+        "team", "app.kubernetes.io/instance=demo", "http")
+    args = build_parser().parse_args([*KUBE, "--kubeconfig", str(config), "--namespace", "ns",
+                                      "--target-port", "8123"])
+    watch = create_app(args).discovery
+    assert isinstance(watch, KubernetesDiscovery)
+    assert (watch.namespace, watch.table.port) == ("ns", 8123)
