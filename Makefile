@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PYTEST := AUTOGLM_BIN_DIR=$$(bash hack/k8s-bin.sh) $(PY) -m pytest
 export AUTOGLM_CACHE ?= $(HOME)/.cache/autoglm
 
-.PHONY: help deps venv binaries crd lint test test-unit test-cluster test-e2e bench demo \
+.PHONY: help deps venv binaries crd lint test test-unit test-cluster test-e2e test-vllm bench demo \
         cluster-up cluster-down images clean
 
 help:  ## list the targets
@@ -37,7 +37,7 @@ lint: venv  ## ruff, mypy and the import contracts
 	$(VENV)/bin/lint-imports
 
 test-unit: venv binaries  ## pure code, middleware and servers on loopback; no cluster
-	$(PYTEST) -m "not cluster and not e2e and not bench"
+	$(PYTEST) -m "not cluster and not e2e and not bench and not vllm"
 
 test-cluster: venv binaries  ## the real control plane with kwok GPU nodes
 	$(PYTEST) -m cluster
@@ -45,7 +45,10 @@ test-cluster: venv binaries  ## the real control plane with kwok GPU nodes
 test-e2e: venv binaries  ## control plane + Prometheus + sim runtimes + load
 	$(PYTEST) -m e2e
 
-test: lint test-unit test-cluster test-e2e  ## every tier CI runs
+test-vllm:  ## the pinned vLLM in its own cached environment (hack/vllm-env.sh), on the CPU
+	env=$$(bash hack/vllm-env.sh); VLLM_TARGET_DEVICE=cpu "$$env/bin/python" -m pytest -m vllm tests/vllm
+
+test: lint test-unit test-cluster test-e2e test-vllm  ## every tier CI runs
 
 BENCHMARKS := bench/runtime_calibration.py bench/runtime_middleware_overhead.py \
               bench/policy_goodput.py bench/policy_crosscheck.py bench/adaptive_reaction.py \

@@ -7,6 +7,7 @@ deselected, never because the binaries are missing: then the fixture builds them
 
 from __future__ import annotations
 
+import importlib.util
 import secrets
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +20,16 @@ from localcluster import LocalCluster, loopback_pod_cidr, running_cluster
 
 REPO = Path(__file__).resolve().parent.parent
 CRD_FILE = REPO / "crds" / "autoglm.io_autoglmdeployments.yaml"
+VLLM_TESTS = REPO / "tests" / "vllm"
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """tests/vllm imports the pinned vLLM, which only `make test-vllm`'s environment has."""
+    if collection_path != VLLM_TESTS or importlib.util.find_spec("vllm") is not None:
+        return None
+    if (config.option.markexpr or "").strip() == "vllm":
+        raise pytest.UsageError("the vllm tier needs the pinned vLLM: run `make test-vllm`")
+    return True
 
 
 @pytest.fixture(scope="session")

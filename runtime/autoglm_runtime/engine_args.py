@@ -1,7 +1,8 @@
 """The one place that turns engine settings into a `vllm serve` argv.
 
 The operator writes this argv into the Deployment and the runtime's launcher execs it, so both
-agree on every flag. Flag names are checked against the pinned vLLM's source in the tests.
+agree on every flag. `make test-vllm` parses and validates every argv the operator can build with
+the pinned vLLM's own `vllm serve` parser. PINNED_VLLM_VERSION is the one place for the version.
 """
 
 from __future__ import annotations
