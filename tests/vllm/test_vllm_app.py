@@ -27,7 +27,10 @@ async def test_the_middleware_is_the_outermost_layer(serve: Serve) -> None:
 
 
 async def test_the_admin_api_answers_inside_vllm(serve: Serve) -> None:
-    served = serve(api_key="client-key")
+    spec = crd.AutoGLMDeploymentSpec.model_validate(
+        {"apiKeySecretRef": {"name": "autoglm-api-key", "key": "key"}}
+    )
+    served = serve(spec, api_key="client-key")
     client = served.client
     assert (await client.get(MODE_PATH)).status_code == 401
     state = await client.get(MODE_PATH, headers=served.admin)

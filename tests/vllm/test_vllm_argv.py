@@ -59,7 +59,7 @@ def parsed(argv: list[str]) -> tuple[argparse.Namespace, AsyncEngineArgs]:
 
 def assert_asked_for(
     spec: crd.AutoGLMDeploymentSpec, mode: Mode | None, argv: list[str]
-) -> argparse.Namespace:
+) -> tuple[argparse.Namespace, AsyncEngineArgs]:
     """The values vLLM will run with are the ones the spec (and, under Rolling, the mode) set."""
     args, engine = parsed(argv)
     seqs = (spec.profiles.for_mode(mode).max_concurrency if mode
@@ -80,15 +80,14 @@ def assert_asked_for(
     assert args.shutdown_timeout == spec.engine.shutdown_timeout_seconds
     assert args.middleware == [MIDDLEWARE_IMPORT_PATH]
     assert (engine.reasoning_parser or None) == (spec.engine.reasoning_parser or None)
-    return args
+    return args, engine
 
 
 @pytest.mark.parametrize("name", list(SPECS))
 def test_the_inplace_deployment_argv_is_what_vllm_runs(name: str) -> None:
     spec = make_spec(SPECS[name])
     argv = container(builders.deployment(OWNER, spec))["args"]
-    args = assert_asked_for(spec, None, argv)
-    _, engine = parsed(argv)
+    args, engine = assert_asked_for(spec, None, argv)
     assert engine.stream_interval == 1, "InPlace leaves streaming to the middleware"
     if name == "extra-args":
         assert {key: getattr(args, key) for key in EXTRA_ARGS_PARSED} == EXTRA_ARGS_PARSED
@@ -100,8 +99,7 @@ def test_rolling_per_mode_flags_are_what_vllm_runs(name: str, mode: Mode) -> Non
     spec = make_spec({**SPECS[name], "switchStrategy": "Rolling"})
     deployment = builders.deployment(OWNER, spec, mode=mode, replicas=1)
     argv = container(deployment)["args"]
-    assert_asked_for(spec, mode, argv)
-    _, engine = parsed(argv)
+    _, engine = assert_asked_for(spec, mode, argv)
     # Under Rolling the engine coalesces the stream itself: the mode's chunks per event.
     assert engine.stream_interval == spec.profiles.for_mode(mode).stream_coalesce_chunks
 
@@ -121,7 +119,10 @@ def test_the_launchers_own_argv_is_what_vllm_runs(settings: EngineSettings) -> N
     assert args.served_model_name == [settings.served_model_name]
     assert engine.dtype == VLLM_DTYPE[settings.dtype]
     assert engine.tensor_parallel_size == settings.tensor_parallel_size
+    assert engine.max_model_len == settings.max_model_len
     assert engine.max_num_seqs == settings.max_num_seqs
+    assert engine.scheduling_policy == "priority"
+    assert args.middleware == [MIDDLEWARE_IMPORT_PATH]
     assert engine.max_num_batched_tokens == settings.max_num_batched_tokens
     assert engine.stream_interval == (settings.stream_interval or 1)
     assert engine.gpu_memory_utilization == settings.gpu_memory_utilization_percent / 100

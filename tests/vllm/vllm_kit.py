@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 import types
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
@@ -158,18 +159,20 @@ class RecordingServing(BaseServing):
                                   usage=self._usage())
 
     async def _stream(self, model: str, chat: bool) -> AsyncIterator[str]:
-        """One event per token, in the framing of OpenAIServingChat's stream generator."""
+        """One event per token, framed as vLLM's own stream generators frame them."""
+        ids = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{len(self.seen)}",
+               "created": int(time.time())}
         last = len(self.tokens) - 1
         for index, token in enumerate(self.tokens):
             finish = "stop" if index == last else None
             chunk: ChatCompletionStreamResponse | CompletionStreamResponse
             if chat:
-                chunk = ChatCompletionStreamResponse(model=model, choices=[
+                chunk = ChatCompletionStreamResponse(model=model, **ids, choices=[
                     ChatCompletionResponseStreamChoice(
                         index=0, delta=DeltaMessage(content=token), finish_reason=finish)
                 ])
             else:
-                chunk = CompletionStreamResponse(model=model, choices=[
+                chunk = CompletionStreamResponse(model=model, **ids, choices=[
                     CompletionResponseStreamChoice(index=0, text=token, finish_reason=finish)
                 ])
             yield f"data: {chunk.model_dump_json(exclude_unset=True)}\n\n"
@@ -225,6 +228,8 @@ def materialize_pod(
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
     env = {"AUTOGLM_GPU_METRICS": "false"}  # no NVML here
+    names = {var["name"] for var in main["env"]}
+    assert api_key is None or "VLLM_API_KEY" in names, "an API key needs spec.apiKeySecretRef"
     for var in main["env"]:
         if "value" in var:
             value = var["value"]
