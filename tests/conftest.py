@@ -7,6 +7,7 @@ deselected, never because the binaries are missing: then the fixture builds them
 
 from __future__ import annotations
 
+import importlib.metadata
 import secrets
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +20,26 @@ from localcluster import LocalCluster, loopback_pod_cidr, running_cluster
 
 REPO = Path(__file__).resolve().parent.parent
 CRD_FILE = REPO / "crds" / "autoglm.io_autoglmdeployments.yaml"
+VLLM_TESTS = REPO / "tests" / "vllm"
+
+
+def _vllm_installed() -> bool:
+    # The distribution, not find_spec: with tests/ on sys.path, tests/vllm is a namespace package.
+    try:
+        importlib.metadata.distribution("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if (config.option.markexpr or "").strip() == "vllm" and not _vllm_installed():
+        raise pytest.UsageError("the vllm tier needs the pinned vLLM: run `make test-vllm`")
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """tests/vllm imports the pinned vLLM, which only `make test-vllm`'s environment has."""
+    return True if collection_path == VLLM_TESTS and not _vllm_installed() else None
 
 
 @pytest.fixture(scope="session")

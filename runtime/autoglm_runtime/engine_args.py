@@ -1,7 +1,8 @@
 """The one place that turns engine settings into a `vllm serve` argv.
 
 The operator writes this argv into the Deployment and the runtime's launcher execs it, so both
-agree on every flag. Flag names are checked against the pinned vLLM's source in the tests.
+agree on every flag. `make test-vllm` parses and validates every argv the operator can build with
+the pinned vLLM's own `vllm serve` parser. PINNED_VLLM_VERSION is the one place for the version.
 """
 
 from __future__ import annotations
@@ -48,8 +49,7 @@ class ManagedSpelling(NamedTuple):
     # Every option string that sets it (the flag and vLLM's aliases), each with the shortest
     # abbreviation argparse expands to it: allow_abbrev is on, and no other vLLM flag starts
     # with that abbreviation. Read from the real parser (make_arg_parser's option strings whose
-    # dest is this one). hack/check_managed_flags.py checks them against that parser, and
-    # tests/unit/test_vllm_flags.py that no flag in vLLM's source starts with an abbreviation.
+    # dest is this one). tests/vllm/test_vllm_managed_flags.py checks them against that parser.
     spellings: dict[str, str]
 
 

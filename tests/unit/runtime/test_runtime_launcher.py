@@ -56,7 +56,7 @@ def _config_argv(tmp_path: Path, extra_args: list[str]) -> list[str]:
 
 
 # Spellings vLLM 0.33's parser reads as a managed flag (checked against the real parser with
-# hack/check_managed_flags.py): `_` for `-`, unique abbreviations, aliases, `.key` JSON form.
+# tests/vllm/test_vllm_managed_flags.py): `_` for `-`, unique abbreviations, aliases, `.key` JSON form.
 @pytest.mark.parametrize("extra_args, flag, instead", [
     (["--max_model_len", "4096"], "--max-model-len", "engine.maxModelLen"),
     (["--dtyp", "float32"], "--dtype", "engine.dtype"),

@@ -1,0 +1,78 @@
+"""The conformance tier: the pinned vLLM, installed by hack/vllm-env.sh, run in process on a CPU.
+
+Every test here is marked `vllm` and runs with `make test-vllm`; tests/conftest.py keeps this
+directory out of the other tiers, whose environment has no vLLM.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from vllm_kit import (
+    ADMIN_TOKEN,
+    BASE_URL,
+    BodyWrites,
+    RecordingServing,
+    Serve,
+    Served,
+    materialize_pod,
+    parse_serve_argv,
+    vllm_app,
+)
+
+from autoglm_operator import spec as crd
+from autoglm_runtime.profiles import Mode
+
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if HERE in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.vllm)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cpu_only() -> None:
+    assert os.environ.get("VLLM_TARGET_DEVICE") == "cpu", "run with VLLM_TARGET_DEVICE=cpu"
+
+
+
+
+def _outermost_user_middleware(app: FastAPI) -> Any:
+    # Starlette wraps the user middleware in ServerErrorMiddleware; what it calls is outermost.
+    stack = app.middleware_stack
+    assert stack is not None
+    return stack.app  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+async def serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Serve]:
+    clients: list[httpx.AsyncClient] = []
+
+    def make(spec: crd.AutoGLMDeploymentSpec | None = None, mode: Mode = Mode.STREAMING,
+             api_key: str | None = None) -> Served:
+        spec = spec or crd.AutoGLMDeploymentSpec()
+        argv, env = materialize_pod(tmp_path / mode.value, spec, mode, api_key)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        serving = RecordingServing(spec.model.served_name)
+        # build_app builds the middleware stack itself (its SageMaker bootstrap does), so the
+        # middleware reads this pod's environment now.
+        app = vllm_app(parse_serve_argv(argv), serving)
+        middleware = _outermost_user_middleware(app)
+        writes = BodyWrites(app)
+        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=writes), base_url=BASE_URL)
+        clients.append(client)
+        admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+        return Served(app, middleware, serving, writes, client, admin)
+
+    yield make
+    for client in clients:
+        await client.aclose()
