@@ -40,9 +40,9 @@ def start_router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartRout
 
     def start(endpoints: list[str], *args: str, wait_healthy: bool = True) -> RouterProcess:
         log = tmp_path_factory.mktemp("router") / "router.log"
-        router = RouterProcess(endpoints, *args, log_path=log)
+        router = RouterProcess(endpoints, *args, log_path=log, wait_healthy=wait_healthy)
         started.append(router)
-        return router.start(wait_healthy=wait_healthy)
+        return router.start(timeout=20.0)
 
     yield start
     for router in started:

@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import re
-import signal
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 
-from autoglm_runtime.sim.process import SimProcess, free_port
+from autoglm_runtime.sim.process import ServerProcess, SimProcess
 
 ADMIN_TOKEN = "router-test-token"
 MODEL = "autoglm-phone-9b"
@@ -23,62 +19,22 @@ MODEL = "autoglm-phone-9b"
 StartSim = Callable[..., SimProcess]
 
 
-class RouterProcess:
-    """`autoglm-router` in its own process on a free loopback port."""
+class RouterProcess(ServerProcess):
+    """`autoglm-router` in its own process on a free loopback port, routing to `endpoints`."""
 
-    def __init__(self, endpoints: list[str], *args: str, log_path: Path | None = None) -> None:
-        self.port = free_port()
+    kind = "router"
+
+    def __init__(self, endpoints: list[str], *args: str, log_path: Path | None = None,
+                 wait_healthy: bool = True) -> None:
+        super().__init__(*args, log_path=log_path, wait_healthy=wait_healthy)
         self.endpoints = endpoints
-        self.args = args
-        self.log_path = log_path
-        self.process: subprocess.Popen[bytes] | None = None
 
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 20.0, wait_healthy: bool = True) -> RouterProcess:
-        out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+    def command(self) -> list[str]:
         argv = [sys.executable, "-m", "autoglm_router.cli", "--host", "127.0.0.1",
                 "--port", str(self.port), "--log-level", "info", *self.args]
         for endpoint in self.endpoints:
             argv += ["--endpoint", endpoint]
-        self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"router exited with {self.process.returncode} at start")
-            try:
-                with urllib.request.urlopen(self.base_url + "/health", timeout=1) as response:
-                    if response.status == 200:
-                        return self
-            except urllib.error.HTTPError:
-                if not wait_healthy:
-                    return self
-            except OSError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise TimeoutError(f"router on port {self.port} not healthy within {timeout} s")
-
-    def terminate(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-
-    def stop(self, timeout: float = 10.0) -> int | None:
-        if self.process is None:
-            return None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
-
-    def log(self) -> str:
-        return self.log_path.read_text() if self.log_path and self.log_path.exists() else ""
+        return argv
 
 
 StartRouter = Callable[..., RouterProcess]

@@ -1,4 +1,5 @@
-"""Start `autoglm-runtime sim` as a child process on a free loopback port (tests, benchmarks)."""
+"""Start a server (`autoglm-runtime sim`, the router) as a child process on a free loopback port,
+for tests and benchmarks."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 
 def free_port() -> int:
@@ -20,8 +22,13 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class SimProcess:
-    """A sim in its own process, so its CPU use and signals are separate from the caller's."""
+class ServerProcess:
+    """A server in its own process, so its CPU use and signals are separate from the caller's.
+
+    Subclasses name the command; start() waits until /health answers 200 (or, with
+    wait_healthy False, until the server listens at all)."""
+
+    kind = "server"
 
     def __init__(
         self,
@@ -37,21 +44,22 @@ class SimProcess:
         self.wait_healthy = wait_healthy
         self.process: subprocess.Popen[bytes] | None = None
 
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> SimProcess:
+    def start(self, timeout: float = 30.0) -> Self:
         out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "autoglm_runtime.cli", "sim", "--host", "127.0.0.1",
-             "--port", str(self.port), *self.args],
-            env=self.env, stdout=out, stderr=subprocess.STDOUT,
+            self.command(), env=self.env, stdout=out, stderr=subprocess.STDOUT
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"sim exited with {self.process.returncode} at start")
+                raise RuntimeError(f"{self.kind} exited with {self.process.returncode} at start")
             try:
                 with urllib.request.urlopen(self.base_url + "/health", timeout=1) as response:
                     if response.status == 200 or not self.wait_healthy:
@@ -63,7 +71,7 @@ class SimProcess:
                 pass
             time.sleep(0.1)
         self.stop()
-        raise TimeoutError(f"sim on port {self.port} not healthy within {timeout} s")
+        raise TimeoutError(f"{self.kind} on port {self.port} not healthy within {timeout} s")
 
     def terminate(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -81,7 +89,10 @@ class SimProcess:
                 self.process.wait()
         return self.process.returncode
 
-    def __enter__(self) -> SimProcess:
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path and self.log_path.exists() else ""
+
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(
@@ -91,3 +102,13 @@ class SimProcess:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class SimProcess(ServerProcess):
+    """`autoglm-runtime sim`; args are the sim's own flags."""
+
+    kind = "sim"
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "autoglm_runtime.cli", "sim", "--host", "127.0.0.1",
+                "--port", str(self.port), *self.args]
