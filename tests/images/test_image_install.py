@@ -24,6 +24,7 @@ import pytest
 from autoglm_operator import builders
 from autoglm_operator import spec as crd
 from autoglm_runtime.engine_args import MIDDLEWARE_IMPORT_PATH
+from dockerfiles import instructions
 
 pytestmark = [pytest.mark.images, pytest.mark.timeout(900)]
 
@@ -37,23 +38,12 @@ FLAGS_WITH_VALUE = {"--constraint", "-c"}
 IMAGE_ONLY_FLAGS = {"--system", "--no-cache", "--no-cache-dir"}
 
 
-def _instructions(dockerfile: Path) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    lines = [ln for ln in dockerfile.read_text().splitlines() if not ln.lstrip().startswith("#")]
-    text = re.sub(r"\\\n", " ", "\n".join(lines))
-    out = []
-    for line in text.splitlines():
-        if line.strip():
-            keyword, _, rest = line.strip().partition(" ")
-            out.append((keyword.upper(), rest.strip()))
-    return out
-
 
 def _lay_out_context(dockerfile: Path, root: Path) -> Path:
     """Copy what the COPY lines take from the repository to their place under `root`; return
     the final WORKDIR of the build stage (where relative paths in RUN lines point)."""
     workdir = Path("/")
-    for keyword, rest in _instructions(dockerfile):
+    for keyword, rest in instructions(dockerfile):
         if keyword == "WORKDIR":
             workdir = workdir / rest
         elif keyword == "RUN":
@@ -75,7 +65,7 @@ def _lay_out_context(dockerfile: Path, root: Path) -> Path:
 def _commands(dockerfile: Path) -> list[list[str]]:
     """The first build stage's RUN lines, split into commands (on &&, ; and newlines)."""
     commands = []
-    for keyword, rest in _instructions(dockerfile):
+    for keyword, rest in instructions(dockerfile):
         if keyword == "FROM" and commands:
             break
         if keyword == "RUN":
@@ -135,7 +125,7 @@ def _install(dockerfile: Path, tmp_path: Path) -> tuple[Path, Path]:
 
 
 def _entrypoint_and_cmd(dockerfile: Path) -> tuple[list[str], list[str]]:
-    last = {k: rest for k, rest in _instructions(dockerfile) if k in ("ENTRYPOINT", "CMD")}
+    last = {k: rest for k, rest in instructions(dockerfile) if k in ("ENTRYPOINT", "CMD")}
     return json.loads(last["ENTRYPOINT"]), json.loads(last.get("CMD", "[]"))
 
 

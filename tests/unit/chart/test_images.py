@@ -19,6 +19,7 @@ from chartkit import CHART, CHART_CRD, CRD_SOURCE, REPO, one, render
 from autoglm_operator import builders, cli, images
 from autoglm_operator import spec as crd
 from autoglm_runtime.engine_args import PINNED_VLLM_VERSION
+from dockerfiles import instructions
 
 IMAGES = REPO / "images"
 OPERATOR = IMAGES / "operator.Dockerfile"
@@ -26,35 +27,23 @@ RUNTIME = IMAGES / "runtime.Dockerfile"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
 
-def _instructions(dockerfile: Path) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    text = re.sub(r"\\\n", " ", "\n".join(
-        line for line in dockerfile.read_text().splitlines() if not line.lstrip().startswith("#")
-    ))  # fmt: skip
-    out = []
-    for line in text.splitlines():
-        if line.strip():
-            keyword, _, rest = line.strip().partition(" ")
-            out.append((keyword.upper(), rest.strip()))
-    return out
-
 
 def _arg_default(dockerfile: Path, name: str) -> str:
-    for keyword, rest in _instructions(dockerfile):
+    for keyword, rest in instructions(dockerfile):
         if keyword == "ARG" and rest.startswith(f"{name}="):
             return rest.split("=", 1)[1]
     raise AssertionError(f"{dockerfile.name} has no ARG {name}")
 
 
 def _last(dockerfile: Path, keyword: str) -> str:
-    values = [rest for k, rest in _instructions(dockerfile) if k == keyword]
+    values = [rest for k, rest in instructions(dockerfile) if k == keyword]
     assert values, f"{dockerfile.name} has no {keyword}"
     return values[-1]
 
 
 def test_runtime_image_is_the_pinned_vllm_release() -> None:
     assert _arg_default(RUNTIME, "VLLM_IMAGE") == f"vllm/vllm-openai:v{PINNED_VLLM_VERSION}"
-    froms = [rest for k, rest in _instructions(RUNTIME) if k == "FROM"]
+    froms = [rest for k, rest in instructions(RUNTIME) if k == "FROM"]
     assert froms == ["${VLLM_IMAGE}"]
 
 
@@ -68,7 +57,7 @@ def test_operator_image_is_a_pinned_slim_python_the_package_supports() -> None:
 
 @pytest.mark.parametrize(("dockerfile", "extra"), [(OPERATOR, "operator"), (RUNTIME, "runtime")])
 def test_image_installs_the_package_with_its_extra(dockerfile: Path, extra: str) -> None:
-    runs = " ".join(rest for k, rest in _instructions(dockerfile) if k == "RUN")
+    runs = " ".join(rest for k, rest in instructions(dockerfile) if k == "RUN")
     assert re.search(rf"install .*\[{extra}\]", runs), (
         f"{dockerfile.name} does not install [{extra}]"
     )
@@ -230,7 +219,7 @@ def test_build_context_holds_every_file_the_copy_lines_need(dockerfile: Path) ->
         if line.strip() and not line.startswith("#")
     ]  # fmt: skip
     sources = []
-    for keyword, rest in _instructions(dockerfile):
+    for keyword, rest in instructions(dockerfile):
         if keyword == "COPY" and "--from=" not in rest:
             *srcs, _dest = shlex.split(rest)
             sources += [s.rstrip("/") for s in srcs]
