@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -34,6 +34,7 @@ from autoglm_operator.runtime_client import (
     RuntimeUnauthorized,
     SetModeResult,
 )
+from autoglm_operator.status import without_empty
 from autoglm_runtime.profiles import Mode
 
 logger = logging.getLogger(__name__)
@@ -42,24 +43,14 @@ logger = logging.getLogger(__name__)
 ERROR_RETRY_SECONDS = 5.0
 
 
-# Status fields this pass owns (its two conditions besides): written under its own field
-# manager, so neither its apply nor the reconcile pass's can remove the other's fields.
+# The status fields this pass decides (its two conditions besides); the rest is the reconcile
+# pass's. The one status write of a loop iteration puts them over the latest status.
 OWNED_STATUS_FIELDS = ("lastDecision", "decisionHistory", "adaptiveState")
 
 
-def _without_empty(value: Any) -> Any:
-    """Drop empty objects: server-side apply stores an applied `{}` as null, which the
-    schema then rejects (`metrics: Invalid value: "null"`); the CRD default fills them back."""
-    if isinstance(value, Mapping):
-        pruned = {k: _without_empty(v) for k, v in value.items()}
-        return {k: v for k, v in pruned.items() if v != {} and v is not None}
-    if isinstance(value, list):
-        return [_without_empty(v) for v in value]
-    return value
-
-
 def owned_status(current: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
-    """Every status field this loop owns: an apply that omitted one would delete it."""
+    """Every status field this pass decides, as `patch` leaves them: written over the latest
+    status, it replaces what an earlier write (the announce before a flip) said of them."""
     merged = {**current, **patch}
     owned: dict[str, Any] = {
         "conditions": [
@@ -69,7 +60,7 @@ def owned_status(current: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[s
     for key in OWNED_STATUS_FIELDS:
         if merged.get(key) is not None:
             owned[key] = merged[key]
-    return dict(_without_empty(owned))
+    return dict(without_empty(owned))
 
 
 # -- handlers --------------------------------------------------------------------------------
@@ -82,6 +73,10 @@ async def start_operator_metrics(logger: kopf.Logger, **_: Any) -> None:
         logger.info(f"Serving operator metrics on :{port}/metrics")
 
 
+# Writes the fields the pass decides over the latest status (the loop's one status writer).
+StatusWriter = Callable[[dict[str, Any]], Awaitable[None]]
+
+
 class KubeIO:
     """AdaptiveIO over the Kubernetes API, the runtime admin API and Prometheus."""
 
@@ -92,12 +87,14 @@ class KubeIO:
         name: str,
         runtime: RuntimeClient | None,
         prometheus: PrometheusReader | None,
+        write_status: StatusWriter,
     ) -> None:
         self.executor = execute
         self.namespace = namespace
         self.name = name
         self.runtime = runtime
         self.prometheus = prometheus
+        self.write_status = write_status
         self.unauthorized = False
         self.status: Mapping[str, Any] = {}
 
@@ -129,13 +126,7 @@ class KubeIO:
             raise
 
     async def announce(self, status_patch: dict[str, Any]) -> None:
-        await self.write_status(status_patch)
-
-    async def write_status(self, status_patch: Mapping[str, Any]) -> None:
-        owned = owned_status(self.status, status_patch)
-        await self.executor.write_status(
-            self.namespace, self.name, owned, executor.ADAPTIVE_FIELD_MANAGER
-        )
+        await self.write_status(owned_status(self.status, status_patch))
 
 
 def _plain(value: Any) -> Any:
@@ -209,10 +200,11 @@ class AdaptiveLoop:
         self,
         body: Mapping[str, Any],
         pods: Sequence[PodView],
-        posted: kopf.Body,
+        write_status: StatusWriter,
         deployment_split: Mapping[Mode, int] | None = None,
-    ) -> PassResult:
-        """One pass; `body` is the object as observed, `posted` where its Events go."""
+    ) -> tuple[PassResult, dict[str, Any] | None]:
+        """One pass; `body` is the object as observed. Only the announce before a flip is
+        written here (write_status); the pass's status part is the caller's to write, once."""
         spec = crd.AutoGLMDeploymentSpec.model_validate(_plain(body.get("spec") or {}))
         started = time.perf_counter()
         status = _plain(body.get("status") or {})
@@ -222,6 +214,7 @@ class AdaptiveLoop:
             self.name,
             await self._client(),
             self._prometheus(spec.adaptive.prometheus),
+            write_status,
         )
         io.status = status
         result = await run_pass(
@@ -239,14 +232,18 @@ class AdaptiveLoop:
         )
         if io.unauthorized:
             self.token = None  # rotated or not yet mounted: read the Secret again next pass
-        if result.status_patch:
-            await io.write_status(result.status_patch)
-        for event in result.events:
-            kopf.event(posted, type=event.type, reason=event.reason, message=event.message)
         METRICS.pass_seconds.observe(time.perf_counter() - started)
         record(self.namespace, self.name, result, spec.adaptive.dry_run)
         self.due_at = time.monotonic() + spec.adaptive.interval_seconds
-        return result
+        # After an announce the part is written even when it says what status said before.
+        changed = result.status_patch or result.flips
+        return result, owned_status(status, result.status_patch) if changed else None
+
+    @staticmethod
+    def post_events(result: PassResult, posted: kopf.Body) -> None:
+        """The pass's Events, posted once its status is written."""
+        for event in result.events:
+            kopf.event(posted, type=event.type, reason=event.reason, message=event.message)
 
     def retry_soon(self) -> None:
         """After an unexpected error a pass comes sooner than a full interval."""

@@ -24,10 +24,9 @@ ApiError = kube.ApiError
 Kube = kube.Kube
 T = TypeVar("T")
 
-# Status field managers: the reconcile pass owns the replica counts and Ready, Progressing and
-# Degraded; the adaptive pass owns MetricsAvailable, ModeTransitioning and the decision fields.
+# One field manager owns the whole status (the reconcile pass's fields and the adaptive
+# pass's); the managers of earlier versions are released from live objects (write_status).
 STATUS_FIELD_MANAGER = kube.STATUS_FIELD_MANAGER
-ADAPTIVE_FIELD_MANAGER = "autoglm-adaptive"
 
 
 class MissingAdminToken(LookupError):
@@ -42,6 +41,18 @@ def connect(role: str) -> kube.Kube:
 def event(body: Any, *, warning: bool = False, reason: str, message: str) -> None:
     """A Kubernetes Event on the AutoGLMDeployment, through kopf's poster (never blocks)."""
     kube.event(body, warning=warning, reason=reason, message=message)
+
+
+def retired_status_managers(obj: Mapping[str, Any]) -> list[str]:
+    """Retired managers with an entry on the status subresource of `obj` (an apply's answer)."""
+    entries = (obj.get("metadata") or {}).get("managedFields") or []
+    return sorted(
+        {
+            str(e.get("manager"))
+            for e in entries
+            if e.get("manager") in kube.RETIRED_STATUS_MANAGERS and e.get("subresource") == "status"
+        }
+    )
 
 
 class Executor:
@@ -72,13 +83,14 @@ class Executor:
     # -- writes ----------------------------------------------------------------------------------
 
     async def write_status(
-        self,
-        namespace: str,
-        name: str,
-        status: Mapping[str, Any],
-        field_manager: str = STATUS_FIELD_MANAGER,
-    ) -> None:
-        await self.call(self.kube.apply_status, namespace, name, status, field_manager)
+        self, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Apply the whole status; then release what a retired manager still owns there."""
+        result = await self.call(self.kube.apply_status, namespace, name, status)
+        for manager in retired_status_managers(result):
+            await self.call(self.kube.release_status, namespace, name, manager)
+            self.logger.info(f"Released the status fields field manager {manager} owned")
+        return result
 
     def label_pod(self, namespace: str, pod: str, mode: Mode) -> None:
         """A flip's first and last step: the label routes the pod to its mode's Service."""
