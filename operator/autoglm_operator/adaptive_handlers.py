@@ -1,5 +1,9 @@
 """The adaptive pass wired to the world: Kubernetes, the runtime admin API, Prometheus.
 
+run_pass: observe (each ready pod's runtime mode, the metrics: reads only), plan
+(adaptive.plan_modes, pure), execute (executor.repair and executor.switch carry the plan's
+entries out), report (adaptive.report, pure: the status patch and Events).
+
 The pass runs inside each AutoGLMDeployment's one daemon (handlers.reconcile), every
 spec.adaptive.intervalSeconds (read live from the body on every pass). Pods come from that
 daemon's pod index, not from a list call per pass, so a quiet loop costs the apiserver nothing:
@@ -13,27 +17,29 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import kopf
 
-from autoglm_operator import executor
+from autoglm_operator import adaptive, executor
 from autoglm_operator import spec as crd
 from autoglm_operator.adaptive import (
     OWNED_CONDITIONS,
+    Observation,
     PassInput,
     PassResult,
     PodView,
-    run_pass,
 )
 from autoglm_operator.operator_metrics import METRICS, start_server
 from autoglm_operator.prom import PrometheusReader, Reading
 from autoglm_operator.runtime_client import (
+    RuntimeAdminError,
     RuntimeClient,
     RuntimeUnauthorized,
     SetModeResult,
 )
+from autoglm_operator.spec import ModePolicy
 from autoglm_operator.status import without_empty
 from autoglm_runtime.profiles import Mode
 
@@ -78,7 +84,7 @@ StatusWriter = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 class KubeIO:
-    """AdaptiveIO over the Kubernetes API, the runtime admin API and Prometheus."""
+    """ReadIO over the Kubernetes API, the runtime admin API and Prometheus."""
 
     def __init__(
         self,
@@ -127,6 +133,51 @@ class KubeIO:
 
     async def announce(self, status_patch: dict[str, Any]) -> None:
         await self.write_status(owned_status(self.status, status_patch))
+
+
+class ReadIO(executor.ModeActuator, Protocol):
+    """What a pass reads (the metrics, each pod's runtime mode) besides where it writes."""
+
+    async def read_metrics(self, pods: Sequence[str]) -> Reading: ...
+
+    async def runtime_mode(self, ip: str) -> Mode: ...
+
+
+async def run_pass(
+    inp: PassInput, io: ReadIO, *, clock: Callable[[], float] = time.perf_counter
+) -> PassResult:
+    """Observe, plan (pure), execute, report. When a repair did not go as planned, the pass
+    plans again from what it did before anything else is touched."""
+    observation = await observe(inp, io)
+    the_plan = adaptive.plan_modes(inp, observation)
+    repaired = await executor.repair(the_plan.repairs, io)
+    if repaired != [r.expected for r in the_plan.repairs]:
+        the_plan = adaptive.plan_modes(inp, observation, repaired)
+    outcomes = await executor.switch(the_plan, io, clock=clock)
+    return adaptive.report(inp, the_plan, outcomes)
+
+
+async def observe(inp: PassInput, io: ReadIO) -> Observation:
+    """Each ready pod's runtime mode (why not, where its admin API failed), and the metrics
+    when the policy reads them."""
+    targets = [p for p in inp.pods if p.ready and p.ip]
+    errors: dict[str, str] = {}
+
+    async def read(pod: PodView) -> Mode | None:
+        assert pod.ip is not None
+        try:
+            return await io.runtime_mode(pod.ip)
+        except RuntimeAdminError as error:
+            logger.warning("Could not read the mode of pod %s: %s", pod.name, error)
+            errors[pod.name] = str(error)
+            return None
+
+    modes = await asyncio.gather(*(read(p) for p in targets))
+    runtime_modes = {p.name: m for p, m in zip(targets, modes, strict=True) if m is not None}
+    reading = None
+    if inp.spec.mode_policy is ModePolicy.ADAPTIVE and not inp.spec.adaptive.paused:
+        reading = await io.read_metrics([p.name for p in inp.pods])
+    return Observation(runtime_modes, errors, reading)
 
 
 def _plain(value: Any) -> Any:
