@@ -1,10 +1,13 @@
-"""One pass of the adaptive loop for one AutoGLMDeployment, with every I/O injected.
+"""The adaptive pass's planning, pure: from the spec, the pods, what the pass read (each
+pod's runtime mode, the metrics) and the policy's decision to a plan of what to do to pods; and
+from what the executor did, the status patch and Events.
 
-A pass: make each pod's label and runtime agree (finishing or reverting a flip an operator
-restart interrupted), read Prometheus, run the pure policy, apply its flips (label first, so the
-mode Services route right, then the runtime's admin API, then a GET that confirms), and return
-what status should say and which Events to post. adaptive_handlers.py wires it to Kubernetes;
-tests wire it to fakes.
+A plan (ModePlan): make each pod's label and runtime agree (repairs, finishing or reverting a
+flip an operator restart interrupted); then, under switchStrategy InPlace, the loop state to
+write before any pod is touched and the flips (label first, so the mode Services route right,
+then the runtime's admin API, then a GET that confirms); under Rolling, the batching share the
+reconcile plan steps toward. executor.py carries a plan out; adaptive_handlers.run_pass wires
+observe, plan, execute and report.
 
 Invariant: after a pass, each ready pod's label and runtime mode agree, or status says which
 do not (ModeTransitioning=True, ModeMismatch) and that pod is never flipped until they do.
@@ -12,19 +15,16 @@ do not (ModeTransitioning=True, ModeMismatch) and that pod is never flipped unti
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import logging
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from autoglm_operator import plan
 from autoglm_operator import policy as pol
 from autoglm_operator.pods import PodView
 from autoglm_operator.prom import Availability, Reading
-from autoglm_operator.runtime_client import RuntimeAdminError, SetModeResult
 from autoglm_operator.spec import (
     AutoGLMDeploymentSpec,
     Condition,
@@ -50,22 +50,6 @@ class Event:
     type: str  # Normal | Warning
     reason: str
     message: str
-
-
-class AdaptiveIO(Protocol):
-    """Everything a pass touches outside this process."""
-
-    async def read_metrics(self, pods: Sequence[str]) -> Reading: ...
-
-    async def set_label(self, pod: str, mode: Mode) -> None: ...
-
-    async def runtime_mode(self, ip: str) -> Mode: ...
-
-    async def set_runtime_mode(self, ip: str, mode: Mode) -> SetModeResult: ...
-
-    async def announce(self, status_patch: dict[str, Any]) -> None:
-        """Write status now (ModeTransitioning=True before flips start)."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -170,42 +154,99 @@ class Seen:
         return len(self.repairs)
 
 
-async def run_pass(
+@dataclass(frozen=True)
+class Observation:
+    """What a pass read before planning: each ready pod's runtime mode, why the admin API of
+    the others failed, and the metrics (None when not queried)."""
+
+    runtime_modes: Mapping[str, Mode]
+    unreachable: Mapping[str, str]
+    reading: Reading | None = None
+
+
+@dataclass(frozen=True)
+class Repair:
+    """Plan entry: make one pod's label and runtime agree. An unlabelled pod gets its runtime's
+    mode as label (Adopted); a label ahead of the runtime is a flip in flight (the label is
+    written first): push it to the runtime (Finished), or put the label back (Reverted)."""
+
+    pod: str
+    ip: str
+    label: Mode | None
+    runtime: Mode
+
+    @property
+    def expected(self) -> RepairOutcome:
+        action = "Adopted" if self.label is None else "Finished"
+        return RepairOutcome(self.pod, self.label, self.runtime, action)
+
+
+@dataclass(frozen=True)
+class Switch:
+    """Plan entry: flip one pod in place: label, runtime PUT and GET, revert on failure."""
+
+    flip: pol.Flip
+    ip: str | None
+
+
+@dataclass(frozen=True)
+class ModePlan:
+    """What one pass does to pods, in the order the executor does it, and what it decided."""
+
+    repairs: tuple[Repair, ...]  # first; empty when planned from repairs already done
+    seen: Seen
+    decision: pol.PolicyDecision
+    announce: dict[str, Any] | None = None  # status written before any flip touches a pod
+    switches: tuple[Switch, ...] = ()
+    rolling: PassResult | None = None  # switchStrategy Rolling: the result; nothing flips live
+
+
+def plan_repairs(pods: Sequence[PodView], observation: Observation) -> tuple[Repair, ...]:
+    """Every ready pod whose label and runtime mode disagree."""
+    modes = observation.runtime_modes
+    return tuple(
+        Repair(p.name, p.ip, p.mode, modes[p.name])
+        for p in pods
+        if p.ready and p.ip and p.name in modes and p.mode is not modes[p.name]
+    )
+
+
+def plan_modes(
     inp: PassInput,
-    io: AdaptiveIO,
-    *,
-    clock: Callable[[], float] = time.perf_counter,
-) -> PassResult:
-    """Observe (repair label/runtime, read metrics), decide (pure), then flip in place or
-    report the replacement switchStrategy Rolling makes; the status patch says what happened."""
-    seen = await _observe(inp, io)
-    adaptive = inp.spec.mode_policy is ModePolicy.ADAPTIVE
-    if adaptive and not inp.spec.adaptive.paused:
-        seen.reading = await io.read_metrics([p.name for p in inp.pods])
+    observation: Observation,
+    repaired: Sequence[RepairOutcome] | None = None,
+) -> ModePlan:
+    """The plan of one pass: the repairs, the decision over the pods as they leave them (as
+    planned, or as `repaired` says they went), then flips in place or the Rolling share."""
+    repairs = plan_repairs(inp.pods, observation) if repaired is None else ()
+    done = [r.expected for r in repairs] if repaired is None else list(repaired)
+    seen = _seen(inp, observation, done)
     decision = _decide(inp, seen)
-    if inp.spec.switch_strategy is SwitchStrategy.ROLLING and not inp.spec.adaptive.dry_run:
+    rolling = inp.spec.switch_strategy is SwitchStrategy.ROLLING
+    if inp.spec.adaptive.dry_run or not (decision.flips or rolling):
+        return ModePlan(repairs, seen, decision)
+    if rolling:
         # A flip replaces pods (the reconcile plan does it); this pass only sets how many
         # replicas run batching and reports the replacement until it is done.
-        return _rolling_pass(inp, seen, decision)
-    outcomes: list[FlipOutcome] = []
-    if decision.flips and not inp.spec.adaptive.dry_run:
-        await _announce(inp, decision, io)
-        outcomes = list(
-            await asyncio.gather(
-                *(apply_flip(f, _ip(inp, f.pod), io, clock=clock) for f in decision.flips)
-            )
-        )
-    return _in_place_result(inp, seen, decision, outcomes)
+        return ModePlan(repairs, seen, decision, rolling=_rolling_pass(inp, seen, decision))
+    switches = tuple(Switch(f, _ip(inp, f.pod)) for f in decision.flips)
+    return ModePlan(repairs, seen, decision, _announcement(inp, decision), switches)
+
+
+def report(inp: PassInput, the_plan: ModePlan, outcomes: Sequence[FlipOutcome]) -> PassResult:
+    """What the pass did, as status patch and Events (`outcomes`: the executor's flips)."""
+    if the_plan.rolling is not None:
+        return the_plan.rolling
+    return _in_place_result(inp, the_plan.seen, the_plan.decision, outcomes)
 
 
 def _ip(inp: PassInput, pod: str) -> str | None:
     return next((p.ip for p in inp.pods if p.name == pod), None)
 
 
-async def _observe(inp: PassInput, io: AdaptiveIO) -> Seen:
-    """Level-based repair: label and runtime must agree before anything new is decided."""
+def _seen(inp: PassInput, observation: Observation, repairs: Sequence[RepairOutcome]) -> Seen:
+    """The pods as the repairs leave them: label and runtime must agree before deciding."""
     state = pol.LoopState.from_status(_safe_state(inp.status.get("adaptiveState")))
-    repairs, runtime_modes, unreachable = await _reconcile(inp.pods, io)
     labels = {p.name: p.mode for p in inp.pods}
     for repair in repairs:
         if repair.action == "Finished":
@@ -217,12 +258,13 @@ async def _observe(inp: PassInput, io: AdaptiveIO) -> Seen:
             labels[repair.pod] = repair.runtime
     return Seen(
         state=state,
-        repairs=repairs,
-        runtime_modes=runtime_modes,
-        unreachable=unreachable,
+        repairs=list(repairs),
+        runtime_modes=dict(observation.runtime_modes),
+        unreachable=dict(observation.unreachable),
         mismatched={r.pod for r in repairs if r.action == "Failed"},
         labels=labels,
         events=[_repair_event(r) for r in repairs],
+        reading=observation.reading,
     )
 
 
@@ -252,7 +294,7 @@ def _decide(inp: PassInput, seen: Seen) -> pol.PolicyDecision:
     return pol.decide(samples, replicas, seen.state, spec.adaptive, spec.mode_policy, inp.now)
 
 
-async def _announce(inp: PassInput, decision: pol.PolicyDecision, io: AdaptiveIO) -> None:
+def _announcement(inp: PassInput, decision: pol.PolicyDecision) -> dict[str, Any]:
     """The loop state goes out before any pod is touched: an operator killed after a runtime
     switched but before the final status still finds each flip's cooldown (and the restarted
     stabilization window) when it starts again."""
@@ -265,14 +307,10 @@ async def _announce(inp: PassInput, decision: pol.PolicyDecision, io: AdaptiveIO
         observed_generation=inp.generation,
     )
     now_iso = pol.iso_time(inp.now)
-    await io.announce(
-        {
-            "adaptiveState": decision.state.to_status().model_dump(
-                by_alias=True, exclude_none=True
-            ),
-            "conditions": merge_conditions(inp.status.get("conditions") or [], [flipping], now_iso),
-        }
-    )
+    return {
+        "adaptiveState": decision.state.to_status().model_dump(by_alias=True, exclude_none=True),
+        "conditions": merge_conditions(inp.status.get("conditions") or [], [flipping], now_iso),
+    }
 
 
 DRY_RUN = "adaptive.dryRun is true"
@@ -674,114 +712,3 @@ def _repair_event(repair: RepairOutcome) -> Event:
         f"Pod {repair.pod} label says {label} but its runtime runs {repair.runtime.value}, "
         f"and neither could be changed: {repair.detail}",
     )
-
-
-# -- applying one flip -----------------------------------------------------------------------
-
-
-async def apply_flip(
-    flip: pol.Flip,
-    ip: str | None,
-    io: AdaptiveIO,
-    *,
-    clock: Callable[[], float] = time.perf_counter,
-) -> FlipOutcome:
-    """Label, PUT, verify; on failure put runtime and label back to where they were."""
-    started = clock()
-    if not ip:
-        return FlipOutcome(flip.pod, flip.from_mode, flip.to_mode, False, "pod has no IP")
-    try:
-        await io.set_label(flip.pod, flip.to_mode)
-    except Exception as error:
-        return FlipOutcome(
-            flip.pod, flip.from_mode, flip.to_mode, False, f"label patch failed: {error}"
-        )
-    try:
-        result = await io.set_runtime_mode(ip, flip.to_mode)
-    except RuntimeAdminError as error:
-        detail = f"runtime did not take the mode: {error}"
-        if error.retriable:
-            # The PUT may have landed before the failure: put the runtime back first.
-            try:
-                await io.set_runtime_mode(ip, flip.from_mode)
-            except RuntimeAdminError as undo:
-                detail += f"; runtime revert failed too: {undo}"
-        try:
-            await io.set_label(flip.pod, flip.from_mode)
-        except Exception as undo:
-            return FlipOutcome(
-                flip.pod,
-                flip.from_mode,
-                flip.to_mode,
-                False,
-                f"{detail}; label revert failed: {undo}",
-                mismatch=True,
-            )
-        return FlipOutcome(
-            flip.pod, flip.from_mode, flip.to_mode, False, f"{detail}; label reverted"
-        )
-    return FlipOutcome(
-        flip.pod,
-        flip.from_mode,
-        flip.to_mode,
-        True,
-        "",
-        seconds=clock() - started,
-        attempts=result.attempts,
-    )
-
-
-# -- repairing label/runtime disagreement ----------------------------------------------------
-
-
-async def _reconcile(
-    pods: Sequence[PodView], io: AdaptiveIO
-) -> tuple[list[RepairOutcome], dict[str, Mode], dict[str, str]]:
-    """Read every ready pod's runtime mode; make label and runtime agree where they do not.
-
-    Returns the repairs, the modes read, and why each unreadable pod could not be read.
-    """
-    targets = [p for p in pods if p.ready and p.ip]
-    errors: dict[str, str] = {}
-
-    async def read(pod: PodView) -> Mode | None:
-        assert pod.ip is not None
-        try:
-            return await io.runtime_mode(pod.ip)
-        except RuntimeAdminError as error:
-            logger.warning("Could not read the mode of pod %s: %s", pod.name, error)
-            errors[pod.name] = str(error)
-            return None
-
-    modes = await asyncio.gather(*(read(p) for p in targets))
-    runtime_modes = {p.name: m for p, m in zip(targets, modes, strict=True) if m is not None}
-    repairs = await asyncio.gather(
-        *(
-            _repair(p, runtime_modes[p.name], io)
-            for p in targets
-            if p.name in runtime_modes and p.mode is not runtime_modes[p.name]
-        )
-    )
-    return list(repairs), runtime_modes, errors
-
-
-async def _repair(pod: PodView, runtime: Mode, io: AdaptiveIO) -> RepairOutcome:
-    assert pod.ip is not None
-    if pod.mode is None:
-        try:
-            await io.set_label(pod.name, runtime)
-        except Exception as error:
-            return RepairOutcome(pod.name, None, runtime, "Failed", f"label patch failed: {error}")
-        return RepairOutcome(pod.name, None, runtime, "Adopted")
-    # The label is written first in a flip, so a label ahead of the runtime is a flip in flight:
-    # finish it. If the runtime will not take it, fall back to what the runtime runs.
-    try:
-        await io.set_runtime_mode(pod.ip, pod.mode)
-        return RepairOutcome(pod.name, pod.mode, runtime, "Finished")
-    except RuntimeAdminError as error:
-        detail = f"runtime refused {pod.mode.value}: {error}"
-    try:
-        await io.set_label(pod.name, runtime)
-    except Exception as error:
-        return RepairOutcome(pod.name, pod.mode, runtime, "Failed", f"{detail}; {error}")
-    return RepairOutcome(pod.name, pod.mode, runtime, "Reverted", detail)

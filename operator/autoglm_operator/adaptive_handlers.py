@@ -1,5 +1,9 @@
 """The adaptive pass wired to the world: Kubernetes, the runtime admin API, Prometheus.
 
+run_pass: observe (each ready pod's runtime mode, the metrics: reads only), plan
+(adaptive.plan_modes, pure), execute (executor.repair and executor.switch carry the plan's
+entries out), report (adaptive.report, pure: the status patch and Events).
+
 The pass runs inside each AutoGLMDeployment's one daemon (handlers.reconcile), every
 spec.adaptive.intervalSeconds (read live from the body on every pass). Pods come from that
 daemon's pod index, not from a list call per pass, so a quiet loop costs the apiserver nothing:
@@ -12,28 +16,31 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 import aiohttp
 import kopf
 
-from autoglm_operator import executor
+from autoglm_operator import adaptive, executor
 from autoglm_operator import spec as crd
 from autoglm_operator.adaptive import (
     OWNED_CONDITIONS,
+    Observation,
     PassInput,
     PassResult,
     PodView,
-    run_pass,
 )
 from autoglm_operator.operator_metrics import METRICS, start_server
 from autoglm_operator.prom import PrometheusReader, Reading
 from autoglm_operator.runtime_client import (
+    RuntimeAdminError,
     RuntimeClient,
     RuntimeUnauthorized,
     SetModeResult,
 )
+from autoglm_operator.spec import ModePolicy
+from autoglm_operator.status import without_empty
 from autoglm_runtime.profiles import Mode
 
 logger = logging.getLogger(__name__)
@@ -42,24 +49,14 @@ logger = logging.getLogger(__name__)
 ERROR_RETRY_SECONDS = 5.0
 
 
-# Status fields this pass owns (its two conditions besides): written under its own field
-# manager, so neither its apply nor the reconcile pass's can remove the other's fields.
+# The status fields this pass decides (its two conditions besides); the rest is the reconcile
+# pass's. The one status write of a loop iteration puts them over the latest status.
 OWNED_STATUS_FIELDS = ("lastDecision", "decisionHistory", "adaptiveState")
 
 
-def _without_empty(value: Any) -> Any:
-    """Drop empty objects: server-side apply stores an applied `{}` as null, which the
-    schema then rejects (`metrics: Invalid value: "null"`); the CRD default fills them back."""
-    if isinstance(value, Mapping):
-        pruned = {k: _without_empty(v) for k, v in value.items()}
-        return {k: v for k, v in pruned.items() if v != {} and v is not None}
-    if isinstance(value, list):
-        return [_without_empty(v) for v in value]
-    return value
-
-
 def owned_status(current: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
-    """Every status field this loop owns: an apply that omitted one would delete it."""
+    """Every status field this pass decides, as `patch` leaves them: written over the latest
+    status, it replaces what an earlier write (the announce before a flip) said of them."""
     merged = {**current, **patch}
     owned: dict[str, Any] = {
         "conditions": [
@@ -69,7 +66,7 @@ def owned_status(current: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[s
     for key in OWNED_STATUS_FIELDS:
         if merged.get(key) is not None:
             owned[key] = merged[key]
-    return dict(_without_empty(owned))
+    return dict(without_empty(owned))
 
 
 # -- handlers --------------------------------------------------------------------------------
@@ -82,8 +79,12 @@ async def start_operator_metrics(logger: kopf.Logger, **_: Any) -> None:
         logger.info(f"Serving operator metrics on :{port}/metrics")
 
 
+# Writes the fields the pass decides over the latest status (the loop's one status writer).
+StatusWriter = Callable[[dict[str, Any]], Awaitable[None]]
+
+
 class KubeIO:
-    """AdaptiveIO over the Kubernetes API, the runtime admin API and Prometheus."""
+    """ReadIO over the Kubernetes API, the runtime admin API and Prometheus."""
 
     def __init__(
         self,
@@ -92,12 +93,14 @@ class KubeIO:
         name: str,
         runtime: RuntimeClient | None,
         prometheus: PrometheusReader | None,
+        write_status: StatusWriter,
     ) -> None:
         self.executor = execute
         self.namespace = namespace
         self.name = name
         self.runtime = runtime
         self.prometheus = prometheus
+        self.write_status = write_status
         self.unauthorized = False
         self.status: Mapping[str, Any] = {}
 
@@ -129,13 +132,52 @@ class KubeIO:
             raise
 
     async def announce(self, status_patch: dict[str, Any]) -> None:
-        await self.write_status(status_patch)
+        await self.write_status(owned_status(self.status, status_patch))
 
-    async def write_status(self, status_patch: Mapping[str, Any]) -> None:
-        owned = owned_status(self.status, status_patch)
-        await self.executor.write_status(
-            self.namespace, self.name, owned, executor.ADAPTIVE_FIELD_MANAGER
-        )
+
+class ReadIO(executor.ModeActuator, Protocol):
+    """What a pass reads (the metrics, each pod's runtime mode) besides where it writes."""
+
+    async def read_metrics(self, pods: Sequence[str]) -> Reading: ...
+
+    async def runtime_mode(self, ip: str) -> Mode: ...
+
+
+async def run_pass(
+    inp: PassInput, io: ReadIO, *, clock: Callable[[], float] = time.perf_counter
+) -> PassResult:
+    """Observe, plan (pure), execute, report. When a repair did not go as planned, the pass
+    plans again from what it did before anything else is touched."""
+    observation = await observe(inp, io)
+    the_plan = adaptive.plan_modes(inp, observation)
+    repaired = await executor.repair(the_plan.repairs, io)
+    if repaired != [r.expected for r in the_plan.repairs]:
+        the_plan = adaptive.plan_modes(inp, observation, repaired)
+    outcomes = await executor.switch(the_plan, io, clock=clock)
+    return adaptive.report(inp, the_plan, outcomes)
+
+
+async def observe(inp: PassInput, io: ReadIO) -> Observation:
+    """Each ready pod's runtime mode (why not, where its admin API failed), and the metrics
+    when the policy reads them."""
+    targets = [p for p in inp.pods if p.ready and p.ip]
+    errors: dict[str, str] = {}
+
+    async def read(pod: PodView) -> Mode | None:
+        assert pod.ip is not None
+        try:
+            return await io.runtime_mode(pod.ip)
+        except RuntimeAdminError as error:
+            logger.warning("Could not read the mode of pod %s: %s", pod.name, error)
+            errors[pod.name] = str(error)
+            return None
+
+    modes = await asyncio.gather(*(read(p) for p in targets))
+    runtime_modes = {p.name: m for p, m in zip(targets, modes, strict=True) if m is not None}
+    reading = None
+    if inp.spec.mode_policy is ModePolicy.ADAPTIVE and not inp.spec.adaptive.paused:
+        reading = await io.read_metrics([p.name for p in inp.pods])
+    return Observation(runtime_modes, errors, reading)
 
 
 def _plain(value: Any) -> Any:
@@ -209,10 +251,11 @@ class AdaptiveLoop:
         self,
         body: Mapping[str, Any],
         pods: Sequence[PodView],
-        posted: kopf.Body,
+        write_status: StatusWriter,
         deployment_split: Mapping[Mode, int] | None = None,
-    ) -> PassResult:
-        """One pass; `body` is the object as observed, `posted` where its Events go."""
+    ) -> tuple[PassResult, dict[str, Any] | None]:
+        """One pass; `body` is the object as observed. Only the announce before a flip is
+        written here (write_status); the pass's status part is the caller's to write, once."""
         spec = crd.AutoGLMDeploymentSpec.model_validate(_plain(body.get("spec") or {}))
         started = time.perf_counter()
         status = _plain(body.get("status") or {})
@@ -222,6 +265,7 @@ class AdaptiveLoop:
             self.name,
             await self._client(),
             self._prometheus(spec.adaptive.prometheus),
+            write_status,
         )
         io.status = status
         result = await run_pass(
@@ -239,14 +283,18 @@ class AdaptiveLoop:
         )
         if io.unauthorized:
             self.token = None  # rotated or not yet mounted: read the Secret again next pass
-        if result.status_patch:
-            await io.write_status(result.status_patch)
-        for event in result.events:
-            kopf.event(posted, type=event.type, reason=event.reason, message=event.message)
         METRICS.pass_seconds.observe(time.perf_counter() - started)
         record(self.namespace, self.name, result, spec.adaptive.dry_run)
         self.due_at = time.monotonic() + spec.adaptive.interval_seconds
-        return result
+        # After an announce the part is written even when it says what status said before.
+        changed = result.status_patch or result.flips
+        return result, owned_status(status, result.status_patch) if changed else None
+
+    @staticmethod
+    def post_events(result: PassResult, posted: kopf.Body) -> None:
+        """The pass's Events, posted once its status is written."""
+        for event in result.events:
+            kopf.event(posted, type=event.type, reason=event.reason, message=event.message)
 
     def retry_soon(self) -> None:
         """After an unexpected error a pass comes sooner than a full interval."""

@@ -1,10 +1,12 @@
 """Execute: the one module that acts on the API server for an AutoGLMDeployment.
 
-It applies a plan (plan.Plan) and reports what happened (what it wrote, in the loop's memory,
-and as Events); it writes status (one writer, for the reconcile and the adaptive pass) and the
-pod labels of a mode flip, and reads the two objects a pass needs beyond the indexes (a
-referenced Secret, the admin token). Apart from leader election (leader.py), nothing else in
-the operator imports the Kubernetes client (kube.py); an import contract keeps it so.
+It applies a reconcile plan (plan.Plan) and reports what happened (what it wrote, in the loop's
+memory, and as Events); it carries out the adaptive pass's plan (adaptive.ModePlan: repairs,
+the announce, in-place flips: pod labels, and the runtime admin API through runtime_client) and
+reports each entry's outcome; it writes status (one writer, one field manager); and it reads
+the two objects a pass needs beyond the indexes (a referenced Secret, the admin token). Apart
+from leader election (leader.py), nothing else in the operator imports the Kubernetes client
+(kube.py); an import contract keeps it so.
 """
 
 from __future__ import annotations
@@ -13,21 +15,24 @@ import asyncio
 import base64
 import secrets
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from typing import Any, Protocol, TypeVar
 
-from autoglm_operator import builders, kube, plan
+from autoglm_operator import adaptive, builders, kube, plan
+from autoglm_operator import policy as pol
+from autoglm_operator.adaptive import FlipOutcome, RepairOutcome
 from autoglm_operator.observe import Observed
+from autoglm_operator.runtime_client import RuntimeAdminError, SetModeResult
 from autoglm_runtime.profiles import MODE_LABEL, Mode
 
 ApiError = kube.ApiError
 Kube = kube.Kube
 T = TypeVar("T")
 
-# Status field managers: the reconcile pass owns the replica counts and Ready, Progressing and
-# Degraded; the adaptive pass owns MetricsAvailable, ModeTransitioning and the decision fields.
+# One field manager owns the whole status (the reconcile pass's fields and the adaptive
+# pass's); the managers of earlier versions are released from live objects (write_status).
 STATUS_FIELD_MANAGER = kube.STATUS_FIELD_MANAGER
-ADAPTIVE_FIELD_MANAGER = "autoglm-adaptive"
 
 
 class MissingAdminToken(LookupError):
@@ -42,6 +47,18 @@ def connect(role: str) -> kube.Kube:
 def event(body: Any, *, warning: bool = False, reason: str, message: str) -> None:
     """A Kubernetes Event on the AutoGLMDeployment, through kopf's poster (never blocks)."""
     kube.event(body, warning=warning, reason=reason, message=message)
+
+
+def retired_status_managers(obj: Mapping[str, Any]) -> list[str]:
+    """Retired managers with an entry on the status subresource of `obj` (an apply's answer)."""
+    entries = (obj.get("metadata") or {}).get("managedFields") or []
+    return sorted(
+        {
+            str(e.get("manager"))
+            for e in entries
+            if e.get("manager") in kube.RETIRED_STATUS_MANAGERS and e.get("subresource") == "status"
+        }
+    )
 
 
 class Executor:
@@ -72,13 +89,14 @@ class Executor:
     # -- writes ----------------------------------------------------------------------------------
 
     async def write_status(
-        self,
-        namespace: str,
-        name: str,
-        status: Mapping[str, Any],
-        field_manager: str = STATUS_FIELD_MANAGER,
-    ) -> None:
-        await self.call(self.kube.apply_status, namespace, name, status, field_manager)
+        self, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Apply the whole status; then release what a retired manager still owns there."""
+        result = await self.call(self.kube.apply_status, namespace, name, status)
+        for manager in retired_status_managers(result):
+            await self.call(self.kube.release_status, namespace, name, manager)
+            self.logger.info(f"Released the status fields field manager {manager} owned")
+        return result
 
     def label_pod(self, namespace: str, pod: str, mode: Mode) -> None:
         """A flip's first and last step: the label routes the pod to its mode's Service."""
@@ -181,3 +199,93 @@ class Executor:
             await self.call(self.kube.merge_patch, "Pod", the_plan.owner.namespace, pod, patch)
             state.labelled[pod] = rv
             self.logger.info(f"Labelled pod {pod} {MODE_LABEL}={mode}")
+
+
+# -- the adaptive pass's plan entries: repairs and in-place flips -----------------------------
+
+
+class ModeActuator(Protocol):
+    """Where a mode plan's entries land: a pod's label (Kubernetes), its runtime's admin API
+    (runtime_client), and status (the announce before a flip)."""
+
+    async def set_label(self, pod: str, mode: Mode) -> None: ...
+
+    async def set_runtime_mode(self, ip: str, mode: Mode) -> SetModeResult: ...
+
+    async def announce(self, status_patch: dict[str, Any]) -> None: ...
+
+
+async def repair(repairs: Sequence[adaptive.Repair], io: ModeActuator) -> list[RepairOutcome]:
+    """Carry out a plan's repairs, all pods at once; what each did."""
+    return list(await asyncio.gather(*(_repair(r, io) for r in repairs)))
+
+
+async def switch(
+    the_plan: adaptive.ModePlan,
+    io: ModeActuator,
+    *,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[FlipOutcome]:
+    """Carry out a plan's in-place flips: the announce first (status holds the loop state
+    before any pod is touched), then every flip at once; what each did."""
+    if not the_plan.switches:
+        return []
+    assert the_plan.announce is not None
+    await io.announce(the_plan.announce)
+    flips = (apply_flip(s.flip, s.ip, io, clock=clock) for s in the_plan.switches)
+    return list(await asyncio.gather(*flips))
+
+
+async def apply_flip(
+    flip: pol.Flip,
+    ip: str | None,
+    io: ModeActuator,
+    *,
+    clock: Callable[[], float] = time.perf_counter,
+) -> FlipOutcome:
+    """Label, PUT, verify; on failure put runtime and label back to where they were."""
+    started = clock()
+    outcome = partial(FlipOutcome, flip.pod, flip.from_mode, flip.to_mode)
+    if not ip:
+        return outcome(False, "pod has no IP")
+    try:
+        await io.set_label(flip.pod, flip.to_mode)
+    except Exception as error:
+        return outcome(False, f"label patch failed: {error}")
+    try:
+        result = await io.set_runtime_mode(ip, flip.to_mode)
+    except RuntimeAdminError as error:
+        detail = f"runtime did not take the mode: {error}"
+        if error.retriable:
+            # The PUT may have landed before the failure: put the runtime back first.
+            try:
+                await io.set_runtime_mode(ip, flip.from_mode)
+            except RuntimeAdminError as undo:
+                detail += f"; runtime revert failed too: {undo}"
+        try:
+            await io.set_label(flip.pod, flip.from_mode)
+        except Exception as undo:
+            return outcome(False, f"{detail}; label revert failed: {undo}", mismatch=True)
+        return outcome(False, f"{detail}; label reverted")
+    return outcome(True, "", seconds=clock() - started, attempts=result.attempts)
+
+
+async def _repair(entry: adaptive.Repair, io: ModeActuator) -> RepairOutcome:
+    pod, label, runtime = entry.pod, entry.label, entry.runtime
+    if label is None:
+        try:
+            await io.set_label(pod, runtime)
+        except Exception as error:
+            return RepairOutcome(pod, None, runtime, "Failed", f"label patch failed: {error}")
+        return RepairOutcome(pod, None, runtime, "Adopted")
+    # Finish the flip in flight; if the runtime will not take it, fall back to what it runs.
+    try:
+        await io.set_runtime_mode(entry.ip, label)
+        return RepairOutcome(pod, label, runtime, "Finished")
+    except RuntimeAdminError as error:
+        detail = f"runtime refused {label.value}: {error}"
+    try:
+        await io.set_label(pod, runtime)
+    except Exception as error:
+        return RepairOutcome(pod, label, runtime, "Failed", f"{detail}; {error}")
+    return RepairOutcome(pod, label, runtime, "Reverted", detail)

@@ -9,7 +9,9 @@ One loop per object also means one writer per object: no two handlers race on it
 A pass: observe (observe.py, from the indexes), the adaptive pass when
 spec.adaptive.intervalSeconds is due (adaptive_handlers.py: it flips modes in place, or under
 switchStrategy Rolling hands the batching share to the plan in memory), plan (plan.plan_pass,
-pure), execute (executor.py, the one module that writes to the API server), status.
+pure), execute (executor.py, the one module that writes to the API server), status: one
+write per iteration, only when it changed, carrying both passes' fields (the adaptive pass's
+wait in LoopState.adaptive_status for it).
 """
 
 from __future__ import annotations
@@ -172,7 +174,10 @@ class Reconciler:
         problem: status_.Problem | None,
         state: LoopState,
     ) -> None:
+        """The iteration's one status write: the reconcile fields and the adaptive pass's part
+        over the latest status, applied only when that changes it."""
         meta = observed.body["metadata"]
+        current = status_.overlay(latest_status(observed, state), state.adaptive_status or {})
         update = status_.compute(
             name=meta["name"],
             namespace=meta["namespace"],
@@ -180,7 +185,7 @@ class Reconciler:
             spec=spec,
             deployment=observed.deployment,
             pods=observed.pods,
-            current=observed.body.get("status"),
+            current=current,
             now=pol.iso_time(time.time()),
             problem=problem,
         )
@@ -188,26 +193,35 @@ class Reconciler:
         METRICS.ready_replicas.labels(meta["namespace"], meta["name"]).set(
             update.status["readyReplicas"]
         )
-        if not update.changed:
-            state.status_written = None
-            return
-        rv = str(meta.get("resourceVersion"))
-        if state.status_written == (_comparable(update.status), rv):
-            return  # written already from this very version; the watch has not caught up
-        await self.executor.write_status(meta["namespace"], meta["name"], update.status)
-        state.status_written = (_comparable(update.status), rv)
-        for cond in update.flipped:
-            _announce(body, cond, previous=observed.body.get("status") or {})
+        if await self._write(observed, state, status_.overlay(current, update.status)):
+            for cond in update.flipped:
+                _announce(body, cond, previous=observed.body.get("status") or {})
+
+    async def write_part(self, observed: Observed, state: LoopState, part: dict[str, Any]) -> None:
+        """Fields of the adaptive pass over the latest status: the announce before a flip, or
+        the pass's part in an iteration that runs no reconcile pass."""
+        await self._write(observed, state, status_.overlay(latest_status(observed, state), part))
+
+    async def _write(self, observed: Observed, state: LoopState, full: dict[str, Any]) -> bool:
+        """Apply `full` when it differs from the latest status; whether it was written."""
+        meta = observed.body["metadata"]
+        full = status_.without_empty(full)
+        if full == status_.without_empty(latest_status(observed, state)):
+            state.adaptive_status = None  # status says it already
+            return False
+        await self.executor.write_status(meta["namespace"], meta["name"], full)
+        state.status_written = (str(meta.get("resourceVersion")), full)
+        state.adaptive_status = None  # written
+        return True
 
 
-def _comparable(status: dict[str, Any]) -> dict[str, Any]:
-    """The status without transition times (a second compute in the same pass gives a new now)."""
-    return {
-        **status,
-        "conditions": [
-            {k: v for k, v in c.items() if k != "lastTransitionTime"} for c in status["conditions"]
-        ],
-    }
+def latest_status(observed: Observed, state: LoopState) -> dict[str, Any]:
+    """The status as last written when the watch has not delivered that write yet (the object
+    is still at the version the write was based on), else as observed."""
+    rv = str(observed.body["metadata"].get("resourceVersion"))
+    if state.status_written is not None and state.status_written[0] == rv:
+        return state.status_written[1]
+    return dict(status_.without_empty(observed.body.get("status") or {}))
 
 
 def _announce(body: kopf.Body, cond: dict[str, Any], previous: dict[str, Any]) -> None:
@@ -252,8 +266,9 @@ async def reconcile(
     try:
         while not stopped:
             observed = observe(body, str(namespace), name, uid, indexes)
+            result = None
             if time.monotonic() >= adaptive.due_at:
-                await _adaptive_pass(adaptive, body, observed, state, logger)
+                result = await _adaptive_pass(adaptive, reconciler, body, observed, state, logger)
             fingerprint = (observed.fingerprint(), state.batching_target)
             now = time.monotonic()
             due = now >= state.retry_at
@@ -265,6 +280,9 @@ async def reconcile(
                 except executor.ApiError as err:
                     state.fingerprint = None
                     await _failed(reconciler, body, observed, state, err)
+            written = await _write_adaptive_part(adaptive, reconciler, observed, state, logger)
+            if result is not None and written:
+                adaptive.post_events(result, body)
             await stopped.wait(interval)
     finally:
         await adaptive.close()
@@ -276,16 +294,22 @@ async def reconcile(
 
 async def _adaptive_pass(
     adaptive: adaptive_handlers.AdaptiveLoop,
+    reconciler: Reconciler,
     body: kopf.Body,
     observed: Observed,
     state: LoopState,
     logger: kopf.Logger,
-) -> None:
-    """Flip modes (InPlace) or decide the batching share the plan steps toward (Rolling)."""
+) -> adaptive_handlers.PassResult | None:
+    """Flip modes (InPlace) or decide the batching share the plan steps toward (Rolling); the
+    pass's status part waits in `state` for this iteration's one status write."""
     live = [pods_.view(p) for p in observed.pods if pods_.is_live(p)]
     split = plan.deployment_split(observed.children, observed.body["metadata"]["name"])
+
+    async def announce(part: dict[str, Any]) -> None:
+        await reconciler.write_part(observed, state, part)
+
     try:
-        result = await adaptive.run_once(observed.body, live, body, split)
+        result, part = await adaptive.run_once(observed.body, live, announce, split)
     except asyncio.CancelledError:
         raise
     except executor.MissingAdminToken as missing:
@@ -296,6 +320,30 @@ async def _adaptive_pass(
         adaptive.retry_soon()
     else:
         state.batching_target = result.batching_target
+        state.adaptive_status = part
+        return result
+    return None
+
+
+async def _write_adaptive_part(
+    adaptive: adaptive_handlers.AdaptiveLoop,
+    reconciler: Reconciler,
+    observed: Observed,
+    state: LoopState,
+    logger: kopf.Logger,
+) -> bool:
+    """The adaptive pass's part when no reconcile pass wrote status in this iteration;
+    whether status now holds it."""
+    if state.adaptive_status is None:
+        return True
+    try:
+        await reconciler.write_part(observed, state, state.adaptive_status)
+    except executor.ApiError as err:
+        logger.warning(f"Could not write the adaptive pass's status; retrying: {err}")
+        state.adaptive_status = None
+        adaptive.retry_soon()
+        return False
+    return True
 
 
 async def _failed(

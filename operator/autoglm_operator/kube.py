@@ -29,6 +29,8 @@ from autoglm_operator import spec as crd
 
 FIELD_MANAGER = "autoglm-operator"
 STATUS_FIELD_MANAGER = "autoglm-operator-status"
+# Status managers of earlier versions: their fields are released on the first status write.
+RETIRED_STATUS_MANAGERS = ("autoglm-adaptive",)
 REQUEST_TIMEOUT_SECONDS = 30
 USER_AGENT = "autoglm-operator"
 
@@ -219,29 +221,30 @@ class Kube:
                 return None
             raise
 
-    def apply_status(
-        self,
-        namespace: str,
-        name: str,
-        status: Mapping[str, Any],
-        field_manager: str = STATUS_FIELD_MANAGER,
-    ) -> dict[str, Any]:
-        """Server-side apply of the AutoGLMDeployment status `field_manager` owns.
+    def apply_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply of the whole AutoGLMDeployment status, under one field manager:
+        a field left out of `status` is removed."""
+        return self._apply_status_as(STATUS_FIELD_MANAGER, namespace, name, {"status": status})
 
-        Conditions are a list-map keyed by type, so other writers' conditions (the adaptive
-        pass's) survive: each manager owns only the entries it applies.
-        """
+    def release_status(self, namespace: str, name: str, manager: str) -> dict[str, Any]:
+        """Apply nothing under `manager`: it gives up every status field it owned. A field
+        another manager owns too stays; server-side apply drops the manager's entry."""
+        return self._apply_status_as(manager, namespace, name, {})
+
+    def _apply_status_as(
+        self, manager: str, namespace: str, name: str, content: Mapping[str, Any]
+    ) -> dict[str, Any]:
         body = {
             "apiVersion": crd.API_VERSION,
             "kind": crd.KIND,
             "metadata": {"name": name, "namespace": namespace},
-            "status": dict(status),
+            **content,
         }
         return self.request(
             "PATCH",
             path_for(crd.KIND, namespace, name, "status"),
             body=body,
-            query=[("fieldManager", field_manager), ("force", "true")],
+            query=[("fieldManager", manager), ("force", "true")],
             content_type="application/apply-patch+yaml",
         )
 

@@ -376,7 +376,10 @@ class LoopState:
     blocked: tuple[int, status_.Problem] | None = None  # permanent, until the spec changes
     failures: int = 0
     retry_at: float = 0.0
-    status_written: tuple[dict[str, Any], str] | None = None  # (status, rv it was based on)
+    # (resourceVersion the last status write was based on, the status it wrote)
+    status_written: tuple[str, dict[str, Any]] | None = None
+    # The adaptive pass's status fields, until this iteration's status write carries them.
+    adaptive_status: dict[str, Any] | None = None
     # switchStrategy Rolling: the batching replicas the adaptive pass wants (None: not decided
     # in this process yet; the plan then reads what a previous operator persisted in status).
     batching_target: int | None = None

@@ -270,3 +270,27 @@ def compute(
     )
     status["conditions"] = conditions
     return StatusUpdate(status=status, changed=changed, flipped=flipped)
+
+
+# -- the whole status, as the one field manager applies it -------------------------------------
+
+
+def overlay(base: Mapping[str, Any], part: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with the fields of `part` put in; conditions replaced by type, in place."""
+    merged = {**base, **{k: v for k, v in part.items() if k != "conditions"}}
+    if "conditions" in part:
+        new = {c.get("type"): c for c in part["conditions"]}
+        kept = [new.pop(c.get("type"), c) for c in base.get("conditions") or []]
+        merged["conditions"] = [*kept, *new.values()]
+    return merged
+
+
+def without_empty(value: Any) -> Any:
+    """Drop empty objects: server-side apply stores an applied `{}` as null, which the
+    schema then rejects (`metrics: Invalid value: "null"`); the CRD default fills them back."""
+    if isinstance(value, Mapping):
+        pruned = {k: without_empty(v) for k, v in value.items()}
+        return {k: v for k, v in pruned.items() if v != {} and v is not None}
+    if isinstance(value, list):
+        return [without_empty(v) for v in value]
+    return value

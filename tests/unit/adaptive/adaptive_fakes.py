@@ -91,7 +91,7 @@ class FakePod:
 
 @dataclass
 class FakeIO:
-    """AdaptiveIO over in-memory pods; records every call in order."""
+    """adaptive_handlers.ReadIO over in-memory pods; records every call in order."""
 
     pods: dict[str, FakePod]
     reading: Reading | None = None

@@ -1,4 +1,5 @@
-"""adaptive.run_pass with its I/O faked: apply, verify, revert, repair, dry run, status, events."""
+"""adaptive_handlers.run_pass (observe, plan, execute, report) with its I/O faked: apply, verify,
+revert, repair, dry run, status, events."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from adaptive_fakes import FakeIO, FakePod
 
 from autoglm_operator import adaptive, plan
 from autoglm_operator import policy as pol
-from autoglm_operator.adaptive import PassInput, PodView, merge_conditions, run_pass
+from autoglm_operator.adaptive import PassInput, PodView, merge_conditions
+from autoglm_operator.adaptive_handlers import run_pass
 from autoglm_operator.prom import Availability, Reading
 from autoglm_operator.spec import AutoGLMDeploymentSpec, Condition
 from autoglm_runtime.profiles import Mode
