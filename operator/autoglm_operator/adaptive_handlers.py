@@ -217,6 +217,7 @@ class AdaptiveLoop:
         self.token: str | None = None
         self.prometheus: PrometheusReader | None = None
         self.due_at = 0.0  # monotonic; the first pass runs at once
+        self.generation: int | None = None  # of the spec the last pass read
 
     async def close(self) -> None:
         if self.session is not None:
@@ -256,6 +257,8 @@ class AdaptiveLoop:
     ) -> tuple[PassResult, dict[str, Any] | None]:
         """One pass; `body` is the object as observed. Only the announce before a flip is
         written here (write_status); the pass's status part is the caller's to write, once."""
+        # Set first: a spec this pass cannot read waits out retry_soon, not a pass per second.
+        self.generation = (body.get("metadata") or {}).get("generation")
         spec = crd.AutoGLMDeploymentSpec.model_validate(_plain(body.get("spec") or {}))
         started = time.perf_counter()
         status = _plain(body.get("status") or {})
@@ -295,6 +298,12 @@ class AdaptiveLoop:
         """The pass's Events, posted once its status is written."""
         for event in result.events:
             kopf.event(posted, type=event.type, reason=event.reason, message=event.message)
+
+    def due(self, body: Mapping[str, Any]) -> bool:
+        """A pass every intervalSeconds, and at once when the spec changed: a new modePolicy,
+        pause or threshold takes effect (and is reported) without waiting out the interval."""
+        generation = (body.get("metadata") or {}).get("generation")
+        return time.monotonic() >= self.due_at or generation != self.generation
 
     def retry_soon(self) -> None:
         """After an unexpected error a pass comes sooner than a full interval."""

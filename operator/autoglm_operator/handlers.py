@@ -267,7 +267,7 @@ async def reconcile(
         while not stopped:
             observed = observe(body, str(namespace), name, uid, indexes)
             result = None
-            if time.monotonic() >= adaptive.due_at:
+            if adaptive.due(observed.body):
                 result = await _adaptive_pass(adaptive, reconciler, body, observed, state, logger)
             fingerprint = (observed.fingerprint(), state.batching_target)
             now = time.monotonic()

@@ -128,3 +128,13 @@ def test_record_counts_decisions_flips_repairs_and_query_errors(
         )
         is None
     )
+
+
+def test_a_pass_is_due_every_interval_and_at_once_after_a_spec_change() -> None:
+    loop = ah.AdaptiveLoop(None, "ns", "x")  # type: ignore[arg-type]  # no I/O in due()
+    body = {"metadata": {"generation": 3}}
+    assert loop.due(body)  # the first pass runs at once
+    loop.generation, loop.due_at = 3, float("inf")  # as a pass of generation 3 leaves it
+    assert not loop.due(body)
+    # A new modePolicy, pause or threshold is acted on (and reported) in this iteration.
+    assert loop.due({"metadata": {"generation": 4}})
