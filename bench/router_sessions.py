@@ -9,7 +9,8 @@ think time. `--concurrent` conversations run at once (the stated load), `--conve
 
 The same trace (same seed) goes through, each time on 4 fresh `autoglm-runtime sim` replicas
 (prefix caching on, `--time-factor` small so a run takes seconds):
-- `autoglm-router` (consistent hashing with bounded loads on the session);
+- `autoglm-router` (consistent hashing with bounded loads on the session, `--load-factor`
+  1.25, its default), and `autoglm-router-lf2`, the same with `--load-factor 2`;
 - `random`: the client picks a replica at random for every turn;
 - `oracle`, the hindsight oracle: every turn of a conversation goes to one replica, chosen when
   the conversation starts as the replica with the fewest turns still to come among its open
@@ -57,7 +58,7 @@ REPO = Path(__file__).resolve().parent.parent
 OUT_DIR = REPO / "out" / "bench"
 MODEL = "autoglm-phone-9b"
 REPLICAS = 4
-ROUTERS = ("autoglm-router", "random", "oracle", "vllm-router")
+ROUTERS = ("autoglm-router", "autoglm-router-lf2", "random", "oracle", "vllm-router")
 MAX_TOKENS = 48  # one action: the agent's answers are short
 THINK_SECONDS = 1.0  # the phone acts on the answer before the next turn (sim seconds)
 SHARED_SYSTEM = (
@@ -228,9 +229,10 @@ class AutoglmRouter(ServerProcess):
     kind = "autoglm-router"
 
     def command(self) -> list[str]:
+        *urls, flag, factor = self.args
         argv = [sys.executable, "-m", "autoglm_router.cli", "--host", "127.0.0.1",
-                "--port", str(self.port), "--log-level", "warning"]
-        for url in self.args:
+                "--port", str(self.port), "--log-level", "warning", flag, factor]
+        for url in urls:
             argv += ["--endpoint", url]
         return argv
 
@@ -271,7 +273,9 @@ def scrape(url: str) -> dict[str, float]:
     with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
         text = response.read().decode()
     wanted = {"hits": "vllm:prefix_cache_hits_total", "queries": "vllm:prefix_cache_queries_total",
-              "e2e_sum": "vllm:e2e_request_latency_seconds_sum"}  # fmt: skip
+              "e2e_sum": "vllm:e2e_request_latency_seconds_sum",
+              "ttft_sum": "vllm:time_to_first_token_seconds_sum",
+              "ttft_count": "vllm:time_to_first_token_seconds_count"}  # fmt: skip
     out = dict.fromkeys(wanted, 0.0)
     for key, name in wanted.items():
         for match in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M):
@@ -286,8 +290,10 @@ def run_one(name: str, trace: list[Conversation], seed: int, args: argparse.Name
     front: ServerProcess | None = None
     try:
         urls = [sim.base_url for sim in sims]
-        if name == "autoglm-router":
-            front = AutoglmRouter(*urls, log_path=folder / "router.log").start(timeout=30)
+        if name.startswith("autoglm-router"):
+            factor = "2" if name.endswith("lf2") else "1.25"
+            front = AutoglmRouter(*urls, "--load-factor", factor, log_path=folder / "router.log")
+            front.start(timeout=30)
         elif name == "vllm-router":
             front = VllmRouter(*urls, log_path=folder / "vllm-router.log", wait_healthy=False)
             front.start(timeout=60)
@@ -318,6 +324,9 @@ def summarize(result: RunResult, time_factor: float) -> dict[str, float]:
         "first_ttft_p50_s": statistics.median(t.ttft for t in result.turns if t.turn == 0),
         "in_flight_max_over_mean": max(in_flight) / statistics.mean(in_flight),
         "in_flight_mean": statistics.mean(in_flight),
+        # The engines' own TTFT (all turns): routing quality without the proxy's own delay.
+        "engine_ttft_mean_s": sum(r["ttft_sum"] for r in result.replicas)
+        / sum(r["ttft_count"] for r in result.replicas) / time_factor,
         "turns": float(len(result.turns)),
         "errors": float(result.errors),
         "wall_s": result.wall_seconds / time_factor,
@@ -392,7 +401,8 @@ def mean_over_seeds(per_seed: list[dict[str, dict[str, float]]]) -> dict[str, di
 
 COLUMNS = (("hit_ratio", "hit ratio", "{:.3f}", max), ("later_ttft_p50_s", "TTFT p50 turn>=2",
            "{:.3f} s", min), ("first_ttft_p50_s", "TTFT p50 turn 1", "{:.3f} s", min),
-           ("in_flight_max_over_mean", "in-flight max/mean", "{:.3f}", min))  # fmt: skip
+           ("in_flight_max_over_mean", "in-flight max/mean", "{:.3f}", min),
+           ("engine_ttft_mean_s", "engine TTFT mean", "{:.3f} s", min))  # fmt: skip
 TIE = 0.02  # figures within 2% of each other are printed as ties
 
 
@@ -408,10 +418,10 @@ def report(mean: dict[str, dict[str, float]], checks: dict[str, list[Any]],
     print(f"\n{args.conversations} conversations, {args.concurrent} at once, 4-12 turns, "
           f"{len(args.seeds)} seeds {args.seeds}, time factor {args.time_factor} "
           f"(figures in sim seconds, means over seeds)")
-    print(f"{'router':<15}" + "".join(f"{title:>20}" for _, title, _, _ in COLUMNS))
+    print(f"{'router':<19}" + "".join(f"{title:>20}" for _, title, _, _ in COLUMNS))
     for name in ROUTERS:
         cells = "".join(f"{fmt.format(mean[name][key]):>20}" for key, _, fmt, _ in COLUMNS)
-        print(f"{name:<15}{cells}")
+        print(f"{name:<19}{cells}")
     for key, title, _, better in COLUMNS:
         print(f"best {title}: {best_of(mean, key, better)}")
     for who, rows in checks.items():
@@ -435,10 +445,10 @@ def plot(mean: dict[str, dict[str, float]]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(12, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for ax, (key, title, _, _) in zip(axes, (COLUMNS[0], COLUMNS[1], COLUMNS[3]), strict=True):
         ax.bar(ROUTERS, [mean[name][key] for name in ROUTERS],
-               color=["tab:blue", "tab:grey", "tab:green", "tab:orange"])
+               color=["tab:blue", "tab:cyan", "tab:grey", "tab:green", "tab:orange"])
         ax.set_title(title)
         ax.tick_params(axis="x", labelrotation=20)
     axes[2].axhline(1.25, color="red", linewidth=1, label="target 1.25")
@@ -460,11 +470,12 @@ def main(args: argparse.Namespace) -> int:
             with tempfile.TemporaryDirectory() as folder:
                 result = run_one(name, trace, seed, args, Path(folder))
             figures[name] = summarize(result, args.time_factor)
-            print(f"seed {seed} {name:<15} " + " ".join(
+            print(f"seed {seed} {name:<19} " + " ".join(
                 f"{k}={v:.3f}" for k, v in figures[name].items()), flush=True)  # fmt: skip
         per_seed.append(figures)
     mean = mean_over_seeds(per_seed)
-    checks = {who: check(mean, who) for who in ("autoglm-router", "vllm-router")}
+    checks = {who: check(mean, who)
+              for who in ("autoglm-router", "autoglm-router-lf2", "vllm-router")}
     ceil = ceiling(make_trace(args.seeds[0], args.conversations), args.seeds[0], args.concurrent)
     report(mean, checks, ceil, args)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
