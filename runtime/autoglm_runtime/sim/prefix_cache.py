@@ -52,7 +52,7 @@ class PrefixCache:
             if block not in self._refs and block not in self._free:
                 break
             hits += 1
-        return min(hits, (prompt_total - 1) // BLOCK_TOKENS) * BLOCK_TOKENS
+        return min(hits, max(0, prompt_total - 1) // BLOCK_TOKENS) * BLOCK_TOKENS
 
     def hold(self, hashes: Sequence[bytes]) -> None:
         """A running sequence uses these blocks (cache hits, or blocks it just computed)."""

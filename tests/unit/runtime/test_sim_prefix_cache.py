@@ -79,6 +79,15 @@ async def test_the_last_token_is_always_computed() -> None:
     await engine.stop()
 
 
+async def test_an_empty_prompt_is_served() -> None:
+    engine = make()
+    engine.start()
+    await serve(engine, request([]))
+    await serve(engine, request([]))
+    assert counter(engine, "vllm:prefix_cache_hits_total") == 0
+    await engine.stop()
+
+
 async def test_cached_tokens_make_the_step_shorter() -> None:
     engine = SimEngine(EngineConfig(time_factor=1.0), SimMetrics.create("m", 2048))
     engine.start()
