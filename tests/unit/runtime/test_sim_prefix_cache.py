@@ -185,3 +185,11 @@ def test_chat_prompts_share_ids_up_to_the_first_difference() -> None:
     assert common == len(a) - 256  # only the screenshot's tokens differ
     system_only = chat_prompt({"messages": [{"role": "user", "content": "hi"}]}).token_ids
     assert system_only[:4] != a[:4]  # the role tag is part of the ids
+
+
+def test_the_sim_flag_is_vllms() -> None:
+    from autoglm_runtime.cli import _parser
+
+    parser = _parser()
+    assert parser.parse_args(["sim"]).enable_prefix_caching is True
+    assert parser.parse_args(["sim", "--no-enable-prefix-caching"]).enable_prefix_caching is False
