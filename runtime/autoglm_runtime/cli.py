@@ -35,6 +35,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="engine sequence limit (default: the profiles' envelope)")
     sim.add_argument("--max-num-batched-tokens", type=int, default=2048)
     sim.add_argument("--kv-cache-tokens", type=int, default=65536)
+    sim.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                     default=True, help="reuse cached prompt blocks, as vLLM's flag (default on)")
     sim.add_argument("--no-middleware", action="store_true",
                      help="serve without the mode middleware (for overhead benchmarks)")
     return parser
@@ -81,6 +83,7 @@ def _sim(settings: RuntimeSettings, args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_cache_tokens=args.kv_cache_tokens,
+        enable_prefix_caching=args.enable_prefix_caching,
         with_middleware=not args.no_middleware,
         runtime=settings,
     )

@@ -36,6 +36,7 @@ class SimSettings:
     max_num_seqs: int | None = None  # None: the profiles' envelope, as the operator sets it
     max_num_batched_tokens: int = 2048
     kv_cache_tokens: int = 65536
+    enable_prefix_caching: bool = True
     with_middleware: bool = True
     runtime: RuntimeSettings | None = None  # None: the middleware reads the environment
     latency: LatencyModel = field(default_factory=LatencyModel)
@@ -56,6 +57,7 @@ def create_app(settings: SimSettings | None = None) -> FastAPI:
         max_num_seqs=settings.max_num_seqs or runtime.profiles.envelope_max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,
         kv_cache_tokens=settings.kv_cache_tokens,
+        enable_prefix_caching=settings.enable_prefix_caching,
         time_factor=settings.time_factor,
         latency=settings.latency,
         memory=settings.memory,

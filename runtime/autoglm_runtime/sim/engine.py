@@ -4,7 +4,9 @@ One asyncio task runs engine steps back to back (see `model.py` for the step-tim
 Waiting requests are ordered by (priority, arrival), as vLLM's `--scheduling-policy priority`;
 a step admits them while `max_num_seqs` and the KV budget allow. When decode growth would
 overflow the KV budget the newest lowest-priority sequence is preempted and recomputed later,
-as vLLM does.
+as vLLM does. With prefix caching on (see `prefix_cache.py`) a sequence's cached leading blocks
+count as prefilled when it is admitted: its steps pay only for the uncached prompt tokens, and an
+image whose placeholder tokens are all cached skips the vision encoder.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import contextlib
 import heapq
 import itertools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from autoglm_runtime.sim.metrics import SimMetrics
 from autoglm_runtime.sim.model import LatencyModel, MemoryModel
+from autoglm_runtime.sim.prefix_cache import BLOCK_TOKENS, PrefixCache, block_hashes
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     kv_cache_tokens: int = 65536
     time_factor: float = 1.0
+    enable_prefix_caching: bool = True
     latency: LatencyModel = field(default_factory=LatencyModel)
     memory: MemoryModel = field(default_factory=MemoryModel)
 
@@ -40,12 +45,18 @@ class SimRequest:
     target_tokens: int
     finish_reason: str
     arrival: float
+    token_ids: Sequence[int] = ()  # the prompt's ids, for prefix caching
+    image_ends: tuple[int, ...] = ()  # where each image's placeholder tokens end in the prompt
     tokens: asyncio.Queue[int | None] = field(default_factory=asyncio.Queue)
     seq: int = 0
     prompt_total: int = 0  # prompt plus tokens to recompute after a preemption
     prefilled: int = 0
     generated: int = 0
     vision_done: bool = False
+    images_to_encode: int = 0
+    block_hashes: list[bytes] = field(default_factory=list)
+    held_blocks: list[bytes] = field(default_factory=list)
+    preempted: bool = False
     cancelled: bool = False
     finished: bool = False
     submitted_at: float = 0.0
@@ -70,6 +81,7 @@ class SimEngine:
         self.last_prefill_tokens = 0
         self.peak_memory_bytes = config.memory.used_bytes(0, 0)
         self._labels = metrics.labels
+        self.prefix_cache = PrefixCache(config.enable_prefix_caching)
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -89,6 +101,9 @@ class SimEngine:
     def submit(self, request: SimRequest) -> None:
         request.seq = next(self._seq)
         request.prompt_total = request.prompt_tokens
+        request.images_to_encode = request.images
+        if self.prefix_cache.enabled:
+            request.block_hashes = block_hashes(request.token_ids)
         request.submitted_at = time.monotonic()
         heapq.heappush(self.waiting, request)
         self._wake.set()
@@ -173,13 +188,45 @@ class SimEngine:
             heapq.heappop(self.waiting)
             head.scheduled_at = head.scheduled_at or time.monotonic()
             self.running.append(head)
-            chunk = min(budget, head.prompt_total)
+            self._use_cached_prefix(head)
+            chunk = min(budget, head.prompt_total - head.prefilled)
             plan.append((head, chunk))
             budget -= chunk
             kv_free -= head.prompt_total + 1
-        images = sum(r.images for r, _ in plan if not r.vision_done)
+        images = sum(r.images_to_encode for r, _ in plan if not r.vision_done)
+        self._evict()
         self._update_gauges()
         return decoding, plan, images
+
+    def _use_cached_prefix(self, request: SimRequest) -> None:
+        """Start the sequence after its cached prefix, counted as vLLM counts it (in tokens;
+        not for a preempted sequence coming back)."""
+        if not self.prefix_cache.enabled:
+            return
+        cached = self.prefix_cache.cached_tokens(request.block_hashes, request.prompt_total)
+        request.held_blocks = request.block_hashes[: cached // BLOCK_TOKENS]
+        self.prefix_cache.hold(request.held_blocks)
+        request.prefilled = cached
+        request.images_to_encode = sum(1 for end in request.image_ends if end > cached)
+        if not request.preempted:
+            self.metrics.prefix_cache_queries.labels(*self._labels).inc(request.prompt_total)
+            self.metrics.prefix_cache_hits.labels(*self._labels).inc(cached)
+
+    def _cache_prompt_blocks(self, request: SimRequest) -> None:
+        """The prefill is done: its full prompt blocks are now cached and held."""
+        computed = request.block_hashes[len(request.held_blocks) :]
+        self.prefix_cache.hold(computed)
+        request.held_blocks = [*request.held_blocks, *computed]
+
+    def _release_blocks(self, request: SimRequest) -> None:
+        self.prefix_cache.release(request.held_blocks)
+        request.held_blocks = []
+
+    def _evict(self) -> None:
+        """Unreferenced cached blocks live in the part of the KV budget running sequences
+        leave free."""
+        used_blocks = -(-self.kv_used // BLOCK_TOKENS)
+        self.prefix_cache.evict_to(self.config.kv_cache_tokens // BLOCK_TOKENS - used_blocks)
 
     def _apply(
         self, decoding: list[SimRequest], plan: list[tuple[SimRequest, int]], prefilled: int
@@ -198,12 +245,14 @@ class SimEngine:
             request.vision_done = True
             request.prefilled += chunk
             if request.prefilled >= request.prompt_total:
+                self._cache_prompt_blocks(request)
                 self._emit(request, now)
                 generated += 1
         labels = self._labels
         self.metrics.prompt_tokens.labels(*labels).inc(prefilled)
         self.metrics.generation_tokens.labels(*labels).inc(generated)
         self.metrics.iteration_tokens.labels(*labels).observe(prefilled + generated)
+        self._evict()
         self._update_gauges()
 
     def _emit(self, request: SimRequest, now: float) -> None:
@@ -224,6 +273,8 @@ class SimEngine:
 
     def _preempt(self, request: SimRequest) -> None:
         self.running.remove(request)
+        self._release_blocks(request)
+        request.preempted = True
         # Recompute: the prompt and what was generated so far are prefilled again.
         request.prompt_total = request.prompt_tokens + request.generated
         request.prefilled = 0
@@ -236,6 +287,7 @@ class SimEngine:
         request.finished = True
         if request in self.running:
             self.running.remove(request)
+        self._release_blocks(request)
         now = time.monotonic()
         labels = self._labels
         self.metrics.success.labels(*labels, reason).inc()

@@ -58,6 +58,8 @@ class SimMetrics:
     prompt_tokens_request: Histogram
     generation_tokens_request: Histogram
     iteration_tokens: Histogram
+    prefix_cache_queries: Counter
+    prefix_cache_hits: Counter
     labels: tuple[str, str]
 
     @classmethod
@@ -118,12 +120,21 @@ class SimMetrics:
             iteration_tokens=hist("vllm:iteration_tokens_total",
                                   "Histogram of number of tokens per engine_step.",
                                   ITERATION_TOKENS_BUCKETS),
+            prefix_cache_queries=Counter(
+                "vllm:prefix_cache_queries",
+                "Prefix cache queries, in terms of number of queried tokens.", names,
+                registry=registry),
+            prefix_cache_hits=Counter(
+                "vllm:prefix_cache_hits",
+                "Prefix cache hits, in terms of number of cached tokens.", names,
+                registry=registry),
             labels=(model_name, "0"),
         )
         # vLLM creates every labelled child up front, so series exist at zero from the start.
         for reason in FINISHED_REASONS:
             metrics.success.labels(*metrics.labels, reason)
         for metric in (metrics.running, metrics.waiting, metrics.kv_usage, metrics.preemptions,
-                       metrics.prompt_tokens, metrics.generation_tokens):
+                       metrics.prompt_tokens, metrics.generation_tokens,
+                       metrics.prefix_cache_queries, metrics.prefix_cache_hits):
             metric.labels(*metrics.labels)
         return metrics

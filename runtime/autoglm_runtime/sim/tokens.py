@@ -2,6 +2,9 @@
 
 Counting: every run of up to 8 non-space characters is one token, every message adds 4 template
 tokens, every image `IMAGE_TOKENS`. Good enough to exercise context limits; not a real tokenizer.
+Token ids, for prefix caching, are hashes of those pieces: a message's template tokens hash its
+role, an image's placeholder tokens hash its URL (data URLs: the data), so identical prompt
+prefixes give identical ids and a different screenshot gives different ones.
 Generation is seeded by the prompt so the same request gets the same answer.
 """
 
@@ -31,6 +34,26 @@ _THOUGHTS = _THOUGHTS_TEXT.split()
 
 def count_text_tokens(text: str) -> int:
     return len(_TOKEN.findall(text))
+
+
+def _piece_id(piece: str) -> int:
+    digest = hashlib.blake2b(piece.encode("utf-8", "surrogatepass"), digest_size=4).digest()
+    return int.from_bytes(digest, "little")
+
+
+def text_token_ids(text: str) -> list[int]:
+    return [_piece_id(piece) for piece in _TOKEN.findall(text)]
+
+
+def message_token_ids(role: str) -> list[int]:
+    """The chat template's tokens around one message."""
+    return [_piece_id(f"<|{role}|>{index}") for index in range(MESSAGE_OVERHEAD_TOKENS)]
+
+
+def image_token_ids(url: str) -> list[int]:
+    """The image's placeholder tokens; the same image gives the same ids (vLLM's mm hash)."""
+    base = _piece_id("image:" + url) << 16
+    return [base + index for index in range(IMAGE_TOKENS)]
 
 
 def natural_length(seed: str, low: int = 24, high: int = 200) -> int:
@@ -63,5 +86,8 @@ __all__ = [
     "MESSAGE_OVERHEAD_TOKENS",
     "count_text_tokens",
     "generate",
+    "image_token_ids",
+    "message_token_ids",
     "natural_length",
+    "text_token_ids",
 ]

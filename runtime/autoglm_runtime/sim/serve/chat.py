@@ -13,7 +13,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from autoglm_runtime.sim.engine import SimEngine, SimRequest
-from autoglm_runtime.sim.model import IMAGE_TOKENS
 from autoglm_runtime.sim.serve.common import (
     Prompt,
     SimError,
@@ -27,7 +26,12 @@ from autoglm_runtime.sim.serve.common import (
     stream_wanted,
     usage_of,
 )
-from autoglm_runtime.sim.tokens import MESSAGE_OVERHEAD_TOKENS, count_text_tokens, generate
+from autoglm_runtime.sim.tokens import (
+    generate,
+    image_token_ids,
+    message_token_ids,
+    text_token_ids,
+)
 
 # Share of the answer spent thinking when enable_thinking is on.
 REASONING_SHARE = 0.4
@@ -36,19 +40,21 @@ router = APIRouter()
 
 
 def chat_prompt(body: dict[str, Any]) -> Prompt:
+    """The rendered prompt's token ids: messages in order, each role-tagged, images in place."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise SimError("`messages` must be a non-empty list.", "messages")
-    tokens, images, texts = 0, 0, []
+    ids: list[int] = []
+    image_ends: list[int] = []
+    texts: list[str] = []
     for message in messages:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise SimError("Each message needs a string `role`.", "messages")
-        tokens += MESSAGE_OVERHEAD_TOKENS
+        ids += message_token_ids(message["role"])
         content = message.get("content")
         if content is None or isinstance(content, str):
-            text = content or ""
-            texts.append(text)
-            tokens += count_text_tokens(text)
+            texts.append(content or "")
+            ids += text_token_ids(content or "")
             continue
         if not isinstance(content, list):
             raise SimError("`content` must be a string or a list of parts.", "messages")
@@ -56,17 +62,16 @@ def chat_prompt(body: dict[str, Any]) -> Prompt:
             kind = part.get("type") if isinstance(part, dict) else None
             if kind == "text" and isinstance(part.get("text"), str):
                 texts.append(part["text"])
-                tokens += count_text_tokens(part["text"])
+                ids += text_token_ids(part["text"])
             elif kind == "image_url":
-                check_image(part.get("image_url"))
-                images += 1
-                tokens += IMAGE_TOKENS
+                ids += image_token_ids(check_image(part.get("image_url")))
+                image_ends.append(len(ids))
             else:
                 raise SimError("Content parts must be `text` or `image_url`.", "messages")
-    return Prompt(tokens=tokens, images=images, seed="\n".join(texts))
+    return Prompt(ids, len(image_ends), "\n".join(texts), tuple(image_ends))
 
 
-def check_image(image: Any) -> None:
+def check_image(image: Any) -> str:
     url = image.get("url") if isinstance(image, dict) else None
     if not isinstance(url, str) or not url:
         raise SimError("`image_url.url` must be a non-empty string.", "messages")
@@ -81,6 +86,7 @@ def check_image(image: Any) -> None:
     elif not url.startswith(("http://", "https://")):
         raise SimError("Image URLs must be http(s) or data URLs.", "messages")
     # The sim never fetches remote images: no network from tests.
+    return url
 
 
 def thinking(body: dict[str, Any]) -> tuple[bool, bool]:

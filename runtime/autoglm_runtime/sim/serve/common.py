@@ -34,9 +34,14 @@ class SimContext:
 
 @dataclass
 class Prompt:
-    tokens: int
+    token_ids: list[int]
     images: int
     seed: str
+    image_ends: tuple[int, ...] = ()  # where each image's placeholder tokens end
+
+    @property
+    def tokens(self) -> int:
+        return len(self.token_ids)
 
 
 def context_of(request: Request) -> SimContext:
@@ -110,6 +115,7 @@ async def run(request: Request, body: dict[str, Any], prompt: Prompt) -> SimRequ
     sim_request = SimRequest(
         priority=priority, prompt_tokens=prompt.tokens, images=prompt.images,
         target_tokens=target, finish_reason=reason, arrival=arrival,
+        token_ids=prompt.token_ids, image_ends=prompt.image_ends,
     )  # fmt: skip
     engine.submit(sim_request)
     return sim_request

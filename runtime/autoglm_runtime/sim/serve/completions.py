@@ -23,7 +23,7 @@ from autoglm_runtime.sim.serve.common import (
     stream_wanted,
     usage_of,
 )
-from autoglm_runtime.sim.tokens import count_text_tokens, generate
+from autoglm_runtime.sim.tokens import generate, text_token_ids
 
 router = APIRouter()
 
@@ -31,13 +31,13 @@ router = APIRouter()
 def completion_prompt(body: dict[str, Any]) -> Prompt:
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        return Prompt(count_text_tokens(prompt), 0, prompt)
+        return Prompt(text_token_ids(prompt), 0, prompt)
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        return Prompt(count_text_tokens(prompt[0]), 0, prompt[0])
+        return Prompt(text_token_ids(prompt[0]), 0, prompt[0])
     if isinstance(prompt, list) and prompt and all(
         isinstance(t, int) and not isinstance(t, bool) for t in prompt
     ):
-        return Prompt(len(prompt), 0, str(prompt))
+        return Prompt(list(prompt), 0, str(prompt))
     raise SimError("`prompt` must be a string or a list of token ids.", "prompt")
 
 
