@@ -68,7 +68,6 @@ class Trace:
     seconds: int
     per_replica: Curve  # seconds -> req/s per replica (chats and batch jobs)
     description: str
-    judged_within_oracle: bool = False
     chat_share: Curve = _half  # seconds -> share of requests that are chats
     text_chats: Curve = _screenshots  # seconds -> share of chats without a screenshot
     dump: tuple[float, int, float] | None = None  # (start, jobs, spread s): long batch jobs
@@ -162,8 +161,8 @@ def _weekly_share(t: np.ndarray) -> np.ndarray:
 TRACES: dict[str, Trace] = {
     t.name: t
     for t in (
-        Trace("diurnal", 86400, _diurnal, "24 h: quiet night, peaks at 10:00 and 20:00", True),
-        Trace("flash-crowd", 2400, _flash, "0.6/replica, 10x within one minute for 10 min", True),
+        Trace("diurnal", 86400, _diurnal, "24 h: quiet night, peaks at 10:00 and 20:00"),
+        Trace("flash-crowd", 2400, _flash, "0.6/replica, 10x within one minute for 10 min"),
         Trace("steady-low", 1800, _steady_low, "1.0 req/s per replica for 30 min"),
         Trace("steady-overload", 1800, _steady_overload, "8.5 req/s per replica for 30 min"),
         Trace("noise", 3600, _noise, "1.2-3.6 req/s per replica, new level every 20-60 s"),
