@@ -482,6 +482,11 @@ def allowed_fixed(cfg: AdaptiveSettings | None = None) -> list[str]:
 def aggregate(results: Sequence[dict], names: Sequence[str], seeds: Sequence[int]) -> dict:
     """Per trace and seed: goodputs, the best allowed fixed split, the oracle; then ratios."""
     by = {(r["trace"], r["seed"], r["policy"], r["routing"]): r["goodput"] for r in results}
+    flips = {
+        (r["trace"], r["seed"]): r["max_flips_per_replica_per_cooldown"]
+        for r in results
+        if r["policy"] == "adaptive" and r["routing"] == "router"
+    }
     allowed = allowed_fixed()
     cells: list[dict] = []
     for n in names:
@@ -502,6 +507,7 @@ def aggregate(results: Sequence[dict], names: Sequence[str], seeds: Sequence[int
                     "best_fixed_goodput": on[best_fixed],
                     "oracle": on[oracle_from],
                     "oracle_from": oracle_from,
+                    "adaptive_max_flips_per_cooldown": flips.get((n, s)),
                 }
             )
     return {"cells": cells, "allowed_fixed": allowed}
@@ -553,37 +559,40 @@ def _mean(xs: Sequence[float]) -> float:
     return sum(xs) / len(xs) if xs else math.nan
 
 
-def check(table: dict, names: Sequence[str]) -> list[dict]:
-    """The targets of issues 13 and 14, each PASS, FAIL or TIE (see the module docstring)."""
-    cells = table["cells"]
-    verdicts: list[dict] = []
+class Verdicts(list[dict]):
+    """The targets' verdicts, printed as they are given."""
 
-    def verdict(target: str, value: float, bar: float, detail: str, beats: bool = False) -> None:
+    def add(self, target: str, value: float, bar: float, detail: str, beats: bool = False) -> None:
         """value >= bar: PASS, FAIL or TIE; a tie meets an "at least" target, never a "beats"."""
         if math.isclose(value, bar, rel_tol=1e-9, abs_tol=1e-12):
             result, met = "TIE", not beats
         else:
             result, met = ("PASS", True) if value > bar else ("FAIL", False)
-        verdicts.append({"target": target, "verdict": result, "met": met, "detail": detail})
+        self.append({"target": target, "verdict": result, "met": met, "detail": detail})
         print(f"{result}: {target}: {detail}")
 
+
+def check(table: dict, names: Sequence[str]) -> list[dict]:
+    """The targets of issues 13 and 14, each PASS, FAIL or TIE (see the module docstring)."""
+    cells = table["cells"]
+    verdicts = Verdicts()
     print()
     ad = ratios(table, "adaptive")
     worst_cell = cells[ad.index(min(ad))]
     vs_oracle = [_ratio(c["router"]["adaptive"], c["oracle"]) for c in cells]
-    verdict(
+    verdicts.add(
         "regret: adaptive >= 95% of the best allowed fixed split on average",
         _mean(ad),
         0.95,
         f"{100 * _mean(ad):.1f}%",
     )
-    verdict(
+    verdicts.add(
         "regret: adaptive >= 90% of the best allowed fixed split on the worst trace-seed",
         min(ad),
         0.90,
         f"{100 * min(ad):.1f}% on {worst_cell['trace']} seed {worst_cell['seed']}",
     )
-    verdict(
+    verdicts.add(
         "regret: adaptive >= 90% of the oracle on average",
         _mean(vs_oracle),
         0.90,
@@ -591,37 +600,51 @@ def check(table: dict, names: Sequence[str]) -> list[dict]:
     )
     for p in (*FIXED, "naive"):
         worst = min(ratios(table, p))
-        verdict(
+        verdicts.add(
             f"no static answer: adaptive's worst case beats {label(p)}'s by >= 10 points",
             min(ad) - worst,
             0.10,
             f"{label(p)} worst {100 * worst:.1f}% vs adaptive worst {100 * min(ad):.1f}%",
             beats=True,
         )
+    _check_router_and_oracle(verdicts, cells, names)
+    return verdicts
+
+
+def _check_router_and_oracle(
+    verdicts: Verdicts, cells: Sequence[dict], names: Sequence[str]
+) -> None:
     for n in names:
         mine = [c for c in cells if c["trace"] == n]
         for p in (*FIXED, "naive", "adaptive"):
             on = _mean([c["router"][p] for c in mine])
             off = _mean([c["random"][p] for c in mine])
-            verdict(
+            verdicts.add(
                 f"{n}: router on >= off for {label(p)}",
                 on,
                 off,
                 f"{on:.3f} vs {off:.3f} req/s (router on, random)",
             )
+    noise = [c["adaptive_max_flips_per_cooldown"] for c in cells if c["trace"] == "noise"]
+    if noise:
+        verdicts.add(
+            "noise: adaptive flips each replica at most once per cooldown",
+            -max(noise),
+            -1.5,  # a count: at most 1 passes
+            f"at most {max(noise)} flips of one replica within any cooldown window",
+        )
     short = [
         f"{c['trace']} s{c['seed']} {label(p)}"
         for c in cells
         for p in (*FIXED, "naive")
         if c["router"][p] > c["oracle"]
     ]
-    verdict(
+    verdicts.add(
         "the oracle >= every baseline on every trace-seed",
         -len(short),
         -0.5,  # a count: none short passes, any fails
         ", ".join(short) or f"{len(cells)} trace-seeds checked",
     )
-    return verdicts
 
 
 def plot(results: Sequence[dict], table: dict, names: Sequence[str], path: Path) -> None:
