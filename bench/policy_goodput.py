@@ -399,7 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         wall = time.monotonic()
         results = _simulate_all(jobs_for(names, seeds, hours), args.jobs)
         elapsed = time.monotonic() - wall
-    table = aggregate(results, names, seeds)
+    table = aggregate(results, names)
     print_table(table, names)
     verdicts = check(table, names)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
@@ -454,22 +454,20 @@ def _simulate_all(jobs: Sequence[tuple[str, str, str, int, float | None]], worke
 
 
 def _merged(paths: Sequence[str]) -> tuple[list[dict], list[str], list[int], float]:
-    """Results, traces and seeds of earlier runs' JSON; every run must have the same seeds."""
+    """Results, traces and seeds of earlier runs' JSON (each trace keeps the seeds it ran)."""
     results: list[dict] = []
     names: list[str] = []
     seeds: list[int] | None = None
     elapsed = 0.0
     for path in paths:
         data = json.loads(Path(path).read_text())
-        if seeds is not None and data["seeds"] != seeds:
-            raise SystemExit(f"{path}: seeds {data['seeds']}, the others {seeds}")
         if data.get("hours") is not None:
             raise SystemExit(f"{path}: its traces were cut to {data['hours']} h")
-        seeds = data["seeds"]
+        seeds = sorted({*(seeds or []), *data["seeds"]})
         names += [n for n in data["traces"] if n not in names]
         results += data["results"]
         elapsed += data["elapsed_seconds"]
-        print(f"{path}: {', '.join(data['traces'])}; seeds {seeds}; {data['elapsed_seconds']}s")
+        print(f"{path}: {', '.join(data['traces'])}; seeds {data['seeds']}")
     return results, names, seeds or [], elapsed
 
 
@@ -479,8 +477,8 @@ def allowed_fixed(cfg: AdaptiveSettings | None = None) -> list[str]:
     return [f"fixed-{k}" for k in range(REPLICAS - cfg.min_streaming_replicas + 1)]
 
 
-def aggregate(results: Sequence[dict], names: Sequence[str], seeds: Sequence[int]) -> dict:
-    """Per trace and seed: goodputs, the best allowed fixed split, the oracle; then ratios."""
+def aggregate(results: Sequence[dict], names: Sequence[str]) -> dict:
+    """Per trace and seed run: goodputs, the best allowed fixed split, the oracle."""
     by = {(r["trace"], r["seed"], r["policy"], r["routing"]): r["goodput"] for r in results}
     flips = {
         (r["trace"], r["seed"]): r["max_flips_per_replica_per_cooldown"]
@@ -490,7 +488,7 @@ def aggregate(results: Sequence[dict], names: Sequence[str], seeds: Sequence[int
     allowed = allowed_fixed()
     cells: list[dict] = []
     for n in names:
-        for s in seeds:
+        for s in sorted({r["seed"] for r in results if r["trace"] == n}):
             on = {p: by[(n, s, p, "router")] for p in POLICIES if (n, s, p, "router") in by}
             off = {p: by[(n, s, p, "random")] for p in POLICIES if (n, s, p, "random") in by}
             best_fixed = max(allowed, key=lambda p: on[p])
