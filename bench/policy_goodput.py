@@ -1,38 +1,64 @@
-"""Does adaptive beat a fixed mode? Policy goodput on simulated traffic (issue 7, part 1).
+"""Adaptive vs every static answer: policy goodput on simulated traffic (issues 7, 13, 14).
 
-    .venv/bin/python bench/policy_goodput.py [--traces diurnal,noise] [--jobs 2] [--quick]
+    .venv/bin/python bench/policy_goodput.py [--traces diurnal,noise] [--seeds 2,3,4,5,6]
+                                             [--jobs 2] [--quick]
 
-Replays each trace (bench/traces/policy_traces.py) against a pool of 4 replicas (2 GPUs each)
-simulated in fast-forwarded time by bench/policy_sim.py: the mode middleware's admission from
-`autoglm_runtime.profiles` (the defaults of StreamingProfile and BatchingProfile) in front of the
-sim's engine step model (`autoglm_runtime.sim.model.LatencyModel`, calibrated to the published
-streaming TTFT ~0.32 s / 4.1 req/s and batching 1.8 s / 7.2 req/s per replica). Policies, on the
-same arrivals:
+Replays each trace (bench/traces/policy_traces.py, its docstring has their parameters) with
+seeds 2-6 against a pool of 4 replicas (2 GPUs each) simulated in fast-forwarded time by
+bench/policy_sim.py: the mode middleware's admission from `autoglm_runtime.profiles` (the
+defaults of StreamingProfile and BatchingProfile) in front of the sim's engine step model
+(`autoglm_runtime.sim.model.LatencyModel`, calibrated to the published streaming TTFT ~0.32 s /
+4.1 req/s and batching 1.8 s / 7.2 req/s per replica). Nothing is tuned on these traces: the
+operator's policy runs with the CRD defaults (`AdaptiveSettings()`).
 
-- all-streaming, all-batching: modes pinned.
+Routing: every policy runs twice on the same arrivals. `router`: the router's own
+`autoglm_router.routing.decide` on the pool's state (what `router.enabled: true` gives);
+`random`: each request to a uniformly random replica (the plain Service with the router off).
+
+Policies:
+
+- fixed-k: k replicas batching, 4 - k streaming, all the time. minStreamingReplicas (default 1)
+  allows k = 0..3; fixed-0 is all-streaming. fixed-4, all-batching, is allowed only with
+  minStreamingReplicas 0: it is run and shown as a baseline (and the oracle counts it), but the
+  "best fixed split" a policy is measured against is the best of the allowed k = 0..3.
 - naive: every interval, load high by the same signals and high thresholds as adaptive -> every
   replica but minStreamingReplicas batching at once, else all streaming; no hysteresis band,
   no stabilization window, no cooldown.
 - adaptive: `autoglm_operator.policy.decide`, the operator's own code, every intervalSeconds on
   the metrics the default PromQL would return from this pool (see Pool.scrape); flips apply at
   once (an in-place flip takes milliseconds).
-- oracle: at every interval, with hindsight, tries every count of batching replicas (0..4) on a
-  copy of the pool over that interval plus a 15 s look-ahead of the real arrivals, and keeps the
-  count whose requests (judged by then) score best (met SLO minus missed). Greedy per interval,
-  free flips: an upper reference, not a proven optimum.
+- greedy: a look-ahead in hindsight. Every `GREEDY_INTERVAL` s (the policy's cooldown) it tries
+  one replica fewer batching, the same, and one more (one flip per cooldown, the operator's own
+  pace; also what keeps it affordable on 2 cores) on copies of the pool over the next interval
+  plus `GREEDY_LOOKAHEAD` s of the real arrivals, and keeps the count whose requests (judged by
+  then) score best (met minus missed). Router on only.
 
-Routing assumption: clients of each class use the operator's mode Services behind an L7 gateway
-with least-outstanding-requests balancing: chats go to `<name>-streaming` replicas, and spill to
-the least loaded replica of all only when every streaming replica is at its concurrency cap;
-batch jobs go to `<name>-batching` replicas (no spill); a class whose Service has no endpoint
-uses `<name>` (all replicas).
+The oracle, per trace and seed (router on): the best goodput of every fixed split (0..4, the
+disallowed all-batching included), the naive switch and the greedy look-ahead; each is a mode
+schedule chosen with hindsight, so the oracle is at least as good as every baseline by
+construction, which the benchmark checks and prints. It is a reference, not a proven optimum: no
+search over piecewise-fixed schedules with flip costs beyond the greedy one.
 
-SLOs: chat met when its first visible token (after SSE coalescing) comes within 0.5 s of arrival;
-batch job met when it finishes within 30 s. Rejected (429/503) or unfinished requests miss.
-Goodput = met requests per second of trace.
+Goodput per DistServe: every request counts the same, goodput = requests that met their SLO per
+second of trace. A chat meets it when its first visible token (after SSE coalescing) comes
+within 0.5 s of arrival (the TTFT an agent's user waits through each step; the published
+streaming TTFT is 0.32 s at light load, so 0.5 s leaves headroom for a busy replica, not for a
+queue) and its later tokens average at most 0.1 s each (TPOT: 10 tokens/s, faster than anyone
+reads, DistServe's chatbot setting). A batch job meets it when it completes within 30 s (a
+pipeline's per-item deadline; a batching replica finishes one in ~1.85 s, so 30 s absorbs a
+burst's queue but not an overload). Rejected (429/503) and unfinished requests are misses.
 
-Writes out/bench/policy_goodput.json and .png; prints a table and PASS/FAIL per target.
-Exit status 1 when a target fails.
+Targets (router on, seeds given, PASS/FAIL/TIE; a tie never passes a "beats" target):
+
+- regret: adaptive >= 95% of the per-trace-seed best allowed fixed split on average, >= 90% on
+  the worst trace-seed; >= 90% of the oracle on average.
+- no static answer: every fixed split k = 0..3, all-batching and naive has a worst case (lowest
+  ratio to the per-trace-seed best allowed fixed split) at least 10 points below adaptive's.
+- router on >= router off, per trace (mean over seeds), for adaptive, naive and every fixed split.
+- the oracle >= every baseline on every trace-seed.
+
+Writes out/bench/policy_goodput.json and .png; prints the tables and the verdicts. Exit status 1
+when a target is not met.
 """
 
 from __future__ import annotations
@@ -51,7 +77,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE / "traces")]
 
 import policy_traces as traces  # noqa: E402
-from policy_sim import BATCH, CHAT, Outcome, Pool  # noqa: E402
+from policy_sim import BATCH, CHAT, ROUTINGS, Outcome, Pool, Workload  # noqa: E402
 
 from autoglm_operator import policy as pol  # noqa: E402
 from autoglm_operator.spec import AdaptiveSettings, ModePolicy  # noqa: E402
@@ -59,8 +85,14 @@ from autoglm_runtime.profiles import Mode  # noqa: E402
 
 OUT_DIR = HERE.parent / "out" / "bench"
 REPLICAS = 4
-POLICIES = ("all-streaming", "all-batching", "naive", "adaptive", "oracle")
-ORACLE_LOOKAHEAD = 15.0
+FIXED = tuple(f"fixed-{k}" for k in range(REPLICAS + 1))
+POLICIES = (*FIXED, "naive", "adaptive", "greedy")
+LABELS = {"fixed-0": "all-streaming", f"fixed-{REPLICAS}": "all-batching"}
+SEEDS = "2,3,4,5,6"
+GREEDY_INTERVAL = 120.0  # the policy's default cooldown
+GREEDY_LOOKAHEAD = 30.0  # a batch job's SLO: every request routed in the interval is judged
+QUICK_HOURS = 0.25
+WORKLOAD = Workload(shapes=traces.SHAPES)
 DRAIN_SECONDS = 120.0
 EPOCH = 1_767_225_600.0  # 2026-01-01T00:00:00Z: the policy's clock is wall time
 
@@ -110,85 +142,133 @@ def _score(outcomes: Sequence[Outcome], before: float) -> int:
     return sum(1 if o.met else -1 for o in outcomes if o.arrival < before)
 
 
-def simulate(trace_name: str, policy: str, seed: int = 1, hours: float | None = None) -> dict:
+def simulate(
+    trace_name: str,
+    policy: str,
+    routing: str = "router",
+    seed: int = 2,
+    hours: float | None = None,
+) -> dict:
+    """One policy on one trace and seed; returns the summary and the mode timeline."""
     trace = traces.TRACES[trace_name]
     duration = trace.seconds if hours is None else min(trace.seconds, int(hours * 3600))
-    arrivals = [a for a in traces.arrivals(trace, REPLICAS, seed) if a[0] < duration]
+    arrivals = [a for a in traces.shaped_arrivals(trace, REPLICAS, seed) if a[0] < duration]
     cfg = settings_for(trace_name)
-    interval = cfg.interval_seconds
-    start_mode = Mode.BATCHING if policy == "all-batching" else Mode.STREAMING
-    pool = Pool([start_mode] * REPLICAS, arrivals, track_metrics=policy in ("naive", "adaptive"))
-    state = pol.LoopState()
-    flips: list[tuple[float, int]] = []
-    timeline: list[tuple[float, int, float | None]] = []  # (t, batching replicas, qps observed)
-    outcomes: list[Outcome] = []
-    reasons: dict[str, int] = {}
+    k = fixed_count(policy)
+    modes = [Mode.BATCHING] * (k or 0) + [Mode.STREAMING] * (REPLICAS - (k or 0))
+    pool = Pool(
+        modes,
+        arrivals,
+        workload=WORKLOAD,
+        routing=routing,
+        seed=seed,
+        track_metrics=policy in ("naive", "adaptive"),
+    )
+    run = _Run(pool, cfg)
     wall = time.monotonic()
+    step = GREEDY_INTERVAL if policy == "greedy" else cfg.interval_seconds
     t = 0.0
     while t < duration:
-        end = min(duration, t + interval)
-        if policy == "oracle" and t > 0:
-            best: tuple[int, int, int, Pool] | None = None
-            current = sum(r.mode is Mode.BATCHING for r in pool.replicas)
-            for k in range(REPLICAS + 1):
-                cand = pool.clone()
-                _apply(cand, _choose(cand, k), t, [])
-                cand.run_until(end)
-                snap = cand.clone()
-                cand.run_until(end + ORACLE_LOOKAHEAD)
-                score = _score(cand.outcomes, end)
-                key = (score, k == current, -k)
-                if best is None or key > best[:3]:
-                    best = (*key, snap)
-            assert best is not None
-            before = [r.mode for r in pool.replicas]
-            pool = best[3]
-            for r, m in zip(pool.replicas, before, strict=True):
-                if r.mode is not m:
-                    flips.append((t, r.index))
+        end = min(duration, t + step)
+        if policy == "greedy" and t > 0:
+            run.greedy_step(t, end)
         else:
-            pool.run_until(end)
-        outcomes.extend(pool.outcomes)
-        pool.outcomes = []
+            run.pool.run_until(end)
+        run.collect()
         t = end
-        if t >= duration:
-            break
-        if policy in ("naive", "adaptive"):
-            s = pool.scrape()
-            if policy == "naive":
-                want = REPLICAS - cfg.min_streaming_replicas if _high(s, cfg, REPLICAS) else 0
-                _apply(pool, _choose(pool, want), t, flips)
-            else:
-                replicas = [pol.ReplicaState(r.name, r.mode) for r in pool.replicas]
-                decision = pol.decide(
-                    _samples(s, REPLICAS), replicas, state, cfg, ModePolicy.ADAPTIVE, EPOCH + t
-                )
-                state = decision.state
-                reasons[decision.reason] = reasons.get(decision.reason, 0) + 1
-                target = {r.name: r.mode for r in pool.replicas}
-                for f in decision.flips:
-                    target[f.pod] = f.to_mode
-                _apply(pool, [target[r.name] for r in pool.replicas], t, flips)
-            timeline.append((t, sum(r.mode is Mode.BATCHING for r in pool.replicas), s["qps"]))
-        else:
-            timeline.append((t, sum(r.mode is Mode.BATCHING for r in pool.replicas), math.nan))
+        if t < duration:
+            run.decide(policy, t)
+    pool = run.pool
     pool.drain(DRAIN_SECONDS)
-    outcomes.extend(pool.outcomes)
+    run.collect()
     unfinished = pool.pending()
-    outcomes.extend(Outcome(r.kind, r.arrival, -1.0, -1.0, False) for r in unfinished)
-    result = summarize(outcomes, duration, len(arrivals))
+    run.outcomes.extend(Outcome(r.kind, r.arrival, -1.0, -1.0, False) for r in unfinished)
+    result = summarize(run.outcomes, duration, len(arrivals))
     result.update(
         trace=trace_name,
         policy=policy,
-        flips=len(flips),
-        max_flips_per_replica_per_cooldown=_max_per_window(flips, cfg.cooldown_seconds),
-        flips_per_replica_per_cooldown=len(flips) / REPLICAS / (duration / cfg.cooldown_seconds),
+        routing=routing,
+        seed=seed,
+        flips=len(run.flips),
+        max_flips_per_replica_per_cooldown=_max_per_window(run.flips, cfg.cooldown_seconds),
+        flips_per_replica_per_cooldown=len(run.flips)
+        / REPLICAS
+        / (duration / cfg.cooldown_seconds),
         unfinished=len(unfinished),
         wall_seconds=round(time.monotonic() - wall, 1),
-        reasons=reasons,
-        timeline=timeline[:: max(1, len(timeline) // 2000)],
+        reasons=run.reasons,
+        timeline=run.timeline[:: max(1, len(run.timeline) // 2000)],
     )
     return result
+
+
+def fixed_count(policy: str) -> int | None:
+    """k for `fixed-k`, None for a policy that changes modes."""
+    if policy.startswith("fixed-"):
+        return int(policy.removeprefix("fixed-"))
+    return None
+
+
+class _Run:
+    """A pool under one policy: its decisions, flips and the outcomes collected so far."""
+
+    def __init__(self, pool: Pool, cfg: AdaptiveSettings) -> None:
+        self.pool = pool
+        self.cfg = cfg
+        self.state = pol.LoopState()
+        self.flips: list[tuple[float, int]] = []
+        self.timeline: list[tuple[float, int, float | None]] = []  # (t, batching, qps seen)
+        self.outcomes: list[Outcome] = []
+        self.reasons: dict[str, int] = {}
+
+    def collect(self) -> None:
+        self.outcomes.extend(self.pool.outcomes)
+        self.pool.outcomes = []
+
+    def batching(self) -> int:
+        return sum(r.mode is Mode.BATCHING for r in self.pool.replicas)
+
+    def decide(self, policy: str, t: float) -> None:
+        pool, cfg = self.pool, self.cfg
+        if policy not in ("naive", "adaptive"):
+            self.timeline.append((t, self.batching(), None))
+            return
+        s = pool.scrape()
+        if policy == "naive":
+            want = REPLICAS - cfg.min_streaming_replicas if _high(s, cfg, REPLICAS) else 0
+            _apply(pool, _choose(pool, want), t, self.flips)
+        else:
+            replicas = [pol.ReplicaState(r.name, r.mode) for r in pool.replicas]
+            decision = pol.decide(
+                _samples(s, REPLICAS), replicas, self.state, cfg, ModePolicy.ADAPTIVE, EPOCH + t
+            )
+            self.state = decision.state
+            self.reasons[decision.reason] = self.reasons.get(decision.reason, 0) + 1
+            target = {r.name: r.mode for r in pool.replicas}
+            for f in decision.flips:
+                target[f.pod] = f.to_mode
+            _apply(pool, [target[r.name] for r in pool.replicas], t, self.flips)
+        self.timeline.append((t, self.batching(), s["qps"]))
+
+    def greedy_step(self, t: float, end: float) -> None:
+        """Try every count of batching replicas on copies; keep the best (see the docstring)."""
+        best: tuple[int, bool, int, Pool] | None = None
+        current = self.batching()
+        for k in range(max(0, current - 1), min(REPLICAS, current + 1) + 1):
+            cand = self.pool.clone()
+            _apply(cand, _choose(cand, k), t, [])
+            cand.run_until(end)
+            snap = cand.clone()
+            cand.run_until(end + GREEDY_LOOKAHEAD)
+            key = (_score(cand.outcomes, end), k == current, -k)
+            if best is None or key > best[:3]:
+                best = (*key, snap)
+        assert best is not None
+        before = [r.mode for r in self.pool.replicas]
+        self.pool = best[3]
+        for r, m in zip(self.pool.replicas, before, strict=True):
+            if r.mode is not m:
+                self.flips.append((t, r.index))
 
 
 def _max_per_window(flips: Sequence[tuple[float, int]], window: float) -> int:
@@ -261,7 +341,7 @@ def calibration() -> dict[str, float]:
     }
 
 
-def _job(args: tuple[str, str, int, float | None]) -> dict:
+def _job(args: tuple[str, str, str, int, float | None]) -> dict:
     return simulate(*args)
 
 
@@ -269,162 +349,347 @@ def _fmt(v: float | None, unit: str = "", digits: int = 2) -> str:
     return "-" if v is None else f"{v:.{digits}f}{unit}"
 
 
+def label(policy: str) -> str:
+    return LABELS.get(policy, policy)
+
+
+def jobs_for(
+    names: Sequence[str], seeds: Sequence[int], hours: float | None
+) -> list[tuple[str, str, str, int, float | None]]:
+    """Every policy with and without the router; the greedy look-ahead (router on) first."""
+    jobs = [
+        (n, p, r, s, hours)
+        for n in names
+        for s in seeds
+        for p in POLICIES
+        for r in ROUTINGS
+        if not (p == "greedy" and r != "router")
+    ]
+    return sorted(jobs, key=lambda j: (j[1] != "greedy", j[0] != "diurnal"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--traces", default=",".join(traces.TRACES))
-    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--seeds", default=SEEDS, help=f"comma-separated (default {SEEDS})")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
-    parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--hours", type=float, default=None, help="cut every trace to this")
+    parser.add_argument(
+        "--quick", action="store_true", help=f"seed 2 only, traces cut to {QUICK_HOURS} h"
+    )
+    parser.add_argument("--out", default="policy_goodput", help="name of the JSON and PNG")
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="JSON",
+        help="judge the results of earlier runs together (say, of trace groups run apart)",
+    )
     args = parser.parse_args(argv)
-    names = [n for n in args.traces.split(",") if n]
-    policies = [p for p in args.policies.split(",") if p]
+    if args.merge:
+        results, names, seeds, elapsed = _merged(args.merge)
+        hours, cal = None, None
+    else:
+        names = [n for n in args.traces.split(",") if n]
+        unknown = [n for n in names if n not in traces.TRACES]
+        if unknown:
+            parser.error(f"unknown traces {unknown}; known: {', '.join(traces.TRACES)}")
+        seeds = [2] if args.quick else [int(x) for x in args.seeds.split(",") if x]
+        hours = QUICK_HOURS if args.quick and args.hours is None else args.hours
+        cal = _preamble(names)
+        wall = time.monotonic()
+        results = _simulate_all(jobs_for(names, seeds, hours), args.jobs)
+        elapsed = time.monotonic() - wall
+    table = aggregate(results, names)
+    print_table(table, names)
+    verdicts = check(table, names)
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "replicas": REPLICAS,
+        "traces": names,
+        "seeds": seeds,
+        "hours": hours,
+        "settings": settings_for("").model_dump(by_alias=True),
+        "elapsed_seconds": round(elapsed, 1),
+        "calibration": cal,
+        "summary": table,
+        "results": results,
+        "targets": verdicts,
+    }
+    out = OUT_DIR / f"{args.out}.json"
+    out.write_text(json.dumps(payload, indent=1, default=str))
+    plot(results, table, names, OUT_DIR / f"{args.out}.png")
+    print(f"wrote {out} and .png; simulating took {elapsed:.0f}s")
+    return 0 if all(v["met"] for v in verdicts) else 1
+
+
+def _preamble(names: Sequence[str]) -> dict[str, float]:
     for n in names:
-        cfg = settings_for(n)
-        print(
-            f"{n}: {traces.TRACES[n].description}; AdaptiveSettings "
-            f"{cfg.model_dump(by_alias=True, exclude={'prometheus'})}",
-            flush=True,
-        )
+        print(f"{n}: {traces.TRACES[n].description}", flush=True)
+    print(f"AdaptiveSettings {settings_for('').model_dump(by_alias=True, exclude={'prometheus'})}")
     cal = calibration()
     print(
         "calibration, one replica (published: streaming TTFT ~0.32 s, 4.1 req/s; batching "
         "7.2 req/s at 13 clients): " + ", ".join(f"{k} {v:.2f}" for k, v in cal.items()),
         flush=True,
     )
-    # The oracle jobs are the slow ones: start them first.
-    jobs = sorted(
-        ((n, p, args.seed, args.hours) for n in names for p in policies),
-        key=lambda j: (j[1] != "oracle", j[0] != "diurnal"),
-    )
+    return cal
+
+
+def _simulate_all(jobs: Sequence[tuple[str, str, str, int, float | None]], workers: int) -> list:
     wall = time.monotonic()
     results: list[dict] = []
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        for future in as_completed([pool.submit(_job, job) for job in jobs]):
+    with ProcessPoolExecutor(max_workers=workers) as executor:
+        for future in as_completed([executor.submit(_job, job) for job in jobs]):
             res = future.result()
+            if res["trace"] != "diurnal":
+                del res["timeline"]  # only the diurnal one is plotted
             results.append(res)
             print(
-                f"  [{time.monotonic() - wall:6.1f}s] {res['trace']:<16} {res['policy']:<14} "
+                f"  [{time.monotonic() - wall:6.1f}s] {res['trace']:<20} s{res['seed']} "
+                f"{label(res['policy']):<14} {res['routing']:<7} "
                 f"goodput {res['goodput']:.2f} req/s ({res['wall_seconds']}s)",
                 flush=True,
             )
-    elapsed = time.monotonic() - wall
-    results.sort(key=lambda r: (names.index(r["trace"]), policies.index(r["policy"])))
-    print_table(results)
-    verdicts = check(results, names, policies)
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "replicas": REPLICAS,
-        "settings": {n: settings_for(n).model_dump(by_alias=True) for n in names},
-        "elapsed_seconds": round(elapsed, 1),
-        "calibration": cal,
-        "results": results,
-        "targets": verdicts,
+    return results
+
+
+def _merged(paths: Sequence[str]) -> tuple[list[dict], list[str], list[int], float]:
+    """Results, traces and seeds of earlier runs' JSON (each trace keeps the seeds it ran)."""
+    results: list[dict] = []
+    names: list[str] = []
+    seeds: list[int] | None = None
+    elapsed = 0.0
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        if data.get("hours") is not None:
+            raise SystemExit(f"{path}: its traces were cut to {data['hours']} h")
+        seeds = sorted({*(seeds or []), *data["seeds"]})
+        names += [n for n in data["traces"] if n not in names]
+        results += data["results"]
+        elapsed += data["elapsed_seconds"]
+        print(f"{path}: {', '.join(data['traces'])}; seeds {data['seeds']}")
+    return results, names, seeds or [], elapsed
+
+
+def allowed_fixed(cfg: AdaptiveSettings | None = None) -> list[str]:
+    """The fixed splits minStreamingReplicas allows."""
+    cfg = cfg or AdaptiveSettings()
+    return [f"fixed-{k}" for k in range(REPLICAS - cfg.min_streaming_replicas + 1)]
+
+
+def aggregate(results: Sequence[dict], names: Sequence[str]) -> dict:
+    """Per trace and seed run: goodputs, the best allowed fixed split, the oracle."""
+    by = {(r["trace"], r["seed"], r["policy"], r["routing"]): r["goodput"] for r in results}
+    flips = {
+        (r["trace"], r["seed"]): r["max_flips_per_replica_per_cooldown"]
+        for r in results
+        if r["policy"] == "adaptive" and r["routing"] == "router"
     }
-    (OUT_DIR / "policy_goodput.json").write_text(json.dumps(payload, indent=1))
-    plot(results, names, policies)
-    print(f"wrote {OUT_DIR / 'policy_goodput.json'} and .png; benchmark took {elapsed:.0f}s")
-    return 0 if all(v["pass"] for v in verdicts) else 1
+    allowed = allowed_fixed()
+    cells: list[dict] = []
+    for n in names:
+        for s in sorted({r["seed"] for r in results if r["trace"] == n}):
+            on = {p: by[(n, s, p, "router")] for p in POLICIES if (n, s, p, "router") in by}
+            off = {p: by[(n, s, p, "random")] for p in POLICIES if (n, s, p, "random") in by}
+            best_fixed = max(allowed, key=lambda p: on[p])
+            oracle_from = max(
+                (p for p in (*FIXED, "naive", "greedy") if p in on), key=lambda p: on[p]
+            )
+            cells.append(
+                {
+                    "trace": n,
+                    "seed": s,
+                    "router": on,
+                    "random": off,
+                    "best_fixed": best_fixed,
+                    "best_fixed_goodput": on[best_fixed],
+                    "oracle": on[oracle_from],
+                    "oracle_from": oracle_from,
+                    "adaptive_max_flips_per_cooldown": flips.get((n, s)),
+                }
+            )
+    return {"cells": cells, "allowed_fixed": allowed}
 
 
-def print_table(results: Sequence[dict]) -> None:
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else (1.0 if a >= b else 0.0)
+
+
+def ratios(table: dict, policy: str) -> list[float]:
+    """The policy's goodput / best allowed fixed split, per trace-seed (router on)."""
+    return [_ratio(c["router"][policy], c["best_fixed_goodput"]) for c in table["cells"]]
+
+
+def print_table(table: dict, names: Sequence[str]) -> None:
+    cells = table["cells"]
     head = (
-        f"{'trace':<16}{'policy':<14}{'goodput':>9}{'SLO%':>7}{'chat%':>7}{'batch%':>7}"
-        f"{'TTFT p50':>9}{'TTFT p95':>9}{'thru':>7}{'rej':>7}{'flips':>6}{'f/r/cd':>7}"
-        f"{'max/cd':>7}"
+        f"{'trace':<21}{'policy':<14}{'router':>8}{'worst':>8}{'random':>8}{'on-off':>8}"
+        f"{'%best':>7}{'%worst':>7}"
     )
-    print()
+    print(
+        "\ngoodput in req/s, mean over seeds (worst seed); %best: mean goodput / the best "
+        "allowed fixed split of the same trace-seed; %worst: its lowest"
+    )
     print(head)
     print("-" * len(head))
-    for r in results:
-        print(
-            f"{r['trace']:<16}{r['policy']:<14}{r['goodput']:>9.2f}"
-            f"{100 * r['slo_attainment']:>7.1f}{100 * r['chat_attainment']:>7.1f}"
-            f"{100 * r['batch_attainment']:>7.1f}{_fmt(r['ttft_p50'], 's'):>9}"
-            f"{_fmt(r['ttft_p95'], 's'):>9}{r['throughput']:>7.2f}{r['rejected']:>7}"
-            f"{r['flips']:>6}{r['flips_per_replica_per_cooldown']:>7.2f}"
-            f"{r['max_flips_per_replica_per_cooldown']:>7}"
-        )
-    print(
-        "goodput/thru in req/s; TTFT of chats (client-visible); f/r/cd: flips per replica per "
-        "cooldown (mean); max/cd: most flips of one replica within any cooldown window"
-    )
-
-
-def check(results: Sequence[dict], names: Sequence[str], policies: Sequence[str]) -> list[dict]:
-    by = {(r["trace"], r["policy"]): r for r in results}
-    verdicts: list[dict] = []
-
-    def verdict(target: str, ok: bool, detail: str) -> None:
-        verdicts.append({"target": target, "pass": ok, "detail": detail})
-        print(f"{'PASS' if ok else 'FAIL'}: {target}: {detail}")
-
-    print()
-    if "adaptive" not in policies:
-        return verdicts
     for n in names:
-        ad = by[(n, "adaptive")]["goodput"]
-        others = {p: by[(n, p)]["goodput"] for p in policies if p not in ("adaptive", "oracle")}
-        if others:
-            best_p = max(others, key=lambda p: others[p])
-            verdict(
-                f"{n}: adaptive has the highest non-oracle goodput",
-                ad >= others[best_p],
-                f"adaptive {ad:.3f} vs best other {best_p} {others[best_p]:.3f} req/s"
-                + (" (a tie: the same moves)" if ad == others[best_p] else ""),
+        mine = [c for c in cells if c["trace"] == n]
+        for p in POLICIES:
+            on = [c["router"][p] for c in mine if p in c["router"]]
+            if not on:
+                continue
+            off = [c["random"][p] for c in mine if p in c["random"]]
+            rs = [_ratio(c["router"][p], c["best_fixed_goodput"]) for c in mine]
+            off_txt = f"{_mean(off):>8.2f}{_mean(on) - _mean(off):>+8.2f}" if off else " " * 16
+            print(
+                f"{n:<21}{label(p):<14}{_mean(on):>8.2f}{min(on):>8.2f}{off_txt}"
+                f"{100 * _mean(rs):>7.1f}{100 * min(rs):>7.1f}"
             )
-        if "oracle" in policies and traces.TRACES[n].judged_within_oracle:
-            orc = by[(n, "oracle")]["goodput"]
-            verdict(
-                f"{n}: adaptive within 10% of the oracle",
-                ad >= 0.9 * orc,
-                f"adaptive {ad:.3f} = {100 * ad / orc:.1f}% of oracle {orc:.3f} req/s",
-            )
-    if "noise" in names:
-        r = by[("noise", "adaptive")]
-        verdict(
-            "noise: at most one flip per replica per cooldown",
-            r["max_flips_per_replica_per_cooldown"] <= 1,
-            f"max {r['max_flips_per_replica_per_cooldown']} flips of one replica within "
-            f"{settings_for('noise').cooldown_seconds}s; mean "
-            f"{r['flips_per_replica_per_cooldown']:.2f} per replica per cooldown",
+        bests = ", ".join(f"s{c['seed']} {label(c['best_fixed'])}" for c in mine)
+        oracles = ", ".join(
+            f"s{c['seed']} {c['oracle']:.2f} ({label(c['oracle_from'])})" for c in mine
         )
+        print(f"{'':<21}best allowed fixed split: {bests}")
+        print(f"{'':<21}oracle: {oracles}")
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+class Verdicts(list[dict]):
+    """The targets' verdicts, printed as they are given."""
+
+    def add(self, target: str, value: float, bar: float, detail: str, beats: bool = False) -> None:
+        """value >= bar: PASS, FAIL or TIE; a tie meets an "at least" target, never a "beats"."""
+        if math.isclose(value, bar, rel_tol=1e-9, abs_tol=1e-12):
+            result, met = "TIE", not beats
+        else:
+            result, met = ("PASS", True) if value > bar else ("FAIL", False)
+        self.append({"target": target, "verdict": result, "met": met, "detail": detail})
+        print(f"{result}: {target}: {detail}")
+
+
+def check(table: dict, names: Sequence[str]) -> list[dict]:
+    """The targets of issues 13 and 14, each PASS, FAIL or TIE (see the module docstring)."""
+    cells = table["cells"]
+    verdicts = Verdicts()
+    print()
+    ad = ratios(table, "adaptive")
+    worst_cell = cells[ad.index(min(ad))]
+    vs_oracle = [_ratio(c["router"]["adaptive"], c["oracle"]) for c in cells]
+    verdicts.add(
+        "regret: adaptive >= 95% of the best allowed fixed split on average",
+        _mean(ad),
+        0.95,
+        f"{100 * _mean(ad):.1f}%",
+    )
+    verdicts.add(
+        "regret: adaptive >= 90% of the best allowed fixed split on the worst trace-seed",
+        min(ad),
+        0.90,
+        f"{100 * min(ad):.1f}% on {worst_cell['trace']} seed {worst_cell['seed']}",
+    )
+    verdicts.add(
+        "regret: adaptive >= 90% of the oracle on average",
+        _mean(vs_oracle),
+        0.90,
+        f"{100 * _mean(vs_oracle):.1f}%",
+    )
+    for p in (*FIXED, "naive"):
+        worst = min(ratios(table, p))
+        verdicts.add(
+            f"no static answer: adaptive's worst case beats {label(p)}'s by >= 10 points",
+            min(ad) - worst,
+            0.10,
+            f"{label(p)} worst {100 * worst:.1f}% vs adaptive worst {100 * min(ad):.1f}%",
+            beats=True,
+        )
+    _check_router_and_oracle(verdicts, cells, names)
     return verdicts
 
 
-def plot(results: Sequence[dict], names: Sequence[str], policies: Sequence[str]) -> None:
+def _check_router_and_oracle(
+    verdicts: Verdicts, cells: Sequence[dict], names: Sequence[str]
+) -> None:
+    for n in names:
+        mine = [c for c in cells if c["trace"] == n]
+        for p in (*FIXED, "naive", "adaptive"):
+            on = _mean([c["router"][p] for c in mine])
+            off = _mean([c["random"][p] for c in mine])
+            verdicts.add(
+                f"{n}: router on >= off for {label(p)}",
+                on,
+                off,
+                f"{on:.3f} vs {off:.3f} req/s (router on, random)",
+            )
+    noise = [c["adaptive_max_flips_per_cooldown"] for c in cells if c["trace"] == "noise"]
+    if noise:
+        verdicts.add(
+            "noise: adaptive flips each replica at most once per cooldown",
+            -max(noise),
+            -1.5,  # a count: at most 1 passes
+            f"at most {max(noise)} flips of one replica within any cooldown window",
+        )
+    short = [
+        f"{c['trace']} s{c['seed']} {label(p)}"
+        for c in cells
+        for p in (*FIXED, "naive")
+        if c["router"][p] > c["oracle"]
+    ]
+    verdicts.add(
+        "the oracle >= every baseline on every trace-seed",
+        -len(short),
+        -0.5,  # a count: none short passes, any fails
+        ", ".join(short) or f"{len(cells)} trace-seeds checked",
+    )
+
+
+def plot(results: Sequence[dict], table: dict, names: Sequence[str], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    by = {(r["trace"], r["policy"]): r for r in results}
-    fig, axes = plt.subplots(2, 1, figsize=(11, 8))
+    fig, axes = plt.subplots(2, 1, figsize=(13, 8))
     ax = axes[0]
-    width = 0.8 / len(policies)
-    for i, p in enumerate(policies):
+    shown = (*FIXED, "naive", "adaptive", "greedy")
+    width = 0.8 / len(shown)
+    for i, p in enumerate(shown):
         xs = [j + i * width for j in range(len(names))]
-        ax.bar(xs, [by[(n, p)]["slo_attainment"] * 100 for n in names], width, label=p)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names)
-    ax.set_ylabel("SLO attainment %")
-    ax.set_title(f"Policy goodput, {REPLICAS} replicas (sim latency model)")
-    ax.set_ylim(0, 118)
-    ax.legend(ncol=len(policies), fontsize=8, loc="upper center")
+        ys = [
+            100
+            * _mean(
+                [
+                    _ratio(c["router"][p], c["best_fixed_goodput"])
+                    for c in table["cells"]
+                    if c["trace"] == n
+                ]
+            )
+            for n in names
+        ]
+        ax.bar(xs, ys, width, label=label(p))
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names, fontsize=7)
+    ax.set_ylabel("% of the best allowed fixed split")
+    ax.set_title(f"Policy goodput, {REPLICAS} replicas, router on (sim latency model)")
+    ax.legend(ncol=len(shown), fontsize=7, loc="upper center")
     ax = axes[1]
-    if "diurnal" in names:
-        for p in ("naive", "adaptive", "oracle"):
-            if (("diurnal", p)) in by:
-                tl = by[("diurnal", p)]["timeline"]
-                ax.step([x[0] / 3600 for x in tl], [x[1] for x in tl], where="post", label=p)
-        rate = traces.rates(traces.TRACES["diurnal"], REPLICAS)
-        ax2 = ax.twinx()
-        ax2.plot([i / 3600 for i in range(0, len(rate), 60)], rate[::60], color="grey", lw=0.8)
-        ax2.set_ylabel("offered req/s (grey)")
-        ax.set_xlabel("hour of the diurnal trace")
-        ax.set_ylabel("replicas batching")
+    seed = table["cells"][0]["seed"] if table["cells"] else 0
+    for r in results:
+        if (
+            r["trace"] == "diurnal"
+            and r["routing"] == "router"
+            and r["seed"] == seed
+            and r["policy"] in ("naive", "adaptive", "greedy")
+        ):
+            tl = r["timeline"]
+            ax.step([x[0] / 3600 for x in tl], [x[1] for x in tl], where="post", label=r["policy"])
+    ax.set_xlabel("hour of the diurnal trace")
+    ax.set_ylabel("replicas batching")
+    if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(OUT_DIR / "policy_goodput.png", dpi=110)
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,14 @@ seconds to minutes instead of a day.
 
 Memory is `autoglm_runtime.sim.model.MemoryModel` (what the sim reports as autoglm_gpu_memory_*).
 
+Routing is the router's own `autoglm_router.routing.decide` (`routing="router"`): each request's
+features as `autoglm_router.features` would read them (a streamed chat or other, no session or
+prefix key since the sim models no prefix cache, cost from its prompt), the pool state from the
+replicas (mode, the requests the router has open on each and their summed cost, the modes' caps;
+no replica is draining, flips are in place), and one retry elsewhere on a full queue as the proxy
+does (`routing.retry_route`). `routing="random"` sends each request to a uniformly random replica:
+what clients get from the plain Service with the router off.
+
 Nothing here does I/O; `policy_goodput.py` drives it.
 """
 
@@ -23,33 +31,41 @@ from __future__ import annotations
 import copy
 import heapq
 import math
+import random
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
+from autoglm_router import routing
+from autoglm_router.features import (
+    IMAGE_PREFILL_TOKENS,
+    TOKENS_PER_LOAD_UNIT,
+    KeyKind,
+    RequestFeatures,
+    TrafficClass,
+)
 from autoglm_runtime.profiles import Mode, ModeProfile, ModeProfiles
 from autoglm_runtime.requests import DEFAULT_PRIORITY, STREAM_PRIORITY
 from autoglm_runtime.sim.model import IMAGE_TOKENS, LatencyModel, MemoryModel
 
 CHAT = 0  # interactive, streamed; SLO on time to first visible token
 BATCH = 1  # batch job, not streamed; SLO on completion time
+ROUTINGS = ("router", "random")
+Arrival = tuple[float, int] | tuple[float, int, int]  # (time, kind[, shape])
 
 
 @dataclass(frozen=True)
 class Workload:
-    """Request shapes: the calibration workload of the sim model (see its docstring)."""
+    """Request shapes and SLOs; shape 0 is the calibration workload of the sim model."""
 
-    text_tokens: int = 60
-    images: int = 1
     chat_output_tokens: int = 64
     batch_output_tokens: int = 40
     chat_ttft_slo: float = 0.5
+    chat_tpot_slo: float = 0.1
     batch_e2e_slo: float = 30.0
-
-    @property
-    def prompt_tokens(self) -> int:
-        return self.text_tokens + IMAGE_TOKENS * self.images
+    # Per-request shapes (text tokens, images), indexed by an arrival's third item.
+    shapes: tuple[tuple[int, int], ...] = ((60, 1),)
 
 
 @dataclass(frozen=True)
@@ -70,6 +86,11 @@ class Req:
     target: int
     prio: int = 0
     visible: int = 1  # the token whose arrival the client sees first (SSE coalescing)
+    prompt: int = 316  # prompt tokens (text + image placeholders)
+    images: int = 1
+    cost: float = 1.0  # the router's load units (RequestFeatures.cost)
+    replica: int = -1  # where it was routed (the router's open-request books)
+    shape: int = 0
     prefilled: int = 0
     first_token: float = -1.0  # client-visible first token
     done: float = -1.0
@@ -83,6 +104,7 @@ class Outcome:
     ttft: float  # -1 when never seen (rejected or unfinished)
     e2e: float  # -1 when not finished
     met: bool
+    tpot: float = -1.0  # chats: seconds per output token after the first visible one
 
 
 # Event kinds.
@@ -118,6 +140,24 @@ class Replica:
         self.step_count = 0  # steps in the current jump (1 for a step with prefill)
         self.step_plan: list[tuple[Req, int]] = []
         self.step_prefill_tokens = 0
+        # the router's books: requests it has open here and their summed cost
+        self.open = 0
+        self.open_cost = 0.0
+        self._state: routing.ReplicaState | None = None  # rebuilt when the books change
+
+    def router_state(self) -> routing.ReplicaState:
+        """What the router knows of this replica (autoglm_router.routing.ReplicaState)."""
+        if self._state is None:
+            self._state = routing.ReplicaState(
+                self.name, self.mode, inflight=self.open, load=self.open_cost
+            )
+        return self._state
+
+    def book(self, req: Req, sign: int) -> None:
+        """The router opens (+1) or closes (-1) a request on this replica."""
+        self.open += sign
+        self.open_cost += sign * req.cost
+        self._state = None
 
     @property
     def running(self) -> int:
@@ -134,19 +174,30 @@ class Replica:
         return self.inflight < self.profile.max_concurrency and not self.queue
 
 
+def routing_config(profiles: ModeProfiles) -> routing.RoutingConfig:
+    """The router's defaults, with the modes' caps from the profiles the replicas run."""
+    return routing.RoutingConfig(
+        caps={mode: profiles.for_mode(mode).max_concurrency for mode in Mode}
+    )
+
+
 class Pool:
     """The replicas, the router and the event loop; `run_until` advances simulated time."""
 
     def __init__(
         self,
         modes: Sequence[Mode],
-        arrivals: Sequence[tuple[float, int]],
+        arrivals: Sequence[Arrival],
         *,
         profiles: ModeProfiles | None = None,
         env: EngineEnvelope | None = None,
         workload: Workload | None = None,
         track_metrics: bool = True,
+        routing: str = "router",
+        seed: int = 1,
     ) -> None:
+        if routing not in ROUTINGS:
+            raise ValueError(f"routing must be one of {ROUTINGS}, got {routing!r}")
         self.profiles = profiles or ModeProfiles()
         self.env = env or EngineEnvelope()
         self.workload = workload or Workload()
@@ -162,7 +213,14 @@ class Pool:
         self.ttfts: deque[tuple[float, float]] = deque()  # (time, engine TTFT) for the histogram
         lat = self.env.latency
         w = self.workload
-        self.t_pre = lat.preprocess_seconds(w.prompt_tokens, w.images)
+        self.routing = routing
+        self.rng = random.Random(seed)
+        self.route_config = routing_config(self.profiles)
+        self._features: dict[tuple[int, float], RequestFeatures] = {}
+        self.t_pre = [
+            lat.preprocess_seconds(text + IMAGE_TOKENS * images, images)
+            for text, images in w.shapes
+        ]
 
     # --- cloning (the oracle's hindsight) ---------------------------------------------------
 
@@ -182,6 +240,7 @@ class Pool:
         if replica.mode is mode:
             return
         replica.mode = mode
+        replica._state = None
         replica.profile = p = self.profiles.for_mode(mode)
         # As AdmissionController.set_profile: release a held group the new profile would not hold.
         if p.batch_window_millis == 0 or len(replica.group) >= p.batch_size:
@@ -204,10 +263,10 @@ class Pool:
             if t_arr <= t_ev:
                 if t_arr >= end:
                     break
-                t, kind = arr[self.next_arrival]
+                item = arr[self.next_arrival]
                 self.next_arrival += 1
-                self.now = t
-                self._arrive(t, kind, self.next_arrival)
+                self.now = t = item[0]
+                self._arrive(t, item[1], self.next_arrival, item[2] if len(item) > 2 else 0)
                 continue
             if t_ev >= end:
                 break
@@ -232,46 +291,72 @@ class Pool:
 
     # --- router -------------------------------------------------------------------------------
 
-    def route(self, kind: int) -> Replica:
-        """The routing assumption (see policy_goodput.py): class-preferred pool, least loaded."""
-        reps = self.replicas
-        preferred = Mode.STREAMING if kind == CHAT else Mode.BATCHING
-        pool = [r for r in reps if r.mode is preferred]
-        if not pool:
-            return min(reps, key=Replica.load)
-        best = min(pool, key=Replica.load)
-        if kind == BATCH or best.free_slot():
-            return best
-        # Chats spill over when every streaming replica is full: the least loaded replica of
-        # all, streaming first on ties.
-        return min(reps, key=lambda r: (r.load(), r.mode is not Mode.STREAMING))
+    def route(self, req: Req, tried: Sequence[int] = ()) -> Replica | None:
+        """The router's decision for `req` (see the module docstring); None: refused."""
+        if self.routing == "random":
+            return None if tried else self.rng.choice(self.replicas)
+        features = self._features.get((req.kind, req.cost))
+        if features is None:
+            features = RequestFeatures(
+                TrafficClass.STREAMED_CHAT if req.kind == CHAT else TrafficClass.OTHER,
+                None,
+                KeyKind.NONE,
+                req.cost,
+            )
+            self._features[(req.kind, req.cost)] = features
+        states = [r.router_state() for r in self.replicas]
+        if tried:
+            names = [self.replicas[i].name for i in tried]
+            route = routing.retry_route(
+                routing.Failure.QUEUE_FULL, features, states, self.route_config, names
+            )
+        else:
+            decided = routing.decide(features, states, self.route_config)
+            route = decided if isinstance(decided, routing.Route) else None
+        return None if route is None else self.replicas[int(route.replica.rsplit("-", 1)[1])]
 
     # --- middleware ---------------------------------------------------------------------------
 
-    def _arrive(self, t: float, kind: int, rid: int) -> None:
+    def _arrive(self, t: float, kind: int, rid: int, shape: int = 0) -> None:
         w = self.workload
-        replica = self.route(kind)
-        p = replica.profile
         stream = kind == CHAT
-        prio = (STREAM_PRIORITY if stream else DEFAULT_PRIORITY) if p.prioritize_streams else 0
-        coalesce = p.stream_coalesce_chunks if stream else 1
+        text, images = w.shapes[shape]
+        prompt = text + IMAGE_TOKENS * images
+        cost = 1.0 + (text + images * IMAGE_PREFILL_TOKENS) / TOKENS_PER_LOAD_UNIT
+        target = w.chat_output_tokens if stream else w.batch_output_tokens
+        req = Req(kind, t, rid, target, prompt=prompt, images=images, cost=cost, shape=shape)
+        tried: list[int] = []
+        while (replica := self.route(req, tried)) is not None:
+            tried.append(replica.index)
+            if self._offer(replica, req, t):
+                return
+        self._reject(req)
+
+    def _offer(self, replica: Replica, req: Req, t: float) -> bool:
+        """The replica's middleware takes `req` (admitted or queued); False: queue full (429)."""
+        p = replica.profile
+        stream = req.kind == CHAT
+        if len(replica.queue) >= p.max_queue and not (
+            replica.inflight < p.max_concurrency and not replica.queue
+        ):
+            return False
+        req.prio = (STREAM_PRIORITY if stream else DEFAULT_PRIORITY) if p.prioritize_streams else 0
         # vLLM's first streamed event carries only the role; the coalescer flushes after
         # `coalesce` events, so the client sees token `coalesce - 1` first (token 1 if off).
-        visible = max(1, coalesce - 1)
-        target = w.chat_output_tokens if stream else w.batch_output_tokens
-        req = Req(kind, t, rid, target, prio, visible)
+        req.visible = max(1, (p.stream_coalesce_chunks if stream else 1) - 1)
+        req.replica = replica.index
+        replica.book(req, +1)
         if replica.inflight < p.max_concurrency and not replica.queue:
             replica.inflight += 1
             self._admitted(replica, req, t)
-        elif len(replica.queue) >= p.max_queue:
-            self._reject(req)
         else:
-            heapq.heappush(replica.queue, (prio, rid, req))
+            heapq.heappush(replica.queue, (req.prio, req.rid, req))
+        return True
 
     def _admitted(self, replica: Replica, req: Req, t: float) -> None:
         p = replica.profile
         if p.batch_window_millis == 0 or p.batch_size <= 1:
-            self._push(t + self.t_pre, _PRE_DONE, (req, replica))
+            self._push(t + self.t_pre[req.shape], _PRE_DONE, (req, replica))
             return
         replica.group.append(req)
         if len(replica.group) >= p.batch_size:
@@ -285,9 +370,8 @@ class Pool:
         replica.group_timer = False
         replica.group_version += 1
         group, replica.group = replica.group, []
-        ready = self.now + self.t_pre
         for req in group:
-            self._push(ready, _PRE_DONE, (req, replica))
+            self._push(self.now + self.t_pre[req.shape], _PRE_DONE, (req, replica))
 
     def _wake(self, replica: Replica) -> None:
         cap = replica.profile.max_concurrency
@@ -318,7 +402,14 @@ class Pool:
 
     def _reject(self, req: Req) -> None:
         req.rejected = True
+        self._close(req)
         self.outcomes.append(Outcome(req.kind, req.arrival, -1.0, -1.0, False))
+
+    def _close(self, req: Req) -> None:
+        """The response ended: off the router's books."""
+        if req.replica >= 0:
+            self.replicas[req.replica].book(req, -1)
+            req.replica = -1
 
     # --- engine -------------------------------------------------------------------------------
 
@@ -342,20 +433,19 @@ class Pool:
         budget = env.max_num_batched_tokens - b
         plan: list[tuple[Req, int]] = []
         images = 0
-        prompt = self.workload.prompt_tokens
         for req in replica.prefilling:
             if budget <= 0:
                 break
-            chunk = min(budget, prompt - req.prefilled)
+            chunk = min(budget, req.prompt - req.prefilled)
             plan.append((req, chunk))
             budget -= chunk
         while replica.waiting and len(replica.prefilling) + b < env.max_num_seqs and budget > 0:
             _, _, req = heapq.heappop(replica.waiting)
             replica.prefilling.append(req)
-            chunk = min(budget, prompt)
+            chunk = min(budget, req.prompt)
             plan.append((req, chunk))
             budget -= chunk
-            images += self.workload.images
+            images += req.images
         replica.step_version += 1
         replica.step_start = t
         if plan:
@@ -392,7 +482,7 @@ class Pool:
             self._finish(replica, req, start + (c - c0) * length)
         for req, chunk in replica.step_plan:
             req.prefilled += chunk
-            if req.prefilled >= self.workload.prompt_tokens:
+            if req.prefilled >= req.prompt:
                 replica.prefilling.remove(req)
                 # First token at the end of the step that finished its prefill.
                 if self.track_metrics:
@@ -411,13 +501,17 @@ class Pool:
     def _finish(self, replica: Replica, req: Req, t: float) -> None:
         req.done = t
         w = self.workload
+        tpot = -1.0
         if req.kind == CHAT:
             ttft = req.first_token - req.arrival
-            met = ttft <= w.chat_ttft_slo
+            later = req.target - req.visible
+            tpot = (t - req.first_token) / later if later > 0 else 0.0
+            met = ttft <= w.chat_ttft_slo and tpot <= w.chat_tpot_slo
         else:
             ttft = -1.0
             met = t - req.arrival <= w.batch_e2e_slo
-        self.outcomes.append(Outcome(req.kind, req.arrival, ttft, t - req.arrival, met))
+        self._close(req)
+        self.outcomes.append(Outcome(req.kind, req.arrival, ttft, t - req.arrival, met, tpot))
         if self.track_metrics:
             self.completions.append(t)
         # The middleware releases the slot when the response ends.

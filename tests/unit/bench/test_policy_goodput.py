@@ -13,9 +13,11 @@ BENCH = Path(__file__).resolve().parents[3] / "bench"
 sys.path[:0] = [str(BENCH), str(BENCH / "traces")]
 
 import policy_goodput as bench  # noqa: E402
+import policy_sim  # noqa: E402
 import policy_traces as traces  # noqa: E402
-from policy_sim import BATCH, CHAT, Pool  # noqa: E402
+from policy_sim import BATCH, CHAT, Pool, Workload  # noqa: E402
 
+from autoglm_router import routing  # noqa: E402
 from autoglm_runtime.profiles import Mode  # noqa: E402
 
 
@@ -33,8 +35,8 @@ def _poisson(
         i += 1
 
 
-def _run(modes, arrivals, seconds):
-    pool = Pool(modes, arrivals)
+def _run(modes, arrivals, seconds, **kwargs):
+    pool = Pool(modes, arrivals, **kwargs)
     pool.run_until(seconds)
     pool.drain(120)
     outcomes = pool.outcomes + [
@@ -97,3 +99,135 @@ def test_adaptive_runs_the_operator_policy_and_flips_under_overload() -> None:
 def test_traces_are_deterministic() -> None:
     trace = traces.TRACES["flash-crowd"]
     assert traces.arrivals(trace, 4, seed=5) == traces.arrivals(trace, 4, seed=5)
+
+
+def test_routing_is_the_routers_own_decide(monkeypatch: pytest.MonkeyPatch) -> None:
+    decided: list[str] = []
+    real_decide = routing.decide
+
+    def spy(features, replicas, config, exclude=()):
+        route = real_decide(features, replicas, config, exclude)
+        decided.append(route.replica)
+        return route
+
+    monkeypatch.setattr(policy_sim.routing, "decide", spy)
+    modes = [Mode.STREAMING, Mode.STREAMING, Mode.BATCHING, Mode.BATCHING]
+    arrivals = _poisson(6.0, 60, kind_of=lambda i: CHAT if i % 2 else BATCH)
+    placed: list[int] = []
+    real_offer = Pool._offer
+
+    def offer(self, replica, req, t):
+        placed.append(replica.index)
+        return real_offer(self, replica, req, t)
+
+    monkeypatch.setattr(Pool, "_offer", offer)
+    _run(modes, arrivals, 60)
+    assert len(decided) == len(arrivals)
+    assert [f"replica-{i}" for i in placed] == decided
+    # The router's rule 1 at light load: chats on streaming replicas, batch jobs on batching.
+    kinds = [k for _, k in arrivals]
+    assert {placed[i] for i, k in enumerate(kinds) if k == CHAT} <= {0, 1}
+    assert {placed[i] for i, k in enumerate(kinds) if k == BATCH} <= {2, 3}
+
+
+def test_random_routing_ignores_modes_and_spreads_evenly(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(*args, **kwargs):
+        raise AssertionError("random routing must not use the router")
+
+    monkeypatch.setattr(policy_sim.routing, "decide", fail)
+    placed: list[int] = []
+    real_offer = Pool._offer
+
+    def offer(self, replica, req, t):
+        placed.append(replica.index)
+        return real_offer(self, replica, req, t)
+
+    monkeypatch.setattr(Pool, "_offer", offer)
+    arrivals = _poisson(8.0, 120)  # chats only: the router would keep them off batching
+    _run([Mode.STREAMING, Mode.BATCHING] * 2, arrivals, 120, routing="random")
+    assert len(placed) == len(arrivals)
+    shares = [placed.count(i) / len(placed) for i in range(4)]
+    assert all(0.2 <= share <= 0.3 for share in shares), shares
+    with pytest.raises(ValueError, match="routing must be one of"):
+        Pool([Mode.STREAMING], arrivals, routing="gateway")
+
+
+def test_a_chat_that_streams_too_slowly_misses() -> None:
+    arrivals = _poisson(1.0, 60)
+    _, fine = _run([Mode.STREAMING], arrivals, 60)
+    _, slow = _run([Mode.STREAMING], arrivals, 60, workload=Workload(chat_tpot_slo=0.005))
+    assert fine["chat_attainment"] == 1.0
+    assert slow["chat_attainment"] == 0.0  # first tokens in time, later ones too slow
+
+
+def test_oracle_is_at_least_every_baseline_on_a_tiny_trace() -> None:
+    results = [bench.simulate(*job) for job in bench.jobs_for(["flash-crowd"], [1], hours=0.2)]
+    assert {r["policy"] for r in results} == set(bench.POLICIES)
+    assert {r["routing"] for r in results if r["policy"] != "greedy"} == {"router", "random"}
+    table = bench.aggregate(results, ["flash-crowd"])
+    (cell,) = table["cells"]
+    for p in (*bench.FIXED, "naive", "greedy"):
+        assert cell["oracle"] >= cell["router"][p]
+    assert table["allowed_fixed"] == ["fixed-0", "fixed-1", "fixed-2", "fixed-3"]
+    assert cell["best_fixed"] in table["allowed_fixed"]
+    verdicts = bench.check(table, ["flash-crowd"])
+    oracle_check = verdicts[-1]
+    assert oracle_check["target"].startswith("the oracle")
+    assert (oracle_check["verdict"], oracle_check["met"]) == ("PASS", True)
+
+
+def _cell(seed: int, router: dict[str, float], random: dict[str, float]) -> dict:
+    allowed = ["fixed-0", "fixed-1", "fixed-2", "fixed-3"]
+    best = max(allowed, key=lambda p: router[p])
+    oracle = max(router[p] for p in (*bench.FIXED, "naive", "greedy"))
+    return {
+        "trace": "t",
+        "seed": seed,
+        "router": router,
+        "random": random,
+        "best_fixed": best,
+        "best_fixed_goodput": router[best],
+        "oracle": oracle,
+        "oracle_from": best,
+    }
+
+
+def test_ties_are_printed_as_ties_and_never_pass_a_beats_target(capsys) -> None:
+    # Adaptive's worst ratio is 1.0; fixed-3 sits exactly 10 points below (0.9): a tie.
+    router = {
+        "fixed-0": 10.0,
+        "fixed-1": 5.0,
+        "fixed-2": 4.0,
+        "fixed-3": 9.0,
+        "fixed-4": 1.0,
+        "naive": 10.0,
+        "adaptive": 10.0,
+        "greedy": 10.0,
+    }
+    random = dict(router)
+    table = {"cells": [_cell(1, router, random)], "allowed_fixed": bench.allowed_fixed()}
+    verdicts = {v["target"]: v for v in bench.check(table, ["t"])}
+    tie = verdicts["no static answer: adaptive's worst case beats fixed-3's by >= 10 points"]
+    assert (tie["verdict"], tie["met"]) == ("TIE", False)
+    naive = verdicts["no static answer: adaptive's worst case beats naive's by >= 10 points"]
+    assert (naive["verdict"], naive["met"]) == ("FAIL", False)
+    on_off = verdicts["t: router on >= off for adaptive"]
+    assert (on_off["verdict"], on_off["met"]) == ("TIE", True)  # ">=": a tie meets it
+    assert "TIE: no static answer: adaptive's worst case beats fixed-3's" in capsys.readouterr().out
+
+
+def test_new_traces_change_mix_and_shapes() -> None:
+    dump = traces.shaped_arrivals(traces.TRACES["batch-dump"], 4, seed=1)
+    long_jobs = [t for t, kind, shape in dump if shape == traces.LONG]
+    assert len(long_jobs) == traces.DUMP_JOBS and all(600 <= t < 610 for t in long_jobs)
+    mixed = traces.shaped_arrivals(traces.TRACES["text-vs-screenshot"], 4, seed=1)
+    first = {shape for t, kind, shape in mixed if kind == CHAT and t < 600}
+    second = {shape for t, kind, shape in mixed if kind == CHAT and 600 <= t < 1200}
+    assert (first, second) == ({traces.TEXT}, {traces.SCREENSHOT})
+    day_night = traces.shaped_arrivals(traces.TRACES["day-night"], 4, seed=1)
+
+    def chat_share(lo: float, hi: float) -> float:
+        kinds = [kind for t, kind, _ in day_night if lo <= t < hi]
+        return kinds.count(CHAT) / len(kinds)
+
+    assert chat_share(1800, 5400) > 0.7 > 0.3 > chat_share(9000, 12600)
