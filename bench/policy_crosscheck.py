@@ -8,8 +8,12 @@ Runs the diurnal trace compressed into a few minutes, in real time, against 4 re
 the runtime's ModeMiddleware (the real class, in-process, its own metrics registry) in front of
 a small reverse proxy to its own llm-d-inference-sim (--force-dummy-tokenizer), twice: pinned
 all-streaming, and adaptive (autoglm_operator.policy.decide every intervalSeconds, flips applied
-with ModeMiddleware.switch, the method the admin endpoint calls). Same router, SLOs and goodput
-as policy_goodput.py. Prints both rows and whether the ranking (adaptive > all-streaming) holds.
+with ModeMiddleware.switch, the method the admin endpoint calls). Its routing (chats to the
+streaming replicas, batch jobs to the batching ones, least outstanding first) and its SLOs (a
+chat's first token within 0.5 s, a batch job done in 30 s) are the ones policy_goodput.py used
+before it routed with the router's own `routing.decide` and added a time-per-token target; this
+cross-check has not been moved to those yet. Prints both rows and whether the ranking
+(adaptive > all-streaming) holds.
 
 llm-d-inference-sim's latency: TTFT and inter-token latency scale linearly from 1x (idle) to
 --time-factor-under-load at --max-num-seqs running; the flags below make one replica's streaming
