@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from autoglm_operator import plan
 from autoglm_operator import policy as pol
 from autoglm_operator.pods import PodView
 from autoglm_operator.prom import Availability, Reading
@@ -32,7 +31,7 @@ from autoglm_operator.spec import (
     ModePolicy,
     SwitchStrategy,
 )
-from autoglm_operator.status import merge_conditions
+from autoglm_operator.status import merge_conditions, without_empty
 from autoglm_runtime.profiles import Mode
 
 logger = logging.getLogger(__name__)
@@ -211,24 +210,26 @@ def plan_repairs(pods: Sequence[PodView], observation: Observation) -> tuple[Rep
     )
 
 
-def plan_modes(
+# The Rolling target rule (plan.rolling_batching_target) bound to one pass's spec and split:
+# from the batching share decided (None: nothing decided) to the share to step toward.
+TargetRule = Callable[[int | None], int]
+
+
+def mode_plan(
     inp: PassInput,
-    observation: Observation,
-    repaired: Sequence[RepairOutcome] | None = None,
+    repairs: tuple[Repair, ...],
+    seen: Seen,
+    decision: pol.PolicyDecision,
+    target: TargetRule,
 ) -> ModePlan:
-    """The plan of one pass: the repairs, the decision over the pods as they leave them (as
-    planned, or as `repaired` says they went), then flips in place or the Rolling share."""
-    repairs = plan_repairs(inp.pods, observation) if repaired is None else ()
-    done = [r.expected for r in repairs] if repaired is None else list(repaired)
-    seen = _seen(inp, observation, done)
-    decision = _decide(inp, seen)
+    """The plan of one pass once decided: flips in place, or under Rolling the share."""
     rolling = inp.spec.switch_strategy is SwitchStrategy.ROLLING
     if inp.spec.adaptive.dry_run or not (decision.flips or rolling):
         return ModePlan(repairs, seen, decision)
     if rolling:
         # A flip replaces pods (the reconcile plan does it); this pass only sets how many
         # replicas run batching and reports the replacement until it is done.
-        return ModePlan(repairs, seen, decision, rolling=_rolling_pass(inp, seen, decision))
+        return ModePlan(repairs, seen, decision, rolling=_rolling_pass(inp, seen, decision, target))
     switches = tuple(Switch(f, _ip(inp, f.pod)) for f in decision.flips)
     return ModePlan(repairs, seen, decision, _announcement(inp, decision), switches)
 
@@ -240,11 +241,39 @@ def report(inp: PassInput, the_plan: ModePlan, outcomes: Sequence[FlipOutcome]) 
     return _in_place_result(inp, the_plan.seen, the_plan.decision, outcomes)
 
 
+# The status fields the adaptive pass decides (its two conditions besides); the rest is the
+# reconcile pass's. The iteration's one status write puts them over the latest status.
+OWNED_STATUS_FIELDS = ("lastDecision", "decisionHistory", "adaptiveState")
+
+
+def owned_status(current: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """Every status field the pass decides, as `patch` leaves them: written over the latest
+    status, it replaces what an earlier write (the announce before a flip) said of them."""
+    merged = {**current, **patch}
+    owned: dict[str, Any] = {
+        "conditions": [
+            c for c in merged.get("conditions") or [] if c.get("type") in OWNED_CONDITIONS
+        ]
+    }
+    for key in OWNED_STATUS_FIELDS:
+        if merged.get(key) is not None:
+            owned[key] = merged[key]
+    return dict(without_empty(owned))
+
+
+def status_part(inp: PassInput, result: PassResult) -> dict[str, Any] | None:
+    """The pass's fields for the iteration's status write; None when it has nothing to say.
+    After an announce the part goes out even when it says what status said before."""
+    if not (result.status_patch or result.flips):
+        return None
+    return owned_status(inp.status, result.status_patch)
+
+
 def _ip(inp: PassInput, pod: str) -> str | None:
     return next((p.ip for p in inp.pods if p.name == pod), None)
 
 
-def _seen(inp: PassInput, observation: Observation, repairs: Sequence[RepairOutcome]) -> Seen:
+def seen(inp: PassInput, observation: Observation, repairs: Sequence[RepairOutcome]) -> Seen:
     """The pods as the repairs leave them: label and runtime must agree before deciding."""
     state = pol.LoopState.from_status(_safe_state(inp.status.get("adaptiveState")))
     labels = {p.name: p.mode for p in inp.pods}
@@ -268,8 +297,8 @@ def _seen(inp: PassInput, observation: Observation, repairs: Sequence[RepairOutc
     )
 
 
-def _decide(inp: PassInput, seen: Seen) -> pol.PolicyDecision:
-    """The pure policy over the pods that can flip: runtime answered and agrees with label."""
+def decide(inp: PassInput, seen: Seen) -> pol.PolicyDecision:
+    """Decide: the pure policy over the pods that can flip (runtime answered, agrees with label)."""
     replicas = [
         pol.ReplicaState(
             name=p.name,
@@ -420,15 +449,14 @@ class Rolling(enum.Enum):
 
 
 def _rolling_phase(
-    inp: PassInput, seen: Seen, decision: pol.PolicyDecision
+    inp: PassInput, seen: Seen, decision: pol.PolicyDecision, target_rule: TargetRule
 ) -> tuple[Rolling, int, pol.LoopState]:
-    """The phase, the batching target (plan.rolling_batching_target, the one rule) and the
-    loop state to keep."""
+    """The phase, the batching target (target_rule: plan.rolling_batching_target, the one
+    rule) and the loop state to keep."""
     spec = inp.spec
     batching = sum(1 for p in inp.pods if p.mode is Mode.BATCHING)
     stored = (inp.status.get("adaptiveState") or {}).get("batchingTarget")
-    split = inp.deployment_split
-    target = plan.rolling_batching_target(spec, None if stored is None else int(stored), split)
+    target = target_rule(None if stored is None else int(stored))
     in_flight = batching != target or len(inp.pods) > spec.replicas
     last = _last(inp.status)
     # While pods are replaced the loop holds its windows where they were; a pass that flips
@@ -438,7 +466,7 @@ def _rolling_phase(
     if done:
         return Rolling.DONE, target, kept
     if spec.mode_policy is ModePolicy.ADAPTIVE and decision.flips and not in_flight:
-        target = plan.rolling_batching_target(spec, decision.to_batching, split)
+        target = target_rule(decision.to_batching)
         in_flight, kept = True, decision.state
     if not in_flight:
         return Rolling.STEADY, target, kept
@@ -451,7 +479,9 @@ def _last(status: Mapping[str, Any]) -> Mapping[str, Any]:
     return last if isinstance(last, Mapping) else {}
 
 
-def _rolling_pass(inp: PassInput, seen: Seen, decision: pol.PolicyDecision) -> PassResult:
+def _rolling_pass(
+    inp: PassInput, seen: Seen, decision: pol.PolicyDecision, target_rule: TargetRule
+) -> PassResult:
     """switchStrategy Rolling: decide the batching share, report the replacement until done.
 
     The reconcile plan steps the two mode Deployments make-before-break toward the target
@@ -459,7 +489,7 @@ def _rolling_pass(inp: PassInput, seen: Seen, decision: pol.PolicyDecision) -> P
     replacement starts and again with applied=true once every pod runs the decided mode and no
     surplus (old) pod is left; no new flip is decided meanwhile.
     """
-    phase, target, kept_state = _rolling_phase(inp, seen, decision)
+    phase, target, kept_state = _rolling_phase(inp, seen, decision, target_rule)
     record, event = _rolling_record(inp, decision, phase, target)
     events = seen.events + ([event] if event else [])
     if phase in (Rolling.STARTING, Rolling.REPLACING):

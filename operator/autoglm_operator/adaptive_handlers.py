@@ -1,8 +1,9 @@
-"""The adaptive pass wired to the world: Kubernetes, the runtime admin API, Prometheus.
+"""The adaptive pass's observe step and its I/O: Kubernetes, the runtime admin API, Prometheus.
 
-run_pass: observe (each ready pod's runtime mode, the metrics: reads only), plan
-(adaptive.plan_modes, pure), execute (executor.repair and executor.switch carry the plan's
-entries out), report (adaptive.report, pure: the status patch and Events).
+AdaptiveLoop.observe reads what the pass needs (each ready pod's runtime mode, the metrics:
+reads only) and hands the loop the pass's input; the loop's one plan (plan.plan_iteration)
+holds its repairs and flips, the executor carries them out through KubeIO, and
+AdaptiveLoop.finish counts what happened.
 
 The pass runs inside each AutoGLMDeployment's one daemon (handlers.reconcile), every
 spec.adaptive.intervalSeconds (read live from the body on every pass). Pods come from that
@@ -24,13 +25,7 @@ import kopf
 
 from autoglm_operator import adaptive, executor
 from autoglm_operator import spec as crd
-from autoglm_operator.adaptive import (
-    OWNED_CONDITIONS,
-    Observation,
-    PassInput,
-    PassResult,
-    PodView,
-)
+from autoglm_operator.adaptive import Observation, PassInput, PassResult, PodView
 from autoglm_operator.operator_metrics import METRICS, start_server
 from autoglm_operator.prom import PrometheusReader, Reading
 from autoglm_operator.runtime_client import (
@@ -40,33 +35,12 @@ from autoglm_operator.runtime_client import (
     SetModeResult,
 )
 from autoglm_operator.spec import ModePolicy
-from autoglm_operator.status import without_empty
 from autoglm_runtime.profiles import Mode
 
 logger = logging.getLogger(__name__)
 
 # After an unexpected error a pass is retried sooner than a full interval, but not in a hot loop.
 ERROR_RETRY_SECONDS = 5.0
-
-
-# The status fields this pass decides (its two conditions besides); the rest is the reconcile
-# pass's. The one status write of a loop iteration puts them over the latest status.
-OWNED_STATUS_FIELDS = ("lastDecision", "decisionHistory", "adaptiveState")
-
-
-def owned_status(current: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
-    """Every status field this pass decides, as `patch` leaves them: written over the latest
-    status, it replaces what an earlier write (the announce before a flip) said of them."""
-    merged = {**current, **patch}
-    owned: dict[str, Any] = {
-        "conditions": [
-            c for c in merged.get("conditions") or [] if c.get("type") in OWNED_CONDITIONS
-        ]
-    }
-    for key in OWNED_STATUS_FIELDS:
-        if merged.get(key) is not None:
-            owned[key] = merged[key]
-    return dict(without_empty(owned))
 
 
 # -- handlers --------------------------------------------------------------------------------
@@ -132,7 +106,7 @@ class KubeIO:
             raise
 
     async def announce(self, status_patch: dict[str, Any]) -> None:
-        await self.write_status(owned_status(self.status, status_patch))
+        await self.write_status(adaptive.owned_status(self.status, status_patch))
 
 
 class ReadIO(executor.ModeActuator, Protocol):
@@ -141,20 +115,6 @@ class ReadIO(executor.ModeActuator, Protocol):
     async def read_metrics(self, pods: Sequence[str]) -> Reading: ...
 
     async def runtime_mode(self, ip: str) -> Mode: ...
-
-
-async def run_pass(
-    inp: PassInput, io: ReadIO, *, clock: Callable[[], float] = time.perf_counter
-) -> PassResult:
-    """Observe, plan (pure), execute, report. When a repair did not go as planned, the pass
-    plans again from what it did before anything else is touched."""
-    observation = await observe(inp, io)
-    the_plan = adaptive.plan_modes(inp, observation)
-    repaired = await executor.repair(the_plan.repairs, io)
-    if repaired != [r.expected for r in the_plan.repairs]:
-        the_plan = adaptive.plan_modes(inp, observation, repaired)
-    outcomes = await executor.switch(the_plan, io, clock=clock)
-    return adaptive.report(inp, the_plan, outcomes)
 
 
 async def observe(inp: PassInput, io: ReadIO) -> Observation:
@@ -218,6 +178,7 @@ class AdaptiveLoop:
         self.prometheus: PrometheusReader | None = None
         self.due_at = 0.0  # monotonic; the first pass runs at once
         self.generation: int | None = None  # of the spec the last pass read
+        self.started = 0.0  # perf_counter when the pass being run began
 
     async def close(self) -> None:
         if self.session is not None:
@@ -248,19 +209,19 @@ class AdaptiveLoop:
                 return None
         return RuntimeClient(self.session, self.token)
 
-    async def run_once(
+    async def observe(
         self,
         body: Mapping[str, Any],
         pods: Sequence[PodView],
         write_status: StatusWriter,
         deployment_split: Mapping[Mode, int] | None = None,
-    ) -> tuple[PassResult, dict[str, Any] | None]:
-        """One pass; `body` is the object as observed. Only the announce before a flip is
-        written here (write_status); the pass's status part is the caller's to write, once."""
+    ) -> tuple[PassInput, Observation, KubeIO]:
+        """The pass's observe step: its input, what it read (each ready pod's runtime mode, the
+        metrics) and where its plan's entries land (`write_status`: the announce)."""
         # Set first: a spec this pass cannot read waits out retry_soon, not a pass per second.
         self.generation = (body.get("metadata") or {}).get("generation")
         spec = crd.AutoGLMDeploymentSpec.model_validate(_plain(body.get("spec") or {}))
-        started = time.perf_counter()
+        self.started = time.perf_counter()
         status = _plain(body.get("status") or {})
         io = KubeIO(
             self.executor,
@@ -271,27 +232,25 @@ class AdaptiveLoop:
             write_status,
         )
         io.status = status
-        result = await run_pass(
-            PassInput(
-                namespace=self.namespace,
-                name=self.name,
-                generation=(body.get("metadata") or {}).get("generation"),
-                spec=spec,
-                status=status,
-                pods=sorted(pods, key=lambda p: p.name),
-                now=time.time(),
-                deployment_split=deployment_split,
-            ),
-            io,
+        inp = PassInput(
+            namespace=self.namespace,
+            name=self.name,
+            generation=self.generation,
+            spec=spec,
+            status=status,
+            pods=sorted(pods, key=lambda p: p.name),
+            now=time.time(),
+            deployment_split=deployment_split,
         )
+        return inp, await observe(inp, io), io
+
+    def finish(self, inp: PassInput, result: PassResult, io: KubeIO) -> None:
+        """After the pass: its metrics, the admin token to read again, when the next is due."""
         if io.unauthorized:
             self.token = None  # rotated or not yet mounted: read the Secret again next pass
-        METRICS.pass_seconds.observe(time.perf_counter() - started)
-        record(self.namespace, self.name, result, spec.adaptive.dry_run)
-        self.due_at = time.monotonic() + spec.adaptive.interval_seconds
-        # After an announce the part is written even when it says what status said before.
-        changed = result.status_patch or result.flips
-        return result, owned_status(status, result.status_patch) if changed else None
+        METRICS.pass_seconds.observe(time.perf_counter() - self.started)
+        record(self.namespace, self.name, result, inp.spec.adaptive.dry_run)
+        self.due_at = time.monotonic() + inp.spec.adaptive.interval_seconds
 
     @staticmethod
     def post_events(result: PassResult, posted: kopf.Body) -> None:

@@ -21,6 +21,7 @@ from typing import Any, Protocol, TypeVar
 
 from autoglm_operator import adaptive, builders, kube, plan
 from autoglm_operator import policy as pol
+from autoglm_operator import status as status_
 from autoglm_operator.adaptive import FlipOutcome, RepairOutcome
 from autoglm_operator.observe import Observed
 from autoglm_operator.runtime_client import RuntimeAdminError, SetModeResult
@@ -97,6 +98,20 @@ class Executor:
             await self.call(self.kube.release_status, namespace, name, manager)
             self.logger.info(f"Released the status fields field manager {manager} owned")
         return result
+
+    async def write_status_if_changed(
+        self, observed: Observed, memory: plan.LoopState, full: Mapping[str, Any]
+    ) -> bool:
+        """Apply the whole status `full` when it differs from the latest (plan.latest_status);
+        whether it was written. The loop's memory keeps what was written until the watch
+        delivers it, so a stale copy never takes a decision back."""
+        meta = observed.body["metadata"]
+        pruned = dict(status_.without_empty(full))
+        if pruned == status_.without_empty(plan.latest_status(observed, memory)):
+            return False
+        await self.write_status(meta["namespace"], meta["name"], pruned)
+        memory.status_written = (str(meta.get("resourceVersion")), pruned)
+        return True
 
     def label_pod(self, namespace: str, pod: str, mode: Mode) -> None:
         """A flip's first and last step: the label routes the pod to its mode's Service."""
@@ -218,6 +233,11 @@ class ModeActuator(Protocol):
 async def repair(repairs: Sequence[adaptive.Repair], io: ModeActuator) -> list[RepairOutcome]:
     """Carry out a plan's repairs, all pods at once; what each did."""
     return list(await asyncio.gather(*(_repair(r, io) for r in repairs)))
+
+
+def as_planned(the_plan: adaptive.ModePlan, repaired: Sequence[RepairOutcome]) -> bool:
+    """Whether the repairs went as the plan expected (else the caller plans again)."""
+    return list(repaired) == [r.expected for r in the_plan.repairs]
 
 
 async def switch(

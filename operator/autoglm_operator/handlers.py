@@ -19,14 +19,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from dataclasses import dataclass, replace
 from typing import Any
 
 import kopf
 from pydantic import ValidationError
 
-from autoglm_operator import adaptive_handlers, builders, executor, plan
+from autoglm_operator import adaptive, adaptive_handlers, builders, executor, plan
 from autoglm_operator import pods as pods_
-from autoglm_operator import policy as pol
 from autoglm_operator import settings as settings_
 from autoglm_operator import spec as crd
 from autoglm_operator import status as status_
@@ -102,21 +102,70 @@ def owned_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_:
     }
 
 
-# -- one reconcile pass ----------------------------------------------------------------------
+# -- one loop iteration ----------------------------------------------------------------------
 
 LoopState = plan.LoopState
 
 
+@dataclass(frozen=True)
+class ModeStep:
+    """The adaptive pass of this iteration, observed: its input, what it read, and where the
+    plan's mode entries land (pod labels, the runtime admin API, the announce)."""
+
+    input: adaptive.PassInput
+    observation: adaptive.Observation
+    io: executor.ModeActuator
+
+
+@dataclass(frozen=True)
+class Done:
+    """What an iteration did: the status it left, and whether its adaptive part failed."""
+
+    settled: plan.Settled
+    modes_failed: bool = False
+
+
 class Reconciler:
-    """One reconcile pass: validate, check references, plan (pure), execute, status."""
+    """One loop iteration after the indexes are read: check the spec and what it references
+    (observe), plan (one pure function, plan.plan_iteration), execute, write status once."""
 
     def __init__(self, client: executor.Kube, logger: kopf.Logger):
         self.executor = executor.Executor(client, logger)
         self.logger = logger
 
-    async def pass_once(self, body: kopf.Body, observed: Observed, state: LoopState) -> None:
+    async def pass_once(
+        self, body: kopf.Body, observed: Observed, state: LoopState, step: ModeStep | None = None
+    ) -> Done:
+        inputs = await self._inputs(body, observed, state, step)
+        now = time.monotonic()
+        the_plan = plan.plan_iteration(inputs, state, now)
+        flips: list[adaptive.FlipOutcome] = []
+        failed = False
+        if the_plan.modes is not None and step is not None:
+            try:
+                the_plan, flips = await self._modes(the_plan, step.io, state, now)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.logger.exception("Adaptive pass failed; retrying")
+                failed = True
+                the_plan = plan.plan_iteration(replace(inputs, modes=None), state, now)
+        problem = await self._children(body, the_plan, state)
+        settled = plan.settle(the_plan, state, flips, problem or inputs.problem)
+        try:
+            await self._write_status(body, inputs, state, settled)
+        except executor.ApiError as err:
+            state.fingerprint = None
+            problem = _failed(self.logger, body, inputs, state, err)
+            settled = plan.settle(the_plan, state, flips, problem)
+            await self._write_status(body, inputs, state, settled)  # reports the failure
+        return Done(settled, failed)
+
+    async def _inputs(
+        self, body: kopf.Body, observed: Observed, state: LoopState, step: ModeStep | None
+    ) -> plan.Inputs:
+        """The spec (or why it cannot be used) and the referenced objects (observe)."""
         meta = observed.body["metadata"]
-        namespace = meta["namespace"]
         generation = int(meta.get("generation") or 1)
         problem: status_.Problem | None = None
         try:
@@ -124,19 +173,54 @@ class Reconciler:
         except ValidationError as exc:
             spec = crd.AutoGLMDeploymentSpec()
             problem = status_.Problem("InvalidSpec", str(exc).replace("\n", " "))
-
         if state.blocked and state.blocked[0] != generation:
             state.blocked = None  # the spec changed: try again
         if state.blocked:
             problem = state.blocked[1]
-        elif problem is None:
-            problem = await self._check_references(body, spec, namespace, generation, state)
-        if problem is None:
-            owner = builders.Owner(meta["name"], namespace, meta["uid"])
-            the_plan = plan.plan_pass(owner, spec, observed, state, time.monotonic())
-            await self.executor.apply(body, the_plan, observed, state)
+        elif problem is None and time.monotonic() >= state.retry_at:
+            problem = await self._check_references(body, spec, meta["namespace"], generation, state)
+        return plan.Inputs(
+            owner=builders.Owner(meta["name"], meta["namespace"], meta["uid"]),
+            observed=observed,
+            spec=spec,
+            generation=generation,
+            now=time.time(),
+            problem=problem,
+            modes=step.input if step else None,
+            observation=step.observation if step else None,
+        )
 
-        await self._write_status(body, observed, spec, generation, problem, state)
+    async def _modes(
+        self, the_plan: plan.IterationPlan, io: executor.ModeActuator, state: LoopState, now: float
+    ) -> tuple[plan.IterationPlan, list[adaptive.FlipOutcome]]:
+        """The plan's mode entries: repairs; when one did not go as planned, plan again from
+        what they did before anything flips; then the announce and the flips."""
+        modes = the_plan.modes
+        assert modes is not None
+        repaired = await executor.repair(modes.repairs, io)
+        if not executor.as_planned(modes, repaired):
+            the_plan = plan.plan_iteration(the_plan.inputs, state, now, repaired)
+            modes = the_plan.modes
+            assert modes is not None
+        flips = await executor.switch(modes, io)
+        state.batching_target = the_plan.batching_target
+        return the_plan, flips
+
+    async def _children(
+        self, body: kopf.Body, the_plan: plan.IterationPlan, state: LoopState
+    ) -> status_.Problem | None:
+        """Apply the plan's children; an API error is the iteration's problem (retried)."""
+        if not the_plan.reconcile:
+            return None
+        try:
+            if the_plan.children is not None:
+                await self.executor.apply(body, the_plan.children, the_plan.inputs.observed, state)
+        except executor.ApiError as err:
+            state.fingerprint = None
+            return _failed(self.logger, body, the_plan.inputs, state, err)
+        state.fingerprint = the_plan.fingerprint
+        state.failures = 0
+        return None
 
     async def _check_references(
         self,
@@ -166,62 +250,25 @@ class Reconciler:
         return None
 
     async def _write_status(
-        self,
-        body: kopf.Body,
-        observed: Observed,
-        spec: crd.AutoGLMDeploymentSpec,
-        generation: int,
-        problem: status_.Problem | None,
-        state: LoopState,
+        self, body: kopf.Body, inputs: plan.Inputs, state: LoopState, settled: plan.Settled
     ) -> None:
-        """The iteration's one status write: the reconcile fields and the adaptive pass's part
-        over the latest status, applied only when that changes it."""
+        """The iteration's one status write, only when it changes status; then its Events."""
+        observed = inputs.observed
         meta = observed.body["metadata"]
-        current = status_.overlay(latest_status(observed, state), state.adaptive_status or {})
-        update = status_.compute(
-            name=meta["name"],
-            namespace=meta["namespace"],
-            generation=generation,
-            spec=spec,
-            deployment=observed.deployment,
-            pods=observed.pods,
-            current=current,
-            now=pol.iso_time(time.time()),
-            problem=problem,
-        )
-        METRICS.replicas.labels(meta["namespace"], meta["name"]).set(spec.replicas)
-        METRICS.ready_replicas.labels(meta["namespace"], meta["name"]).set(
-            update.status["readyReplicas"]
-        )
-        if await self._write(observed, state, status_.overlay(current, update.status)):
-            for cond in update.flipped:
+        if settled.ready_replicas is not None:
+            METRICS.replicas.labels(meta["namespace"], meta["name"]).set(inputs.spec.replicas)
+            METRICS.ready_replicas.labels(meta["namespace"], meta["name"]).set(
+                settled.ready_replicas
+            )
+        if await self.executor.write_status_if_changed(observed, state, settled.status):
+            for cond in settled.flipped:
                 _announce(body, cond, previous=observed.body.get("status") or {})
 
     async def write_part(self, observed: Observed, state: LoopState, part: dict[str, Any]) -> None:
-        """Fields of the adaptive pass over the latest status: the announce before a flip, or
-        the pass's part in an iteration that runs no reconcile pass."""
-        await self._write(observed, state, status_.overlay(latest_status(observed, state), part))
-
-    async def _write(self, observed: Observed, state: LoopState, full: dict[str, Any]) -> bool:
-        """Apply `full` when it differs from the latest status; whether it was written."""
-        meta = observed.body["metadata"]
-        full = status_.without_empty(full)
-        if full == status_.without_empty(latest_status(observed, state)):
-            state.adaptive_status = None  # status says it already
-            return False
-        await self.executor.write_status(meta["namespace"], meta["name"], full)
-        state.status_written = (str(meta.get("resourceVersion")), full)
-        state.adaptive_status = None  # written
-        return True
-
-
-def latest_status(observed: Observed, state: LoopState) -> dict[str, Any]:
-    """The status as last written when the watch has not delivered that write yet (the object
-    is still at the version the write was based on), else as observed."""
-    rv = str(observed.body["metadata"].get("resourceVersion"))
-    if state.status_written is not None and state.status_written[0] == rv:
-        return state.status_written[1]
-    return dict(status_.without_empty(observed.body.get("status") or {}))
+        """Fields of the adaptive pass over the latest status: the announce before a flip, the
+        one write an iteration makes besides its last (a crash mid-flip keeps the cooldown)."""
+        latest = plan.latest_status(observed, state)
+        await self.executor.write_status_if_changed(observed, state, status_.overlay(latest, part))
 
 
 def _announce(body: kopf.Body, cond: dict[str, Any], previous: dict[str, Any]) -> None:
@@ -256,52 +303,43 @@ async def reconcile(
     stopped: kopf.DaemonStopped,
     **kwargs: Any,
 ) -> None:
-    """The one loop per object: observe (memory), the adaptive pass when due, plan (pure),
-    write only the difference."""
+    """The one loop per object: observe (memory; the runtimes and metrics when the adaptive
+    pass is due), plan (pure), execute, write status once and only the difference."""
     indexes = {index: kwargs[index] for index in INDEXES}
     reconciler = Reconciler(memo.kube, logger)
     state = LoopState()
-    adaptive = adaptive_handlers.AdaptiveLoop(reconciler.executor, str(namespace), name)
-    interval = settings_.RECONCILE_INTERVAL_SECONDS
+    adaptive_loop = adaptive_handlers.AdaptiveLoop(reconciler.executor, str(namespace), name)
     try:
         while not stopped:
             observed = observe(body, str(namespace), name, uid, indexes)
-            result = None
-            if adaptive.due(observed.body):
-                result = await _adaptive_pass(adaptive, reconciler, body, observed, state, logger)
-            fingerprint = (observed.fingerprint(), state.batching_target)
-            now = time.monotonic()
-            due = now >= state.retry_at
-            if due and (fingerprint != state.fingerprint or plan.has_pending(state.written, now)):
-                try:
-                    await reconciler.pass_once(body, observed, state)
-                    state.fingerprint = fingerprint
-                    state.failures = 0
-                except executor.ApiError as err:
-                    state.fingerprint = None
-                    await _failed(reconciler, body, observed, state, err)
-            written = await _write_adaptive_part(adaptive, reconciler, observed, state, logger)
-            if result is not None and written:
-                adaptive.post_events(result, body)
-            await stopped.wait(interval)
+            step = None
+            if adaptive_loop.due(observed.body):
+                step = await _observe_modes(adaptive_loop, reconciler, observed, state, logger)
+            try:
+                done = await reconciler.pass_once(body, observed, state, step)
+            except executor.ApiError as err:
+                logger.warning(f"Could not write status; retrying: {err}")
+                adaptive_loop.retry_soon()
+            else:
+                _after_modes(adaptive_loop, step, done, body)
+            await stopped.wait(settings_.RECONCILE_INTERVAL_SECONDS)
     finally:
-        await adaptive.close()
+        await adaptive_loop.close()
         METRICS.forget(str(namespace), name)
         for gauge in (METRICS.replicas, METRICS.ready_replicas):
             with contextlib.suppress(KeyError):
                 gauge.remove(str(namespace), name)
 
 
-async def _adaptive_pass(
-    adaptive: adaptive_handlers.AdaptiveLoop,
+async def _observe_modes(
+    adaptive_loop: adaptive_handlers.AdaptiveLoop,
     reconciler: Reconciler,
-    body: kopf.Body,
     observed: Observed,
     state: LoopState,
     logger: kopf.Logger,
-) -> adaptive_handlers.PassResult | None:
-    """Flip modes (InPlace) or decide the batching share the plan steps toward (Rolling); the
-    pass's status part waits in `state` for this iteration's one status write."""
+) -> ModeStep | None:
+    """The adaptive pass's observe step (each pod's runtime mode, the metrics); None when it
+    cannot run now (it is retried soon)."""
     live = [pods_.view(p) for p in observed.pods if pods_.is_live(p)]
     split = plan.deployment_split(observed.children, observed.body["metadata"]["name"])
 
@@ -309,65 +347,51 @@ async def _adaptive_pass(
         await reconciler.write_part(observed, state, part)
 
     try:
-        result, part = await adaptive.run_once(observed.body, live, announce, split)
+        inp, observation, io = await adaptive_loop.observe(observed.body, live, announce, split)
     except asyncio.CancelledError:
         raise
     except executor.MissingAdminToken as missing:
         logger.warning(f"Adaptive pass waits for the admin token: {missing}")
-        adaptive.retry_soon()
     except Exception:
         logger.exception("Adaptive pass failed; retrying")
-        adaptive.retry_soon()
     else:
-        state.batching_target = result.batching_target
-        state.adaptive_status = part
-        return result
+        return ModeStep(inp, observation, io)
+    adaptive_loop.retry_soon()
     return None
 
 
-async def _write_adaptive_part(
-    adaptive: adaptive_handlers.AdaptiveLoop,
-    reconciler: Reconciler,
-    observed: Observed,
-    state: LoopState,
-    logger: kopf.Logger,
-) -> bool:
-    """The adaptive pass's part when no reconcile pass wrote status in this iteration;
-    whether status now holds it."""
-    if state.adaptive_status is None:
-        return True
-    try:
-        await reconciler.write_part(observed, state, state.adaptive_status)
-    except executor.ApiError as err:
-        logger.warning(f"Could not write the adaptive pass's status; retrying: {err}")
-        state.adaptive_status = None
-        adaptive.retry_soon()
-        return False
-    return True
-
-
-async def _failed(
-    reconciler: Reconciler,
+def _after_modes(
+    adaptive_loop: adaptive_handlers.AdaptiveLoop,
+    step: ModeStep | None,
+    done: Done,
     body: kopf.Body,
-    observed: Observed,
+) -> None:
+    """The adaptive pass's metrics and Events, once its status is written."""
+    report = done.settled.report
+    if done.modes_failed:
+        adaptive_loop.retry_soon()
+    elif step is not None and report is not None:
+        assert isinstance(step.io, adaptive_handlers.KubeIO)
+        adaptive_loop.finish(step.input, report, step.io)
+        adaptive_loop.post_events(report, body)
+
+
+def _failed(
+    logger: kopf.Logger,
+    body: kopf.Body,
+    inputs: plan.Inputs,
     state: LoopState,
     err: executor.ApiError,
-) -> None:
+) -> status_.Problem:
     """Temporary errors retry with exponential backoff; permanent ones wait for a spec change."""
     state.failures += 1
-    meta = observed.body["metadata"]
-    generation = int(meta.get("generation") or 1)
     if err.temporary:
         delay = min(settings_.MAX_BACKOFF_SECONDS, 2.0 ** min(state.failures, 10))
         state.retry_at = time.monotonic() + delay
         problem = status_.Problem("ReconcileFailed", f"{err} (retrying in {delay:.0f}s)")
     else:
         problem = status_.Problem("ReconcileRejected", f"{err}; change the spec to retry.")
-        state.blocked = (generation, problem)
+        state.blocked = (inputs.generation, problem)
     executor.event(body, warning=True, reason=problem.reason, message=problem.message)
-    reconciler.logger.warning(problem.message)
-    try:
-        spec = crd.AutoGLMDeploymentSpec.model_validate(observed.body.get("spec") or {})
-        await reconciler._write_status(body, observed, spec, generation, problem, state)
-    except (executor.ApiError, ValidationError) as again:
-        reconciler.logger.warning(f"Could not report the failure in status: {again}")
+    logger.warning(problem.message)
+    return problem

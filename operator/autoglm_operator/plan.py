@@ -14,13 +14,14 @@ cannot make the operator write in a loop).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from autoglm_operator import builders
+from autoglm_operator import adaptive, builders
 from autoglm_operator import pods as pods_
+from autoglm_operator import policy as pol
 from autoglm_operator import spec as crd
 from autoglm_operator import status as status_
 from autoglm_operator.observe import Key, Observed
@@ -378,8 +379,6 @@ class LoopState:
     retry_at: float = 0.0
     # (resourceVersion the last status write was based on, the status it wrote)
     status_written: tuple[str, dict[str, Any]] | None = None
-    # The adaptive pass's status fields, until this iteration's status write carries them.
-    adaptive_status: dict[str, Any] | None = None
     # switchStrategy Rolling: the batching replicas the adaptive pass wants (None: not decided
     # in this process yet; the plan then reads what a previous operator persisted in status).
     batching_target: int | None = None
@@ -523,3 +522,153 @@ def _batching_deployment_to_delete(
         if pods_.is_live(p) and pods_.is_ready(p) and pods_.pod_template_hash(p) in desired_hashes
     )
     return (key,) if current_ready >= spec.replicas else ()
+
+
+# -- the adaptive pass's modes ---------------------------------------------------------------
+
+
+def plan_modes(
+    inp: adaptive.PassInput,
+    observation: adaptive.Observation,
+    repaired: Sequence[adaptive.RepairOutcome] | None = None,
+) -> adaptive.ModePlan:
+    """The modes part of an iteration's plan: the repairs, the decision (policy, pure) over the
+    pods as they leave them (as planned, or as `repaired` says they went), then flips in place
+    or the Rolling share. InPlace and Rolling differ only in the plan this returns."""
+    repairs = adaptive.plan_repairs(inp.pods, observation) if repaired is None else ()
+    done = [r.expected for r in repairs] if repaired is None else list(repaired)
+    seen = adaptive.seen(inp, observation, done)
+    decision = adaptive.decide(inp, seen)
+
+    def target(decided: int | None) -> int:
+        return rolling_batching_target(inp.spec, decided, inp.deployment_split)
+
+    return adaptive.mode_plan(inp, repairs, seen, decision, target)
+
+
+# -- one loop iteration: one plan --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What one loop iteration observed: the object, the spec (or why it cannot be used), and,
+    when the adaptive pass is due, what it read (each pod's runtime mode, the metrics)."""
+
+    owner: builders.Owner
+    observed: Observed
+    spec: crd.AutoGLMDeploymentSpec
+    generation: int
+    now: float  # wall-clock time, for the status's timestamps
+    problem: status_.Problem | None = None  # invalid spec, missing Secret, blocked
+    modes: adaptive.PassInput | None = None  # the adaptive pass is due
+    observation: adaptive.Observation | None = None
+
+
+@dataclass(frozen=True)
+class IterationPlan:
+    """Everything one loop iteration does, in the order the executor does it: the modes (the
+    repairs, the loop state to announce, the flips), the children (create or apply, pods to
+    label or retire, the admin Secret, a child to delete), and the status as planned."""
+
+    inputs: Inputs
+    modes: adaptive.ModePlan | None  # None: the adaptive pass is not due
+    children: Plan | None  # None: nothing changed since the last pass, or a problem blocks it
+    reconcile: bool  # the reconcile pass is due: its status fields are computed
+    fingerprint: Any  # what the reconcile pass saw (the loop remembers it once applied)
+    batching_target: int | None  # switchStrategy Rolling: the share the children step toward
+    status: Settled  # the status as planned: every entry going as planned
+
+
+@dataclass(frozen=True)
+class Settled:
+    """The status one iteration leaves, and what goes with it (condition Events, the adaptive
+    pass's report, the ready replicas for the gauges)."""
+
+    status: dict[str, Any]
+    flipped: tuple[dict[str, Any], ...] = ()  # reconcile conditions whose status changed
+    report: adaptive.PassResult | None = None
+    ready_replicas: int | None = None
+
+
+def latest_status(observed: Observed, memory: LoopState) -> dict[str, Any]:
+    """The status as last written when the watch has not delivered that write yet (the object
+    is still at the version the write was based on), else as observed."""
+    rv = str(observed.body["metadata"].get("resourceVersion"))
+    if memory.status_written is not None and memory.status_written[0] == rv:
+        return memory.status_written[1]
+    return dict(status_.without_empty(observed.body.get("status") or {}))
+
+
+def plan_iteration(
+    inputs: Inputs,
+    memory: LoopState,
+    now: float,
+    repaired: Sequence[adaptive.RepairOutcome] | None = None,
+) -> IterationPlan:
+    """The one planning function of a loop iteration (no I/O, no clock: `now` is monotonic
+    time, the adaptive pass's wall time is in its input). `repaired`: plan again from what the
+    repairs did, when that was not what the first plan expected."""
+    modes = None
+    if inputs.modes is not None and inputs.observation is not None:
+        modes = plan_modes(inputs.modes, inputs.observation, repaired)
+    target = memory.batching_target
+    if modes is not None and modes.rolling is not None:
+        target = modes.rolling.batching_target
+    fingerprint = (inputs.observed.fingerprint(), target)
+    reconcile = now >= memory.retry_at and (
+        fingerprint != memory.fingerprint or has_pending(memory.written, now)
+    )
+    children = None
+    if reconcile and inputs.problem is None:
+        children = plan_pass(
+            inputs.owner, inputs.spec, inputs.observed, _with_target(memory, target), now
+        )
+    expected = [
+        adaptive.FlipOutcome(s.flip.pod, s.flip.from_mode, s.flip.to_mode, True)
+        for s in (modes.switches if modes is not None else ())
+    ]
+    partial = IterationPlan(inputs, modes, children, reconcile, fingerprint, target, Settled({}))
+    return IterationPlan(
+        inputs, modes, children, reconcile, fingerprint, target,
+        settle(partial, memory, expected, inputs.problem),
+    )  # fmt: skip
+
+
+def _with_target(memory: LoopState, target: int | None) -> LoopState:
+    """The loop's memory as the children plan reads it: with this iteration's Rolling share."""
+    if target == memory.batching_target:
+        return memory
+    return replace(memory, batching_target=target)
+
+
+def settle(
+    the_plan: IterationPlan,
+    memory: LoopState,
+    flips: Sequence[adaptive.FlipOutcome],
+    problem: status_.Problem | None,
+) -> Settled:
+    """The status the iteration leaves: the planned one with what the executor reported
+    folded in (how each flip went, an API error the children hit). Pure."""
+    inputs = the_plan.inputs
+    report = None
+    current = latest_status(inputs.observed, memory)
+    if the_plan.modes is not None and inputs.modes is not None:
+        report = adaptive.report(inputs.modes, the_plan.modes, flips)
+        part = adaptive.status_part(inputs.modes, report)
+        current = status_.overlay(current, part or {})
+    if not the_plan.reconcile and problem is None:
+        return Settled(current, (), report)
+    meta = inputs.observed.body["metadata"]
+    update = status_.compute(
+        name=meta["name"],
+        namespace=meta["namespace"],
+        generation=inputs.generation,
+        spec=inputs.spec,
+        deployment=inputs.observed.deployment,
+        pods=inputs.observed.pods,
+        current=current,
+        now=pol.iso_time(inputs.now),
+        problem=problem,
+    )
+    full = status_.overlay(current, update.status)
+    return Settled(full, tuple(update.flipped), report, int(update.status["readyReplicas"]))

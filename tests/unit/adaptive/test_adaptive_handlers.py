@@ -1,13 +1,13 @@
-"""The pure parts of adaptive_handlers, pods and operator_metrics: what is written, what is
-counted, how a pod is seen."""
+"""The pure parts of adaptive, adaptive_handlers, pods and operator_metrics: what is written,
+what is counted, how a pod is seen."""
 
 from __future__ import annotations
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from autoglm_operator import adaptive, pods
 from autoglm_operator import adaptive_handlers as ah
-from autoglm_operator import pods
 from autoglm_operator import policy as pol
 from autoglm_operator.adaptive import FlipOutcome, PassResult, PodView, RepairOutcome
 from autoglm_operator.operator_metrics import OperatorMetrics
@@ -32,7 +32,7 @@ def test_owned_status_carries_every_owned_field_and_no_empty_object() -> None:
             {"type": "MetricsAvailable", "status": "False", "reason": "PrometheusUnreachable"},
         ],
     }
-    owned = ah.owned_status(current, patch)
+    owned = adaptive.owned_status(current, patch)
     assert set(owned) == {"conditions", "lastDecision", "decisionHistory", "adaptiveState"}
     assert [c["type"] for c in owned["conditions"]] == ["MetricsAvailable"], "Ready is not ours"
     assert owned["conditions"][0]["status"] == "False"

@@ -1,5 +1,5 @@
-"""adaptive_handlers.run_pass (observe, plan, execute, report) with its I/O faked: apply, verify,
-revert, repair, dry run, status, events."""
+"""The adaptive pass as the loop runs it (observe, plan, execute, report) with its I/O faked:
+apply, verify, revert, repair, dry run, status, events."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import Any
 
 from adaptive_fakes import FakeIO, FakePod
 
-from autoglm_operator import adaptive, plan
+from autoglm_operator import adaptive, executor, plan
 from autoglm_operator import policy as pol
 from autoglm_operator.adaptive import PassInput, PodView, merge_conditions
-from autoglm_operator.adaptive_handlers import run_pass
+from autoglm_operator.adaptive_handlers import ReadIO, observe
 from autoglm_operator.prom import Availability, Reading
 from autoglm_operator.spec import AutoGLMDeploymentSpec, Condition
 from autoglm_runtime.profiles import Mode
@@ -47,6 +47,18 @@ def three_streaming() -> dict[str, FakePod]:
 
 def views(pods: dict[str, FakePod]) -> list[PodView]:
     return [PodView(p.name, p.ip, p.label, p.ready) for p in pods.values()]
+
+
+async def run_pass(inp: PassInput, io: ReadIO) -> adaptive.PassResult:
+    """What one loop iteration does with the adaptive pass (handlers.Reconciler): observe, plan
+    (pure), repairs, plan again when one did not go as planned, flips, report (pure)."""
+    observation = await observe(inp, io)
+    the_plan = plan.plan_modes(inp, observation)
+    repaired = await executor.repair(the_plan.repairs, io)
+    if not executor.as_planned(the_plan, repaired):
+        the_plan = plan.plan_modes(inp, observation, repaired)
+    outcomes = await executor.switch(the_plan, io)
+    return adaptive.report(inp, the_plan, outcomes)
 
 
 async def one_pass(

@@ -1,11 +1,11 @@
-"""adaptive.plan_modes, pure: one plan of what a pass does to pods; InPlace and Rolling differ
+"""plan.plan_modes, pure: one plan of what a pass does to pods; InPlace and Rolling differ
 only in the plan they produce."""
 
 from __future__ import annotations
 
 from test_adaptive_pass import NOW, healthy, rolling_spec, spec, three_streaming, views
 
-from autoglm_operator import adaptive
+from autoglm_operator import adaptive, plan
 from autoglm_operator.adaptive import Observation, PassInput, RepairOutcome
 from autoglm_runtime.profiles import Mode
 
@@ -20,7 +20,7 @@ def test_in_place_plans_the_announce_and_the_flip_rolling_plans_the_share() -> N
     pods = views(three_streaming())
     seen = Observation(STREAMING, {}, healthy(qps=12.0))
 
-    in_place = adaptive.plan_modes(inp(spec(), pods), seen)
+    in_place = plan.plan_modes(inp(spec(), pods), seen)
     assert [(s.flip.pod, s.flip.to_mode, s.ip) for s in in_place.switches] == [
         ("agd-0", Mode.BATCHING, "10.0.0.0")
     ]
@@ -28,7 +28,7 @@ def test_in_place_plans_the_announce_and_the_flip_rolling_plans_the_share() -> N
     assert in_place.announce["adaptiveState"]["lastFlips"][0]["pod"] == "agd-0"
     assert in_place.rolling is None
 
-    rolling = adaptive.plan_modes(inp(rolling_spec(), pods), seen)
+    rolling = plan.plan_modes(inp(rolling_spec(), pods), seen)
     assert rolling.switches == () and rolling.announce is None
     assert rolling.rolling is not None and rolling.rolling.batching_target == 1
     assert in_place.decision == rolling.decision, "one decision, two plans"
@@ -38,11 +38,11 @@ def test_a_label_runtime_disagreement_is_a_repair_entry_and_the_decision_counts_
     pods = views(three_streaming())
     pods[1] = adaptive.PodView("agd-1", "10.0.0.1", None, True)  # unlabelled
     modes = {**STREAMING, "agd-1": Mode.BATCHING}
-    the_plan = adaptive.plan_modes(inp(spec(), pods), Observation(modes, {}, healthy(qps=1.0)))
+    the_plan = plan.plan_modes(inp(spec(), pods), Observation(modes, {}, healthy(qps=1.0)))
     assert the_plan.repairs == (adaptive.Repair("agd-1", "10.0.0.1", None, Mode.BATCHING),)
     assert the_plan.seen.labels["agd-1"] is Mode.BATCHING, "planned as labelled"
 
     # The label patch failed: planned again from what happened, the pod is not flippable.
     failed = [RepairOutcome("agd-1", None, Mode.BATCHING, "Failed", "500")]
-    again = adaptive.plan_modes(inp(spec(), pods), Observation(modes, {}, None), failed)
+    again = plan.plan_modes(inp(spec(), pods), Observation(modes, {}, None), failed)
     assert again.repairs == () and again.seen.mismatched == {"agd-1"}

@@ -9,7 +9,9 @@ from typing import Any
 from operator_fakes import FakeKube
 from test_reconcile_pass import NAME, NS, body, observed, recorded_events  # noqa: F401
 
-from autoglm_operator import executor, handlers, kube
+from autoglm_operator import adaptive, executor, handlers, kube
+from autoglm_operator.spec import AutoGLMDeploymentSpec
+from autoglm_operator.status import without_empty
 
 
 class StatusKube(FakeKube):
@@ -40,32 +42,43 @@ DECIDED = {
 }
 
 
+def mode_step(agd: dict[str, Any]) -> handlers.ModeStep:
+    """An adaptive pass over no pods, Prometheus not answering: it decides to hold, and says
+    so in lastDecision, MetricsAvailable and ModeTransitioning."""
+    spec = AutoGLMDeploymentSpec.model_validate(agd["spec"])
+    inp = adaptive.PassInput(NS, NAME, 1, spec, agd["status"], [], 1_800_000_000.0)
+    return handlers.ModeStep(inp, adaptive.Observation({}, {}, None), None)  # type: ignore[arg-type]
+
+
 async def test_the_reconcile_fields_and_the_adaptive_part_go_out_in_one_write() -> None:
-    api, state = StatusKube(), handlers.LoopState(adaptive_status=DECIDED)
+    api, state = StatusKube(), handlers.LoopState()
     reconciler = handlers.Reconciler(api, logging.getLogger("test"))  # type: ignore[arg-type]
     agd = body({"replicas": 2})
-    await reconciler.pass_once(agd, observed(api, agd), state)  # type: ignore[arg-type]
+    done = await reconciler.pass_once(agd, observed(api, agd), state, mode_step(agd))  # type: ignore[arg-type]
     assert [c for c in api.calls if "status" in c[0]] == [
         ("apply_status", "AutoGLMDeployment", NAME)
     ]
     written = api.statuses[0]
     kinds = [c["type"] for c in written["conditions"]]
-    assert sorted(kinds) == ["Degraded", "ModeTransitioning", "Progressing", "Ready"]
-    assert written["lastDecision"] == DECIDED["lastDecision"]
+    assert sorted(kinds) == [
+        "Degraded", "MetricsAvailable", "ModeTransitioning", "Progressing", "Ready"
+    ]  # fmt: skip
+    assert done.settled.report is not None
+    decided = done.settled.report.status_patch["lastDecision"]
+    assert written["lastDecision"] == without_empty(decided)
     assert written["replicas"] == 0 and written["ready"] == "0/2"
-    assert state.adaptive_status is None, "written: not pending any more"
 
 
 async def test_a_write_from_a_version_the_watch_has_not_replaced_keeps_what_was_written() -> None:
     """The watch lags behind a write: the next write starts from what was written, so the
     decision fields are not taken back to the stale copy, and an unchanged status is not
     written again."""
-    api, state = StatusKube(), handlers.LoopState(adaptive_status=DECIDED)
+    api, state = StatusKube(), handlers.LoopState()
     reconciler = handlers.Reconciler(api, logging.getLogger("test"))  # type: ignore[arg-type]
     agd = body({"replicas": 2})
     obs = observed(api, agd)
-    await reconciler.pass_once(agd, obs, state)  # type: ignore[arg-type]
-    await reconciler.pass_once(agd, obs, state)  # type: ignore[arg-type]
+    await reconciler.pass_once(agd, obs, state, mode_step(agd))  # type: ignore[arg-type]
+    await reconciler.pass_once(agd, obs, state, mode_step(agd))  # type: ignore[arg-type]
     assert len(api.statuses) == 1, "nothing changed: no second write"
     part = {**DECIDED, "lastDecision": {"time": "t2", "reason": "QpsBelowLow", "toBatching": 0}}
     await reconciler.write_part(obs, state, part)
