@@ -1,13 +1,14 @@
-"""The adaptive pass's planning, pure: from the spec, the pods, what the pass read (each
-pod's runtime mode, the metrics) and the policy's decision to a plan of what to do to pods; and
-from what the executor did, the status patch and Events.
+"""The adaptive pass's planning, pure: from the spec, the pods and what the pass read (each
+pod's runtime mode, the metrics) to what it sees (repairs), what it decides (the policy) and a
+plan of what to do to pods; and from what the executor did, the status patch and Events.
 
 A plan (ModePlan): make each pod's label and runtime agree (repairs, finishing or reverting a
 flip an operator restart interrupted); then, under switchStrategy InPlace, the loop state to
 write before any pod is touched and the flips (label first, so the mode Services route right,
 then the runtime's admin API, then a GET that confirms); under Rolling, the batching share the
-reconcile plan steps toward. executor.py carries a plan out; adaptive_handlers.run_pass wires
-observe, plan, execute and report.
+children plan steps toward. plan.plan_modes puts the steps together (with the one Rolling
+target rule, plan.rolling_batching_target) inside the iteration's one plan; executor.py carries
+the entries out; report turns the outcomes into the status part and Events.
 
 Invariant: after a pass, each ready pod's label and runtime mode agree, or status says which
 do not (ModeTransitioning=True, ModeMismatch) and that pod is never flipped until they do.

@@ -1,9 +1,10 @@
 """Execute: the one module that acts on the API server for an AutoGLMDeployment.
 
-It applies a reconcile plan (plan.Plan) and reports what happened (what it wrote, in the loop's
-memory, and as Events); it carries out the adaptive pass's plan (adaptive.ModePlan: repairs,
-the announce, in-place flips: pod labels, and the runtime admin API through runtime_client) and
-reports each entry's outcome; it writes status (one writer, one field manager); and it reads
+It carries out the parts of an iteration's plan (plan.IterationPlan): the mode entries
+(adaptive.ModePlan: repairs, the announce, in-place flips: pod labels, and the runtime admin API
+through runtime_client), reporting each entry's outcome; the children (plan.Plan), reporting what
+it wrote (in the loop's memory, and as Events); it writes status (one writer, one field
+manager, only when it changed: write_status_if_changed); and it reads
 the two objects a pass needs beyond the indexes (a referenced Secret, the admin token). Apart
 from leader election (leader.py), nothing else in the operator imports the Kubernetes client
 (kube.py); an import contract keeps it so.

@@ -6,12 +6,13 @@ server-side by the managed-by label). Only a difference costs an API call, so a 
 costs none; a missed event, an operator restart or a hand edit is repaired on the next pass.
 One loop per object also means one writer per object: no two handlers race on its children.
 
-A pass: observe (observe.py, from the indexes), the adaptive pass when
-spec.adaptive.intervalSeconds is due (adaptive_handlers.py: it flips modes in place, or under
-switchStrategy Rolling hands the batching share to the plan in memory), plan (plan.plan_pass,
-pure), execute (executor.py, the one module that writes to the API server), status: one
-write per iteration, only when it changed, carrying both passes' fields (the adaptive pass's
-wait in LoopState.adaptive_status for it).
+An iteration: observe (observe.py, from the indexes; when spec.adaptive.intervalSeconds is due,
+adaptive_handlers.AdaptiveLoop.observe reads each pod's runtime mode and the metrics), plan
+(plan.plan_iteration, pure: one plan holding the mode repairs and flips, the children and the
+planned status), execute (executor.py, the one module that writes to the API server; after a
+repair that did not go as planned the iteration plans again before anything flips), status
+(plan.settle, pure, folds what the executor reported into the planned status; one write, only
+when it changed, apart from the loop state written before a flip touches a pod).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
-"""Pure: from the spec, what the cluster holds and the loop's memory, the plan of one pass.
+"""Pure: from the spec, what the cluster holds and the loop's memory, the plan of one iteration.
 
-`plan_pass` is the one entry: it says which children to create or apply, which pods to label
-or retire, whether the admin Secret needs a token and which child to delete; executor.py
-applies the plan and reports what happened.
-
+`plan_iteration` is the one entry: one plan (IterationPlan) holding the adaptive pass's mode
+entries (repairs, the loop state to announce, the flips; plan_modes), the children to create or
+apply, the pods to label or retire, whether the admin Secret needs a token, which child to
+delete (plan_pass), and the status as planned; `settle` folds what the executor reported (how
+each flip went, an API error) into that status. executor.py carries the plan out.
 
 A child is in sync when every field the operator sets has the same value in the live object
 (the apiserver adds defaults and status, which do not count), or when the live object is exactly
@@ -611,9 +612,9 @@ def plan_iteration(
     modes = None
     if inputs.modes is not None and inputs.observation is not None:
         modes = plan_modes(inputs.modes, inputs.observation, repaired)
-    target = memory.batching_target
-    if modes is not None and modes.rolling is not None:
-        target = modes.rolling.batching_target
+    target = memory.batching_target  # no pass now: what the last one decided
+    if modes is not None:  # the pass decides it (None under InPlace)
+        target = modes.rolling.batching_target if modes.rolling is not None else None
     fingerprint = (inputs.observed.fingerprint(), target)
     reconcile = now >= memory.retry_at and (
         fingerprint != memory.fingerprint or has_pending(memory.written, now)
