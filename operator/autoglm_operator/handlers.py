@@ -137,6 +137,9 @@ class Reconciler:
     async def pass_once(
         self, body: kopf.Body, observed: Observed, state: LoopState, step: ModeStep | None = None
     ) -> Done:
+        """Observe the rest (spec, references), plan once, execute (modes, then children),
+        settle the status and write it once. A failed adaptive part is planned away: the
+        children and the status go ahead without it."""
         inputs = await self._inputs(body, observed, state, step)
         now = time.monotonic()
         the_plan = plan.plan_iteration(inputs, state, now)
