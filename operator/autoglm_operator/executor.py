@@ -236,9 +236,20 @@ async def repair(repairs: Sequence[adaptive.Repair], io: ModeActuator) -> list[R
     return list(await asyncio.gather(*(_repair(r, io) for r in repairs)))
 
 
-def as_planned(the_plan: adaptive.ModePlan, repaired: Sequence[RepairOutcome]) -> bool:
-    """Whether the repairs went as the plan expected (else the caller plans again)."""
-    return list(repaired) == [r.expected for r in the_plan.repairs]
+async def execute_modes(
+    the_plan: adaptive.ModePlan,
+    io: ModeActuator,
+    replan: Callable[[list[RepairOutcome]], adaptive.ModePlan],
+    *,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[adaptive.ModePlan, list[FlipOutcome]]:
+    """Carry out a plan's mode entries: the repairs; when one did not go as planned, `replan`
+    from what they did before anything flips; then the announce and the flips. The plan
+    carried out, and what each flip did."""
+    repaired = await repair(the_plan.repairs, io)
+    if repaired != [r.expected for r in the_plan.repairs]:
+        the_plan = replan(repaired)
+    return the_plan, await switch(the_plan, io, clock=clock)
 
 
 async def switch(

@@ -197,18 +197,19 @@ class Reconciler:
     async def _modes(
         self, the_plan: plan.IterationPlan, io: executor.ModeActuator, state: LoopState, now: float
     ) -> tuple[plan.IterationPlan, list[adaptive.FlipOutcome]]:
-        """The plan's mode entries: repairs; when one did not go as planned, plan again from
-        what they did before anything flips; then the announce and the flips."""
-        modes = the_plan.modes
-        assert modes is not None
-        repaired = await executor.repair(modes.repairs, io)
-        if not executor.as_planned(modes, repaired):
-            the_plan = plan.plan_iteration(the_plan.inputs, state, now, repaired)
-            modes = the_plan.modes
-            assert modes is not None
-        flips = await executor.switch(modes, io)
-        state.batching_target = the_plan.batching_target
-        return the_plan, flips
+        """The plan's mode entries; after a repair that did not go as planned, the whole
+        iteration is planned again (the Rolling share, and so the children, may change)."""
+        carried = [the_plan]
+
+        def replan(repaired: list[adaptive.RepairOutcome]) -> adaptive.ModePlan:
+            carried.append(plan.plan_iteration(the_plan.inputs, state, now, repaired))
+            assert carried[-1].modes is not None
+            return carried[-1].modes
+
+        assert the_plan.modes is not None
+        _, flips = await executor.execute_modes(the_plan.modes, io, replan)
+        state.batching_target = carried[-1].batching_target
+        return carried[-1], flips
 
     async def _children(
         self, body: kopf.Body, the_plan: plan.IterationPlan, state: LoopState

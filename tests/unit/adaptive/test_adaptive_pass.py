@@ -50,14 +50,12 @@ def views(pods: dict[str, FakePod]) -> list[PodView]:
 
 
 async def run_pass(inp: PassInput, io: ReadIO) -> adaptive.PassResult:
-    """What one loop iteration does with the adaptive pass (handlers.Reconciler): observe, plan
-    (pure), repairs, plan again when one did not go as planned, flips, report (pure)."""
+    """The adaptive pass as one loop iteration runs it (handlers.Reconciler): observe, plan
+    (pure), the executor's repairs, flips and replan rule, report (pure)."""
     observation = await observe(inp, io)
-    the_plan = plan.plan_modes(inp, observation)
-    repaired = await executor.repair(the_plan.repairs, io)
-    if not executor.as_planned(the_plan, repaired):
-        the_plan = plan.plan_modes(inp, observation, repaired)
-    outcomes = await executor.switch(the_plan, io)
+    the_plan, outcomes = await executor.execute_modes(
+        plan.plan_modes(inp, observation), io, lambda done: plan.plan_modes(inp, observation, done)
+    )
     return adaptive.report(inp, the_plan, outcomes)
 
 
