@@ -98,7 +98,7 @@ def _writes(events: list[dict[str, Any]], namespace: str) -> list[tuple[float, W
         ref = event.get("objectRef") or {}
         if event.get("verb") not in WRITE_VERBS or ref.get("namespace") != namespace:
             continue
-        at = event.get("stageTimestamp") or event.get("requestReceivedTimestamp")
+        at = str(event.get("stageTimestamp") or event.get("requestReceivedTimestamp"))
         when = datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp()
         write = (str(event["verb"]), str(ref.get("resource")), str(ref.get("subresource") or ""))
         rows.append((when, write, str(ref.get("name") or "")))
@@ -144,6 +144,9 @@ def test_the_lifecycle_writes_what_it_always_wrote(
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=30)
         print(log.read_text(errors="replace")[-3000:])
+        # Cluster-scoped: the namespace's deletion would leave it behind.
+        binding = f"clusterrolebinding/{user.rsplit(':', 2)[1]}-{user.rsplit(':', 1)[1]}"
+        cluster.kubectl("delete", binding, "--ignore-not-found", check=False)
 
     phases: dict[str, list[tuple[float, Write, str]]] = {name: [] for name, _ in marks}
     for when, write, name in _writes(cluster.audit_events(user), namespace):
