@@ -115,7 +115,7 @@ class ModeStep:
 
     input: adaptive.PassInput
     observation: adaptive.Observation
-    io: executor.ModeActuator
+    io: adaptive_handlers.KubeIO
 
 
 @dataclass(frozen=True)
@@ -376,7 +376,6 @@ def _after_modes(
     if done.modes_failed:
         adaptive_loop.retry_soon()
     elif step is not None and report is not None:
-        assert isinstance(step.io, adaptive_handlers.KubeIO)
         adaptive_loop.finish(step.input, report, step.io)
         adaptive_loop.post_events(report, body)
 
