@@ -24,7 +24,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from autoglm_operator import adaptive_handlers, builders, executor, plan
+from autoglm_operator import adaptive_handlers, builders, executor, plan, router_builders
 from autoglm_operator import pods as pods_
 from autoglm_operator import policy as pol
 from autoglm_operator import settings as settings_
@@ -70,6 +70,25 @@ def owned_configmaps(namespace: str | None, labels: kopf.Labels, body: kopf.Body
 
 @kopf.index("policy", "v1", "poddisruptionbudgets", labels=CHILD_FILTER)
 def owned_pdbs(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
+    return {_key(namespace, labels): _trim(body)}
+
+
+@kopf.index("", "v1", "serviceaccounts", labels=CHILD_FILTER)
+def owned_serviceaccounts(
+    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> Any:
+    return {_key(namespace, labels): _trim(body)}
+
+
+@kopf.index("rbac.authorization.k8s.io", "v1", "roles", labels=CHILD_FILTER)
+def owned_roles(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
+    return {_key(namespace, labels): _trim(body)}
+
+
+@kopf.index("rbac.authorization.k8s.io", "v1", "rolebindings", labels=CHILD_FILTER)
+def owned_rolebindings(
+    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> Any:
     return {_key(namespace, labels): _trim(body)}
 
 
@@ -188,6 +207,7 @@ class Reconciler:
             current=current,
             now=pol.iso_time(time.time()),
             problem=problem,
+            router=observed.children.get(("Deployment", router_builders.router_name(meta["name"]))),
         )
         METRICS.replicas.labels(meta["namespace"], meta["name"]).set(spec.replicas)
         METRICS.ready_replicas.labels(meta["namespace"], meta["name"]).set(

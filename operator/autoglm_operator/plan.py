@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from autoglm_operator import builders
+from autoglm_operator import builders, router_builders
 from autoglm_operator import pods as pods_
 from autoglm_operator import spec as crd
 from autoglm_operator import status as status_
@@ -404,6 +404,7 @@ class Plan:
     label: tuple[tuple[str, str], ...] = ()  # (pod, resourceVersion) to label
     label_mode: Mode = Mode.STREAMING
     delete: tuple[Key, ...] = ()
+    delete_router: tuple[Key, ...] = ()  # spec.router.enabled is false: the router's children
 
 
 def plan_pass(
@@ -421,7 +422,11 @@ def plan_pass(
     if builders.rolling(spec):
         step = rolling_step_for(owner, spec, observed, memory.batching_target)
         split, retire = step.split, _to_mark(step, observed.pods)
-    desired = builders.children(owner, spec, surge=surge, split=split)
+    desired = [
+        *builders.children(owner, spec, surge=surge, split=split,
+                           via_router=service_via_router(owner, spec, observed)),
+        *router_builders.children(owner, spec),
+    ]  # fmt: skip
     secret, settled = admin_secret_action(owner, observed.secret, memory.written, now)
     return Plan(
         owner=owner,
@@ -435,7 +440,49 @@ def plan_pass(
         delete=() if builders.rolling(spec) else _batching_deployment_to_delete(
             owner, spec, observed, desired_hashes
         ),
+        delete_router=router_children_to_delete(owner, spec, observed),
     )  # fmt: skip
+
+
+# -- the router ------------------------------------------------------------------------------
+
+
+def router_ready_replicas(name: str, observed: Observed) -> int:
+    """Ready pods of `<name>-router`, as its Deployment's status says."""
+    live = observed.children.get(("Deployment", router_builders.router_name(name))) or {}
+    return int((live.get("status") or {}).get("readyReplicas") or 0)
+
+
+def service_via_router(
+    owner: builders.Owner, spec: crd.AutoGLMDeploymentSpec, observed: Observed
+) -> bool:
+    """Whether Service `<name>` selects the router: once a router pod is ready (make before
+    break: until then it keeps selecting the serving pods), and from then on for good, so a
+    router that loses its replicas for a while does not flip the Service back and forth."""
+    if not spec.router.enabled:
+        return False
+    live = observed.children.get(("Service", builders.service_name(owner.name))) or {}
+    selector = (live.get("spec") or {}).get("selector") or {}
+    already = selector == builders.router_selector_labels(owner.name)
+    return already or router_ready_replicas(owner.name, observed) > 0
+
+
+def router_children_to_delete(
+    owner: builders.Owner, spec: crd.AutoGLMDeploymentSpec, observed: Observed
+) -> tuple[Key, ...]:
+    """spec.router.enabled false: the router's children that still exist, once Service
+    `<name>` selects the serving pods again (this pass's update comes back first)."""
+    if spec.router.enabled:
+        return ()
+    live = observed.children.get(("Service", builders.service_name(owner.name))) or {}
+    selector = (live.get("spec") or {}).get("selector") or {}
+    if selector == builders.router_selector_labels(owner.name):
+        return ()
+    return tuple(
+        key
+        for key in router_builders.keys(owner.name)
+        if key in observed.children and not pods_.is_terminating(observed.children[key])
+    )
 
 
 def rolling_step_for(
