@@ -54,6 +54,10 @@ app.kubernetes.io/component: operator
 {{- printf "%s/autoglm-runtime:%s" .Values.image.registry .Chart.AppVersion -}}
 {{- end -}}
 
+{{- define "autoglm.routerImage" -}}
+{{- printf "%s/autoglm-router:%s" .Values.image.registry .Chart.AppVersion -}}
+{{- end -}}
+
 {{/* The namespaces the operator watches in Namespace scope (the release namespace by default). */}}
 {{- define "autoglm.watchNamespaces" -}}
 {{- $namespaces := .Values.operator.watchNamespaces | default (list .Release.Namespace) -}}
