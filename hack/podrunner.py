@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,21 @@ class PodRunner:
     def router_urls(self, namespace: str) -> dict[str, str]:
         """Pod name -> URL of every router pod of `namespace` running now."""
         return self._urls(namespace, router=True)
+
+    def router_requests(self, namespace: str) -> dict[tuple[str, str, str], float]:
+        """What the routers of `namespace` counted (autoglm_router_requests_total), summed over
+        them: (traffic class, the serving replica's mode, outcome) -> requests."""
+        totals: dict[tuple[str, str, str], float] = {}
+        for url in self.router_urls(namespace).values():
+            with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+                text = response.read().decode()
+            for line in text.splitlines():
+                if line.startswith("autoglm_router_requests_total{"):
+                    series, value = line.rsplit(" ", 1)
+                    labels = dict(re.findall(r'(\w+)="([^"]*)"', series))
+                    key = (labels["traffic_class"], labels["mode"], labels["outcome"])
+                    totals[key] = totals.get(key, 0.0) + float(value)
+        return totals
 
     def _urls(self, namespace: str, *, router: bool) -> dict[str, str]:
         with self._lock:
@@ -231,7 +247,8 @@ class PodRunner:
             self._forget_deferred(uid)
         if pod is not None:
             self._write_targets()
-            log(f"podrunner: stopping sim for {pod.namespace}/{pod.name}")
+            what = "router" if pod.router else "sim"
+            log(f"podrunner: stopping {what} for {pod.namespace}/{pod.name}")
             threading.Thread(target=self._shut_down, args=(pod, deleted), daemon=True).start()
 
     def _forget_deferred(self, uid: str) -> None:

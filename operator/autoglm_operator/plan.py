@@ -169,6 +169,12 @@ def describe_update(actual: dict[str, Any] | None, desired: dict[str, Any]) -> s
         )
         if have != want and rest_same:
             return f"scaled from {have} to {want} replicas"
+    if desired["kind"] == "Service":
+        have = ((actual.get("spec") or {}).get("selector") or {}).get(builders.NAME_LABEL)
+        want = desired["spec"]["selector"].get(builders.NAME_LABEL)
+        if have != want:  # the router turned on or off
+            pods = "router" if want == builders.ROUTER_APP_NAME else "serving"
+            return f"now selects the {pods} pods"
     drifted = differing_paths(actual, desired)
     shown = ", ".join(drifted[:3]) + (", ..." if len(drifted) > 3 else "")
     return f"restored {shown}" if drifted else "restored the desired state"

@@ -168,15 +168,10 @@ def test_service_reaches_replicas_of_the_right_mode_through_the_router_and_off_a
         assert set(proxy.stats.connections) <= set(routers)
 
     # Each class reached its mode's replica: the routers' counts and the sims' own.
-    counted: dict[tuple[str, str], float] = {}
-    for url in routers.values():
-        for series, value in _metrics(url).items():
-            if series.startswith("autoglm_router_requests_total{"):
-                labels = dict(p.split("=") for p in series[series.index("{") + 1 : -1].split(","))
-                key = (labels["traffic_class"].strip('"'), labels["mode"].strip('"'))
-                assert labels["outcome"] == '"ok"', series
-                counted[key] = counted.get(key, 0) + value
-    assert counted == {("streamed_chat", "streaming"): REQUESTS, ("other", "batching"): REQUESTS}
+    counted = pod_runner.router_requests(ns)
+    assert counted == {
+        ("streamed_chat", "streaming", "ok"): REQUESTS, ("other", "batching", "ok"): REQUESTS,
+    }  # fmt: skip
     admitted = {p: _metrics(u)["autoglm_requests_admitted_total"] - admitted_before[p]
                 for p, u in sims.items()}  # fmt: skip
     assert admitted == {pods[0]: REQUESTS, pods[1]: REQUESTS}

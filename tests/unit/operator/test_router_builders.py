@@ -207,3 +207,10 @@ def test_a_router_child_being_deleted_is_not_deleted_again(kind: str) -> None:
     obs = observed(children)
     obs.children[(kind, ROUTER)]["metadata"]["deletionTimestamp"] = "t"
     assert (kind, ROUTER) not in planned(OFF, obs).delete_router
+
+
+def test_the_service_move_is_described_as_such() -> None:
+    direct = builders.service(OWNER, SPEC)
+    via = builders.service(OWNER, SPEC, via_router=True)
+    assert plan.describe_update(direct, via) == "now selects the router pods"
+    assert plan.describe_update(via, direct) == "now selects the serving pods"
