@@ -654,7 +654,9 @@ def test_served_name_is_immutable(cluster: LocalCluster, crd: str, namespace: st
 def test_printer_columns_and_scale(cluster: LocalCluster, crd: str, namespace: str) -> None:
     cluster.apply(_object("scaled", VALID), namespace)
     header = cluster.kubectl("get", "agd", "-n", namespace).stdout.splitlines()[0].split()
-    assert header == ["NAME", "READY", "STREAMING", "BATCHING", "POLICY", "ENDPOINT", "AGE"]
+    assert header == [
+        "NAME", "READY", "STREAMING", "BATCHING", "ROUTERS", "POLICY", "ENDPOINT", "AGE",
+    ]  # fmt: skip
     row = cluster.kubectl("get", "agd", "scaled", "-n", namespace, "--no-headers").stdout.split()
     assert row[0] == "scaled" and "Adaptive" in row
     cluster.kubectl("scale", "agd/scaled", "--replicas=3", "-n", namespace)

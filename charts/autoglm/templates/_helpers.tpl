@@ -91,6 +91,13 @@ app.kubernetes.io/managed-by: autoglm-operator
 app.kubernetes.io/component: server
 {{- end -}}
 
+{{/* The router pods the operator creates (operator/autoglm_operator/router_builders.py). */}}
+{{- define "autoglm.routerPodLabels" -}}
+app.kubernetes.io/name: autoglm-router
+app.kubernetes.io/managed-by: autoglm-operator
+app.kubernetes.io/component: router
+{{- end -}}
+
 {{- define "autoglm.runtimePodSelectorString" -}}
 {{- $labels := include "autoglm.runtimePodLabels" . | fromYaml -}}
 {{- $pairs := list -}}
