@@ -10,7 +10,7 @@ import pytest
 
 from autoglm_operator import builders, plan, router_builders
 from autoglm_operator import spec as crd
-from autoglm_operator.observe import Observed
+from autoglm_operator.observe import CHILD_INDEXES, Observed, observe
 from autoglm_router import cli as router_cli
 
 OWNER = builders.Owner(name="phone-9b", namespace="serving", uid="u1")
@@ -214,3 +214,25 @@ def test_the_service_move_is_described_as_such() -> None:
     via = builders.service(OWNER, SPEC, via_router=True)
     assert plan.describe_update(direct, via) == "now selects the router pods"
     assert plan.describe_update(via, direct) == "now selects the serving pods"
+
+
+def test_observe_keeps_router_pods_out_of_the_serving_pods_and_files_the_router_children() -> None:
+    serving = builders.pod_template("phone-9b", SPEC)
+    router = router_builders.pod_template(OWNER, SPEC)
+    pods = [
+        {"metadata": {"name": name, **template["metadata"]}, "status": {"phase": "Running"}}
+        for name, template in (("phone-9b-abc", serving), ("phone-9b-router-xyz", router))
+    ]
+    children = {index: {("serving", "phone-9b"): []} for index, _ in CHILD_INDEXES}
+    for manifest in router_builders.children(OWNER, SPEC):
+        index = next(i for i, kind in CHILD_INDEXES if kind == manifest["kind"])
+        children[index][("serving", "phone-9b")].append(manifest)
+    indexes = {
+        **children,
+        "owned_secrets": {},
+        "owned_pods": {("serving", "phone-9b"): pods},
+    }
+    body = {"metadata": {"name": "phone-9b", "namespace": "serving", "uid": "u1"}}
+    seen = observe(body, "serving", "phone-9b", "u1", indexes)
+    assert [p["metadata"]["name"] for p in seen.pods] == ["phone-9b-abc"]
+    assert sorted(seen.children) == sorted((k, ROUTER) for k in router_builders.KINDS)
