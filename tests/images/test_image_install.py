@@ -197,7 +197,8 @@ def test_router_image_install_runs_what_the_operator_starts(tmp_path: Path) -> N
     pod = router_builders.pod_template(owner, crd.AutoGLMDeploymentSpec())["spec"]
     container = pod["containers"][0]
     assert container["command"] == entrypoint
-    result = _run(env_dir, *container["command"], *container["args"])
+    outside = ("env", "-u", "KUBECONFIG", "-u", "KUBERNETES_SERVICE_HOST")  # as here, no pod
+    result = _run(env_dir, *outside, *container["command"], *container["args"])
     assert result.returncode == 2, result.stderr
     assert "not inside a pod and no kubeconfig" in result.stderr, result.stderr
     # The preStop hook's command exists in a slim Debian image as it does here.
