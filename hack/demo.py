@@ -1,10 +1,13 @@
 """`make demo`: the whole system on this machine, live.
 
 A real control plane with two fake 8-GPU nodes (kwok), the chart installed with helm, the
-operator running under the chart's ServiceAccount, Debian's Prometheus, and a `sim` runtime for
-each serving pod. Traffic ramps up and back down; the adaptive loop moves replicas to batching
-at the peak and back to streaming after it, and this script shows it as it happens. At the end
-it writes a PNG of load, TTFT and modes over time. Ctrl-C stops everything it started.
+operator running under the chart's ServiceAccount, Debian's Prometheus, a `sim` runtime for
+each serving pod and an `autoglm-router` for each router pod. Traffic goes to Service
+`<name>`, as clients' would: through the router, which sends each request to a replica of the
+right mode. It ramps up and back down; the adaptive loop moves replicas to batching at the peak
+and back to streaming after it, and this script shows it as it happens. At the end it prints
+where the requests went and writes a PNG of load, TTFT and modes over time. Ctrl-C stops
+everything it started.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from loadgen import LoadReport, percentile, run_load
 from localcluster import LocalCluster, free_port, loopback_pod_cidr, running_cluster
 from localprom import LocalPrometheus
 from podrunner import PodRunner
+from servicelb import ServiceProxy
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "autoglm"
@@ -179,10 +183,26 @@ def wait_ready(cluster: LocalCluster, replicas: int, timeout: float = 120) -> No
     )
 
 
+def wait_for_routers(proxy: ServiceProxy, timeout: float = 60) -> None:
+    """Service <name> has a router pod ready behind it (the local kube-proxy probes them)."""
+    deadline = time.monotonic() + timeout
+    while not proxy.endpoints():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"Service {NAME} has no ready router pod after {timeout}s")
+        time.sleep(0.5)
+
+
+def show_where_requests_went(runner: PodRunner, proxy: ServiceProxy) -> None:
+    """Connections per router pod, and the routers' own counts by class and replica mode."""
+    print("Service connections per router pod:", dict(proxy.stats.connections))
+    for (traffic_class, mode, outcome), count in sorted(runner.router_requests(DEMO_NAMESPACE)
+                                                        .items()):  # fmt: skip
+        print(f"  {traffic_class:>13} -> {mode:>9} replicas: {count:6.0f} {outcome}")
+
+
 def pod_modes(cluster: LocalCluster) -> dict[str, str]:
-    pods = cluster.get_json(
-        "pods", "-n", DEMO_NAMESPACE, "-l", f"app.kubernetes.io/instance={NAME}"
-    )
+    serving = f"app.kubernetes.io/instance={NAME},app.kubernetes.io/name=autoglm"
+    pods = cluster.get_json("pods", "-n", DEMO_NAMESPACE, "-l", serving)
     return {
         p["metadata"]["name"]: p["metadata"].get("labels", {}).get("autoglm.io/mode", "?")
         for p in pods["items"]
@@ -282,7 +302,8 @@ def run(args: argparse.Namespace) -> int:
         )
         print(cluster.kubectl("get", "nodes", "-L", "nvidia.com/gpu.count").stdout)
 
-        step("Starting Prometheus and the pod runner (a sim runtime per serving pod)")
+        step("Starting Prometheus and the pod runner (a sim per serving pod, a router per router "
+             "pod)")  # fmt: skip
         prom = LocalPrometheus(workdir / "prometheus").start()
         stack.callback(prom.stop)
         runner = PodRunner(cluster, workdir / "pods", targets_file=prom.targets_file).start()
@@ -301,10 +322,11 @@ def run(args: argparse.Namespace) -> int:
         wait_ready(cluster, args.replicas)
         print(cluster.kubectl("get", "agd", "-n", DEMO_NAMESPACE).stdout)
 
-        step(f"Driving traffic for {duration:.0f}s: quiet, a peak of 12 req/s, quiet again")
-
-        def targets() -> list[str]:
-            return [u + "/v1" for name in pod_modes(cluster) if (u := runner.runtime_url(name))]
+        proxy = stack.enter_context(ServiceProxy(cluster, DEMO_NAMESPACE, NAME))
+        wait_for_routers(proxy)
+        step(f"Driving traffic for {duration:.0f}s through Service {NAME} (the router): quiet, "
+             "a peak of 12 req/s, quiet again")  # fmt: skip
+        targets = [proxy.url + "/v1"]
 
         report = LoadReport()
         timeline = Timeline()
@@ -336,6 +358,7 @@ def run(args: argparse.Namespace) -> int:
             f"requests: {len(report.results)}, failed: {len(report.failures)}"
         )
         print(f"chart: {chart}")
+        show_where_requests_went(runner, proxy)
         selector = f"involvedObject.kind=AutoGLMDeployment,involvedObject.name={NAME}"
         events = cluster.kubectl(
             "get", "events", "-n", DEMO_NAMESPACE, "--field-selector", selector,

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Build the operator and runtime images and push them to your registry, tagged with the project
+# Build the operator, runtime and router images and push them to your registry, tagged with the project
 # version (pyproject.toml):
 #   REGISTRY=registry.example.com/team bash hack/images.sh     (or: make images REGISTRY=...)
-# gives registry.example.com/team/autoglm-operator:<version> and .../autoglm-runtime:<version>.
+# gives registry.example.com/team/autoglm-operator:<version>, .../autoglm-runtime:<version> and
+# .../autoglm-router:<version>.
 # Builder: Docker when its daemon answers, else podman, else buildah; BUILDER=docker|podman|buildah
 # picks one. PUSH=0 builds without pushing; PLATFORM=linux/amd64 builds for another platform.
 set -euo pipefail
@@ -10,6 +11,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # The image names the chart and the CRD default to (operator/autoglm_operator/images.py).
 OPERATOR_IMAGE=autoglm-operator
 RUNTIME_IMAGE=autoglm-runtime
+ROUTER_IMAGE=autoglm-router
 
 fail() { echo "[images] $*" >&2; exit 1; }
 
@@ -56,7 +58,8 @@ build() {  # builder dockerfile reference
 
 builder=$(pick_builder)
 refs=()
-for pair in "operator.Dockerfile $OPERATOR_IMAGE" "runtime.Dockerfile $RUNTIME_IMAGE"; do
+for pair in "operator.Dockerfile $OPERATOR_IMAGE" "runtime.Dockerfile $RUNTIME_IMAGE" \
+            "router.Dockerfile $ROUTER_IMAGE"; do
   read -r dockerfile name <<<"$pair"
   ref=$REGISTRY/$name:$version
   build "$builder" "$dockerfile" "$ref"

@@ -1,4 +1,5 @@
-"""A tiny kubelet for kwok pods: runs a `sim` runtime for each AutoGLM serving pod.
+"""A tiny kubelet for kwok pods: runs a `sim` runtime for each AutoGLM serving pod, and an
+`autoglm-router` for each router pod.
 
 kwok marks pods Running without running anything. With a loopback pod CIDR each pod's IP is a
 127.x address, so this runner starts `autoglm-runtime sim` bound to that IP, with the pod's
@@ -6,6 +7,11 @@ ConfigMap, Secret and downward-API volumes written to a local folder and the pod
 at them, the way the kubelet would mount them. A pod that is deleted goes the kubelet's way
 down: its preStop exec hook runs, then SIGTERM (the runtime drains), then SIGKILL once the
 termination grace period is over. A label change rewrites the downward-API labels file.
+
+A router pod (`<name>-router`, app.kubernetes.io/name=autoglm-router) runs its container's own
+args, bound to the pod IP, with its ServiceAccount's credentials as the kubelet would mount
+them: a token from the TokenRequest API, bound to the pod, in a kubeconfig given with
+--kubeconfig. So the router's pod watch runs under the RBAC the operator gave it.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,8 +35,10 @@ from kubernetes import client, config, watch  # type: ignore[import-untyped]
 
 from localcluster import LocalCluster, log
 
-SELECTOR = "app.kubernetes.io/name=autoglm"
+SELECTOR = "app.kubernetes.io/name in (autoglm,autoglm-router)"
+ROUTER_APP = "autoglm-router"
 RUNTIME_PORT = 8000
+TOKEN_SECONDS = 3600  # a projected ServiceAccount token's default life
 
 
 @dataclass
@@ -44,6 +53,7 @@ class RunningPod:
     instance: str
     mounts: dict[str, Path]  # the container's mount paths, as local folders
     sigterm_at: float | None = None  # time.time() of the kubelet's SIGTERM, once deleted
+    router: bool = False  # an autoglm-router pod, not a serving one
 
 
 def _downward_labels(labels: dict[str, str]) -> str:
@@ -110,12 +120,34 @@ class PodRunner:
         return f"http://{pod.ip}:{RUNTIME_PORT}" if pod is not None else None
 
     def runtime_urls(self, namespace: str) -> dict[str, str]:
-        """Pod name -> runtime URL of every pod of `namespace` that has a runtime now."""
+        """Pod name -> runtime URL of every serving pod of `namespace` running now."""
+        return self._urls(namespace, router=False)
+
+    def router_urls(self, namespace: str) -> dict[str, str]:
+        """Pod name -> URL of every router pod of `namespace` running now."""
+        return self._urls(namespace, router=True)
+
+    def router_requests(self, namespace: str) -> dict[tuple[str, str, str], float]:
+        """What the routers of `namespace` counted (autoglm_router_requests_total), summed over
+        them: (traffic class, the serving replica's mode, outcome) -> requests."""
+        totals: dict[tuple[str, str, str], float] = {}
+        for url in self.router_urls(namespace).values():
+            with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+                text = response.read().decode()
+            for line in text.splitlines():
+                if line.startswith("autoglm_router_requests_total{"):
+                    series, value = line.rsplit(" ", 1)
+                    labels = dict(re.findall(r'(\w+)="([^"]*)"', series))
+                    key = (labels["traffic_class"], labels["mode"], labels["outcome"])
+                    totals[key] = totals.get(key, 0.0) + float(value)
+        return totals
+
+    def _urls(self, namespace: str, *, router: bool) -> dict[str, str]:
         with self._lock:
             return {
                 pod.name: f"http://{pod.ip}:{RUNTIME_PORT}"
                 for pod in self.pods.values()
-                if pod.namespace == namespace
+                if pod.namespace == namespace and pod.router == router
             }
 
     # -- the watch -------------------------------------------------------------------------------
@@ -200,6 +232,7 @@ class PodRunner:
                  "labels": {"namespace": pod.namespace, "pod": pod.name,
                             "autoglm_deployment": pod.instance}}
                 for pod in self.pods.values()
+                if not pod.router  # runtime targets only, as the chart's PodMonitor selects
             ]  # fmt: skip
         tmp = self.targets_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(groups))
@@ -214,7 +247,8 @@ class PodRunner:
             self._forget_deferred(uid)
         if pod is not None:
             self._write_targets()
-            log(f"podrunner: stopping sim for {pod.namespace}/{pod.name}")
+            what = "router" if pod.router else "sim"
+            log(f"podrunner: stopping {what} for {pod.namespace}/{pod.name}")
             threading.Thread(target=self._shut_down, args=(pod, deleted), daemon=True).start()
 
     def _forget_deferred(self, uid: str) -> None:
@@ -267,6 +301,8 @@ class PodRunner:
     def _launch(self, pod: Any) -> RunningPod:
         folder = self.workdir / pod.metadata.namespace / pod.metadata.name
         folder.mkdir(parents=True, exist_ok=True)
+        if (pod.metadata.labels or {}).get("app.kubernetes.io/name") == ROUTER_APP:
+            return self._launch_router(pod, folder)
         container = pod.spec.containers[0]
         volumes = {v.name: v for v in pod.spec.volumes or []}
         mounts: dict[str, Path] = {}
@@ -330,6 +366,59 @@ class PodRunner:
         return RunningPod(pod.metadata.uid, pod.metadata.name, pod.metadata.namespace,
                           pod.status.pod_ip, folder, process, labels_file, instance,
                           mounts)  # fmt: skip
+
+    def _launch_router(self, pod: Any, folder: Path) -> RunningPod:
+        """`autoglm-router` with the container's args on the pod IP, as its ServiceAccount."""
+        kubeconfig = folder / "kubeconfig"
+        kubeconfig.write_text(json.dumps(self._service_account_kubeconfig(pod)))
+        kubeconfig.chmod(0o600)
+        args = list(pod.spec.containers[0].args or [])
+        if "--host" in args:
+            args[args.index("--host") + 1] = pod.status.pod_ip
+        else:
+            args += ["--host", pod.status.pod_ip]
+        argv = [str(Path(sys.executable).with_name("autoglm-router")), *args,
+                "--kubeconfig", str(kubeconfig)]  # fmt: skip
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}  # fmt: skip
+        logfile = open(folder / "router.log", "ab")  # noqa: SIM115 - owned by the child
+        process = subprocess.Popen(
+            argv, env=env, stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        logfile.close()
+        account = pod.spec.service_account_name
+        log(f"podrunner: started router for {pod.metadata.namespace}/{pod.metadata.name} "
+            f"at {pod.status.pod_ip}:{RUNTIME_PORT} as {account}")  # fmt: skip
+        instance = (pod.metadata.labels or {}).get("app.kubernetes.io/instance", "")
+        return RunningPod(pod.metadata.uid, pod.metadata.name, pod.metadata.namespace,
+                          pod.status.pod_ip, folder, process, None, instance, {},
+                          router=True)  # fmt: skip
+
+    def _service_account_kubeconfig(self, pod: Any) -> dict[str, Any]:
+        """What the kubelet mounts for a pod's ServiceAccount (a token bound to the pod, the
+        cluster's CA, the namespace), as a kubeconfig."""
+        request = client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(
+                audiences=[],  # the apiserver's own
+                expiration_seconds=TOKEN_SECONDS,
+                bound_object_ref=client.V1BoundObjectReference(
+                    api_version="v1", kind="Pod", name=pod.metadata.name, uid=pod.metadata.uid
+                ),
+            )
+        )
+        token = self.core.create_namespaced_service_account_token(
+            pod.spec.service_account_name, pod.metadata.namespace, request
+        ).status.token
+        namespace = pod.metadata.namespace
+        return {
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "local", "cluster": {
+                "server": self.cluster.server, "certificate-authority": self.cluster.ca_file}}],
+            "users": [{"name": "pod", "user": {"token": token}}],
+            "contexts": [{"name": "pod", "context": {
+                "cluster": "local", "user": "pod", "namespace": namespace}}],
+            "current-context": "pod",
+        }  # fmt: skip
 
     @staticmethod
     def _write_items(folder: Path, items: dict[str, bytes]) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from autoglm_operator import builders
+from autoglm_operator import builders, router_builders
 from autoglm_operator import spec as crd
 
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
@@ -32,7 +32,12 @@ def render(path: Path, namespace: str | None = None) -> str:
         namespace=namespace or metadata.get("namespace", "default"),
         uid=PLACEHOLDER_UID,
     )
-    docs = [*builders.children(owner, spec), builders.admin_secret(owner, "placeholder")]
+    # As the cluster holds them once a router pod is ready: Service <name> selects the router.
+    docs = [
+        *builders.children(owner, spec, via_router=spec.router.enabled),
+        *router_builders.children(owner, spec),
+        builders.admin_secret(owner, "placeholder"),
+    ]
     return yaml.safe_dump_all(docs, sort_keys=False)
 
 

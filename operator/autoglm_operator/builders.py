@@ -27,6 +27,7 @@ INSTANCE_LABEL = "app.kubernetes.io/instance"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 APP_NAME = "autoglm"
+ROUTER_APP_NAME = "autoglm-router"
 MANAGER = "autoglm-operator"
 # The pod template's digest: pods carry it, so out-of-date pods are found without a diff.
 TEMPLATE_HASH_ANNOTATION = "autoglm.io/template-hash"
@@ -101,6 +102,18 @@ def selector_labels(name: str) -> dict[str, str]:
 
 def common_labels(name: str) -> dict[str, str]:
     return {**selector_labels(name), MANAGED_BY_LABEL: MANAGER}
+
+
+def router_selector_labels(name: str) -> dict[str, str]:
+    """The router pods' selector. Its own app name, so that no selector of the serving pods
+    (the Deployment's, immutable; the PodDisruptionBudget's; status.selector) matches them."""
+    return {NAME_LABEL: ROUTER_APP_NAME, INSTANCE_LABEL: name}
+
+
+def serving_pod_selector(name: str) -> str:
+    """The label selector of one deployment's serving pods, as the router's --selector."""
+    labels = {**selector_labels(name), COMPONENT_LABEL: "server"}
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
 
 def selector_string(name: str) -> str:
@@ -458,8 +471,15 @@ def deployment(
     }
 
 
-def service(owner: Owner, spec: crd.AutoGLMDeploymentSpec, mode: Mode | None = None) -> Manifest:
-    """`<name>` selects every ready replica; `<name>-<mode>` only those in that mode."""
+def service(
+    owner: Owner,
+    spec: crd.AutoGLMDeploymentSpec,
+    mode: Mode | None = None,
+    *,
+    via_router: bool = False,
+) -> Manifest:
+    """`<name>` selects every ready replica, or the router pods (`via_router`);
+    `<name>-<mode>` only the replicas in that mode."""
     port: dict[str, Any] = {
         "name": "http",
         "port": spec.service.port,
@@ -475,6 +495,8 @@ def service(owner: Owner, spec: crd.AutoGLMDeploymentSpec, mode: Mode | None = N
             port["nodePort"] = spec.service.node_port
         if spec.service.annotations:
             metadata["annotations"] = dict(spec.service.annotations)
+        if via_router:
+            selector = router_selector_labels(owner.name)
     else:
         selector = {**selector, MODE_LABEL: mode.value}
     service_spec.update({"selector": selector, "ports": [port]})
@@ -523,10 +545,13 @@ def children(
     *,
     surge: bool = True,
     split: Mapping[Mode, int] | None = None,
+    via_router: bool = False,
 ) -> list[Manifest]:
-    """Every child except the admin Secret (whose token is not a function of the spec).
+    """Every serving child except the admin Secret (whose token is not a function of the spec);
+    the router's are router_builders.children.
 
-    Under switchStrategy Rolling, `split` is how many replicas each mode's Deployment runs.
+    Under switchStrategy Rolling, `split` is how many replicas each mode's Deployment runs;
+    `via_router`: Service `<name>` selects the router pods.
     """
     if rolling(spec):
         split = split or {initial_mode(spec): spec.replicas}
@@ -539,7 +564,7 @@ def children(
     return [
         config_map(owner, spec),
         *deployments,
-        service(owner, spec),
+        service(owner, spec, via_router=via_router),
         service(owner, spec, Mode.STREAMING),
         service(owner, spec, Mode.BATCHING),
         pod_disruption_budget(owner),

@@ -15,6 +15,7 @@ PRINTER_COLUMNS = [
     {"name": "Ready", "type": "string", "jsonPath": ".status.ready"},
     {"name": "Streaming", "type": "integer", "jsonPath": ".status.streamingReplicas"},
     {"name": "Batching", "type": "integer", "jsonPath": ".status.batchingReplicas"},
+    {"name": "Routers", "type": "integer", "jsonPath": ".status.router.readyReplicas"},
     {"name": "Policy", "type": "string", "jsonPath": ".spec.modePolicy"},
     {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

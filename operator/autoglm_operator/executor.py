@@ -139,6 +139,9 @@ class Executor:
         for kind, name in the_plan.delete:
             await self.call(self.kube.delete, kind, the_plan.owner.namespace, name)
             self._report(body, "Deleted", f"Deleted {kind} {name}: switchStrategy is InPlace")
+        for kind, name in the_plan.delete_router:
+            await self.call(self.kube.delete, kind, the_plan.owner.namespace, name)
+            self._report(body, "Deleted", f"Deleted {kind} {name}: router.enabled is false")
 
     def _report(self, body: Any, reason: str, message: str) -> None:
         event(body, reason=reason, message=message)

@@ -74,6 +74,25 @@ def owned_pdbs(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_:
     return {_key(namespace, labels): _trim(body)}
 
 
+@kopf.index("", "v1", "serviceaccounts", labels=CHILD_FILTER)
+def owned_serviceaccounts(
+    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> Any:
+    return {_key(namespace, labels): _trim(body)}
+
+
+@kopf.index("rbac.authorization.k8s.io", "v1", "roles", labels=CHILD_FILTER)
+def owned_roles(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
+    return {_key(namespace, labels): _trim(body)}
+
+
+@kopf.index("rbac.authorization.k8s.io", "v1", "rolebindings", labels=CHILD_FILTER)
+def owned_rolebindings(
+    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> Any:
+    return {_key(namespace, labels): _trim(body)}
+
+
 @kopf.index("", "v1", "secrets", labels=CHILD_FILTER)
 def owned_secrets(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
     # Only whether a token is there: the token itself stays out of the operator's memory.

@@ -1,4 +1,4 @@
-"""Where the operator and runtime images live by default, in one place.
+"""Where the operator, runtime and router images live by default, in one place.
 
 `make images REGISTRY=...` (hack/images.sh) pushes `<registry>/<name>:<version>`; the chart
 (values.yaml `image.registry`), the CRD's default `image` and the examples name the same
@@ -12,6 +12,7 @@ from autoglm_runtime import __version__
 DEFAULT_REGISTRY = "ghcr.io/autoglm"
 OPERATOR_IMAGE = "autoglm-operator"
 RUNTIME_IMAGE = "autoglm-runtime"
+ROUTER_IMAGE = "autoglm-router"
 VERSION = __version__
 
 

@@ -21,6 +21,9 @@ CHILD_INDEXES = (
     ("owned_services", "Service"),
     ("owned_configmaps", "ConfigMap"),
     ("owned_pdbs", "PodDisruptionBudget"),
+    ("owned_serviceaccounts", "ServiceAccount"),
+    ("owned_roles", "Role"),
+    ("owned_rolebindings", "RoleBinding"),
 )
 INDEXES = (*(index for index, _ in CHILD_INDEXES), "owned_secrets", "owned_pods")
 
@@ -69,8 +72,13 @@ def observe(
             children[(kind, obj["metadata"]["name"])] = {"kind": kind, **obj}
     secret_name = builders.admin_secret_name(name)
     secret = next((s for s in owned("owned_secrets") if s["metadata"]["name"] == secret_name), None)
-    # Pods are owned by ReplicaSets, not by us: the instance label places them.
-    pods = list(indexes["owned_pods"].get(key, []))
+    # Pods are owned by ReplicaSets, not by us: the instance label places them, the app name
+    # tells the serving pods from the router's (whose Deployment's status is enough here).
+    pods = [
+        p
+        for p in indexes["owned_pods"].get(key, [])
+        if (p["metadata"].get("labels") or {}).get(builders.NAME_LABEL) == builders.APP_NAME
+    ]
     return Observed(
         body=dict(body),
         deployment=children.get(("Deployment", name)),

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from autoglm_operator import adaptive, builders
+from autoglm_operator import adaptive, builders, router_builders
 from autoglm_operator import pods as pods_
 from autoglm_operator import policy as pol
 from autoglm_operator import spec as crd
@@ -171,6 +171,12 @@ def describe_update(actual: dict[str, Any] | None, desired: dict[str, Any]) -> s
         )
         if have != want and rest_same:
             return f"scaled from {have} to {want} replicas"
+    if desired["kind"] == "Service":
+        have = ((actual.get("spec") or {}).get("selector") or {}).get(builders.NAME_LABEL)
+        want = desired["spec"]["selector"].get(builders.NAME_LABEL)
+        if have != want:  # the router turned on or off
+            pods = "router" if want == builders.ROUTER_APP_NAME else "serving"
+            return f"now selects the {pods} pods"
     drifted = differing_paths(actual, desired)
     shown = ", ".join(drifted[:3]) + (", ..." if len(drifted) > 3 else "")
     return f"restored {shown}" if drifted else "restored the desired state"
@@ -404,6 +410,7 @@ class Plan:
     label: tuple[tuple[str, str], ...] = ()  # (pod, resourceVersion) to label
     label_mode: Mode = Mode.STREAMING
     delete: tuple[Key, ...] = ()
+    delete_router: tuple[Key, ...] = ()  # spec.router.enabled is false: the router's children
 
 
 def plan_pass(
@@ -421,7 +428,11 @@ def plan_pass(
     if builders.rolling(spec):
         step = rolling_step_for(owner, spec, observed, memory.batching_target)
         split, retire = step.split, _to_mark(step, observed.pods)
-    desired = builders.children(owner, spec, surge=surge, split=split)
+    desired = [
+        *builders.children(owner, spec, surge=surge, split=split,
+                           via_router=service_via_router(owner, spec, observed)),
+        *router_builders.children(owner, spec),
+    ]  # fmt: skip
     secret, settled = admin_secret_action(owner, observed.secret, memory.written, now)
     return Plan(
         owner=owner,
@@ -435,7 +446,49 @@ def plan_pass(
         delete=() if builders.rolling(spec) else _batching_deployment_to_delete(
             owner, spec, observed, desired_hashes
         ),
+        delete_router=router_children_to_delete(owner, spec, observed),
     )  # fmt: skip
+
+
+# -- the router ------------------------------------------------------------------------------
+
+
+def router_ready_replicas(name: str, observed: Observed) -> int:
+    """Ready pods of `<name>-router`, as its Deployment's status says."""
+    live = observed.children.get(("Deployment", router_builders.router_name(name))) or {}
+    return int((live.get("status") or {}).get("readyReplicas") or 0)
+
+
+def service_via_router(
+    owner: builders.Owner, spec: crd.AutoGLMDeploymentSpec, observed: Observed
+) -> bool:
+    """Whether Service `<name>` selects the router: once a router pod is ready (make before
+    break: until then it keeps selecting the serving pods), and from then on for good, so a
+    router that loses its replicas for a while does not flip the Service back and forth."""
+    if not spec.router.enabled:
+        return False
+    live = observed.children.get(("Service", builders.service_name(owner.name))) or {}
+    selector = (live.get("spec") or {}).get("selector") or {}
+    already = selector == builders.router_selector_labels(owner.name)
+    return already or router_ready_replicas(owner.name, observed) > 0
+
+
+def router_children_to_delete(
+    owner: builders.Owner, spec: crd.AutoGLMDeploymentSpec, observed: Observed
+) -> tuple[Key, ...]:
+    """spec.router.enabled false: the router's children that still exist, once Service
+    `<name>` selects the serving pods again (this pass's update comes back first)."""
+    if spec.router.enabled:
+        return ()
+    live = observed.children.get(("Service", builders.service_name(owner.name))) or {}
+    selector = (live.get("spec") or {}).get("selector") or {}
+    if selector == builders.router_selector_labels(owner.name):
+        return ()
+    return tuple(
+        key
+        for key in router_builders.keys(owner.name)
+        if key in observed.children and not pods_.is_terminating(observed.children[key])
+    )
 
 
 def rolling_step_for(
@@ -660,6 +713,7 @@ def settle(
     if not the_plan.reconcile and problem is None:
         return Settled(current, (), report)
     meta = inputs.observed.body["metadata"]
+    router = inputs.observed.children.get(("Deployment", router_builders.router_name(meta["name"])))
     update = status_.compute(
         name=meta["name"],
         namespace=meta["namespace"],
@@ -670,6 +724,7 @@ def settle(
         current=current,
         now=pol.iso_time(inputs.now),
         problem=problem,
+        router=router,
     )
     full = status_.overlay(current, update.status)
     return Settled(full, tuple(update.flipped), report, int(update.status["readyReplicas"]))

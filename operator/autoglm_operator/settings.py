@@ -27,6 +27,9 @@ WATCHED_CHILDREN = (
     ("", "secrets"),
     ("policy", "poddisruptionbudgets"),
     ("", "pods"),
+    ("", "serviceaccounts"),
+    ("rbac.authorization.k8s.io", "roles"),
+    ("rbac.authorization.k8s.io", "rolebindings"),
 )
 
 

@@ -40,6 +40,8 @@ SHORT_NAMES = ["agd"]
 MODEL_CONTEXT_LIMIT = 8192
 # The runtime image `make images` pushes, at the project version (images.py).
 DEFAULT_IMAGE = images.reference(images.RUNTIME_IMAGE)
+# The router image (images/router.Dockerfile): CPU only, no vLLM.
+DEFAULT_ROUTER_IMAGE = images.reference(images.ROUTER_IMAGE)
 # Services are named <name>-streaming and <name>-batching: DNS-1035 labels of at most 63.
 MAX_NAME_LENGTH = 63 - len("-") - max(len(mode.value) for mode in Mode)
 # Names of the objects a field refers to (PVC, Secret, PriorityClass): DNS-1123 subdomains.
@@ -665,6 +667,79 @@ class SecretKeyRef(CamelModel):
     key: str = Field(default="api-key", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
 
 
+# The router per replica: it measured 56 MB RSS and under 1 ms of CPU per request
+# (router/README.md), so a quarter core serves a few hundred requests a second, far above what
+# the engines behind it take; the memory limit is twice the 150 MB target of issue 13.
+DEFAULT_ROUTER_REQUESTS: dict[str, int | str] = {"cpu": "250m", "memory": "128Mi"}
+DEFAULT_ROUTER_LIMITS: dict[str, int | str] = {"cpu": "1", "memory": "320Mi"}
+# What a router container may ask for: it runs on CPU, never on an accelerator.
+ROUTER_RESOURCE_NAMES = ("cpu", "memory", "ephemeral-storage")
+# The most a load factor may say: beyond it the bound stops balancing anything.
+MAX_LOAD_FACTOR = 10.0
+
+
+def _router_resource_rule(field: str) -> JsonDict:
+    return _cel(
+        f"!has(self.{field}) || self.{field}.all(k, k in {_cel_strings(ROUTER_RESOURCE_NAMES)})",
+        f"router.resources.{field} may name only {', '.join(ROUTER_RESOURCE_NAMES)}: "
+        "the router runs on CPU (no GPU or other extended resource)",
+        f".{field}",
+    )
+
+
+class RouterResources(CamelModel):
+    """CPU and memory per router replica; a map set replaces its default."""
+
+    model_config = _validations(_router_resource_rule("requests"), _router_resource_rule("limits"))
+    requests: dict[str, Quantity] | None = Field(
+        default=DEFAULT_ROUTER_REQUESTS, max_length=3, description="What the scheduler reserves."
+    )
+    limits: dict[str, Quantity] | None = Field(
+        default=DEFAULT_ROUTER_LIMITS, max_length=3, description="Most a router replica may use."
+    )
+
+
+class SessionAffinity(CamelModel):
+    load_factor: str = Field(
+        default="1.25",
+        max_length=8,
+        pattern=r"^[0-9]+(\.[0-9]+)?$",
+        description=(
+            "No replica takes more than this times the mean in-flight cost; beyond it a "
+            f"session moves to the next replica on the ring. A decimal string from 1.0 to "
+            f"{MAX_LOAD_FACTOR:g} (larger keeps sessions home longer, smaller balances closer)."
+        ),
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    f"double(self) >= 1.0 && double(self) <= {MAX_LOAD_FACTOR}",
+                    "router.sessionAffinity.loadFactor must be from 1.0 to "
+                    f"{MAX_LOAD_FACTOR:g}: below 1 no replica fits the bound",
+                )
+            ]
+        },
+    )
+
+
+class RouterSettings(CamelModel):
+    """The router in front of the replicas: Service <name> selects it when enabled."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Deploy <name>-router and point Service <name> at it; false: Service "
+        "<name> selects the serving pods directly (a random replica per connection).",
+    )
+    replicas: int = Field(default=2, ge=1, le=32, description="Router replicas.")
+    image: str = Field(default=DEFAULT_ROUTER_IMAGE, min_length=1, pattern=r"^\S+$")
+    resources: RouterResources = Field(default_factory=RouterResources)
+    session_affinity: SessionAffinity = Field(default_factory=SessionAffinity)
+    spill: bool = Field(
+        default=True,
+        description="Send a request to the other mode when every replica of its own is at "
+        "its concurrency cap.",
+    )
+
+
 class AutoGLMDeploymentSpec(CamelModel):
     model_config = _validations(
         _cel(
@@ -721,6 +796,7 @@ class AutoGLMDeploymentSpec(CamelModel):
     api_key_secret_ref: SecretKeyRef | None = Field(
         default=None, description="Secret holding the API key clients must send; none: open."
     )
+    router: RouterSettings = Field(default_factory=RouterSettings)
 
 
 class Condition(CamelModel):
@@ -778,6 +854,12 @@ class AdaptiveLoopState(CamelModel):
     )
 
 
+class RouterStatus(CamelModel):
+    enabled: bool = True
+    replicas: int = Field(default=0, description="Router pods that exist.")
+    ready_replicas: int = Field(default=0, description="Router pods ready to route.")
+
+
 class AutoGLMDeploymentStatus(CamelModel):
     model_config = ConfigDict(extra="allow")
 
@@ -789,6 +871,9 @@ class AutoGLMDeploymentStatus(CamelModel):
     batching_replicas: int = 0
     selector: str = ""
     endpoint: str = ""
+    router: RouterStatus | None = Field(
+        default=None, description="The router in front of the replicas (spec.router)."
+    )
     conditions: list[Condition] = Field(
         default_factory=list,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},

@@ -39,6 +39,7 @@ OWNED_FIELDS = (
     "batchingReplicas",
     "selector",
     "endpoint",
+    "router",
 )
 
 # Container states that will not fix themselves, by the reason the kubelet reports.
@@ -205,13 +206,36 @@ def _progressing(
     )
 
 
+def router_status(spec: crd.AutoGLMDeploymentSpec, router: dict[str, Any] | None) -> dict[str, Any]:
+    """status.router: whether the router is on, and its replicas from its Deployment's status."""
+    if not spec.router.enabled:
+        return {"enabled": False, "replicas": 0, "readyReplicas": 0}
+    counts = (router or {}).get("status") or {}
+    return {
+        "enabled": True,
+        "replicas": int(counts.get("replicas") or 0),
+        "readyReplicas": int(counts.get("readyReplicas") or 0),
+    }
+
+
 def _ready(
-    desired: int, ready: int, degraded: dict[str, Any], problem: Problem | None
+    desired: int,
+    ready: int,
+    degraded: dict[str, Any],
+    problem: Problem | None,
+    router: Mapping[str, Any],
 ) -> dict[str, Any]:
     if problem is not None:
         return _cond(READY, False, problem.reason, problem.message)
     if desired == 0:
         return _cond(READY, True, "ScaledToZero", "No replicas requested.")
+    if router["enabled"] and router["readyReplicas"] == 0:
+        # Service <name> selects the router: without a ready one the endpoint answers nothing.
+        return _cond(
+            READY, False, "RouterNotReady",
+            f"No router replica is ready ({ready}/{desired} replicas are ready); "
+            "the endpoint serves through the router.",
+        )  # fmt: skip
     if ready >= desired:
         return _cond(READY, True, "AllReplicasReady", f"{ready}/{desired} replicas are ready.")
     reason = degraded["reason"] if degraded["status"] == "True" else "ReplicasNotReady"
@@ -232,6 +256,7 @@ def compute(
     current: dict[str, Any] | None,
     now: str,
     problem: Problem | None = None,
+    router: dict[str, Any] | None = None,
 ) -> StatusUpdate:
     """The owned part of the status; `changed` is False when `current` already says it all."""
     current = current or {}
@@ -241,8 +266,9 @@ def compute(
     desired_hashes = builders.desired_template_hashes(name, spec)
 
     degraded = _degraded(spec, deployment, live, problem)
+    routing = router_status(spec, router)
     conditions = [
-        _ready(desired, ready, degraded, problem),
+        _ready(desired, ready, degraded, problem, routing),
         _progressing(generation, desired, desired_hashes, deployment, live, ready),
         degraded,
     ]
@@ -264,6 +290,7 @@ def compute(
         "batchingReplicas": sum(1 for p in live if pod_mode(p) is Mode.BATCHING),
         "selector": builders.selector_string(name),
         "endpoint": builders.endpoint_url(name, namespace, spec),
+        "router": routing,
     }
     changed = any(current.get(k) != v for k, v in status.items()) or any(
         previous.get(c["type"]) != c for c in conditions

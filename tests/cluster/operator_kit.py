@@ -26,7 +26,8 @@ EXAMPLE = yaml.safe_load((REPO / "examples" / "autoglm.yaml").read_text())
 NAME = EXAMPLE["metadata"]["name"]
 HASH_ANNOTATION = "autoglm.io/template-hash"
 MODE_LABEL = "autoglm.io/mode"
-INSTANCE = f"app.kubernetes.io/instance={NAME}"
+# The serving objects of the example (the router's carry app.kubernetes.io/name=autoglm-router).
+INSTANCE = f"app.kubernetes.io/instance={NAME},app.kubernetes.io/name=autoglm"
 
 # Runs the console script's main() after wrapping both HTTP stacks the operator uses (kopf's
 # aiohttp, which also carries the runtime admin calls, and the kubernetes client's urllib3) so

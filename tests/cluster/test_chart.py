@@ -488,12 +488,13 @@ def test_operator_reconciles_with_exactly_the_charts_permissions(
     for kind, name in [
         ("deployment", "phone"), ("service", "phone"), ("service", "phone-streaming"),
         ("service", "phone-batching"), ("configmap", "phone-config"), ("secret", "phone-admin"),
-        ("pdb", "phone"),
+        ("pdb", "phone"), ("deployment", "phone-router"), ("pdb", "phone-router"),
+        ("serviceaccount", "phone-router"), ("role", "phone-router"),
+        ("rolebinding", "phone-router"),
     ]:  # fmt: skip
         assert _exists(cluster, kind, name, "-n", namespace), f"{kind}/{name} missing"
-    pods = cluster.get_json("pods", "-n", namespace, "-l", "app.kubernetes.io/instance=phone")[
-        "items"
-    ]
+    serving = "app.kubernetes.io/instance=phone,app.kubernetes.io/name=autoglm"
+    pods = cluster.get_json("pods", "-n", namespace, "-l", serving)["items"]
     assert [p["metadata"]["labels"].get("autoglm.io/mode") for p in pods] == ["streaming"]
     lease = cluster.get_json("lease", "live-autoglm-leader", "-n", namespace)
     assert lease["spec"]["holderIdentity"] == "live-autoglm-local"
@@ -652,6 +653,17 @@ def test_a_whole_lifecycle_uses_every_permission_the_chart_grants(
             "a new admin token",
             lambda: kit.get(cluster, ns, "secret", admin).get("data", {}).get("token"),
         )
+        # The router off: Service <name> back on the serving pods, the router's children gone.
+        router = [f"{kind}/{kit.NAME}-router" for kind in
+                  ("deployment", "pdb", "serviceaccount", "role", "rolebinding")]  # fmt: skip
+
+        def router_gone() -> bool:
+            found = cluster.kubectl("get", *router, "-n", ns, "-o", "name", "--ignore-not-found")
+            return found.stdout.strip() == ""
+
+        assert not router_gone()
+        kit.patch_agd(cluster, ns, {"spec": {"router": {"enabled": False}}})
+        wait_for("the router's children deleted", router_gone, timeout=60)
         # Delete: the operator takes its finalizer off.
         cluster.kubectl("delete", "agd", kit.NAME, "-n", ns, "--timeout=60s")
         _stop(proc)  # hands the Lease back: an update

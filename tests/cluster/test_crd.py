@@ -394,6 +394,24 @@ INVALID: list[tuple[str, Any, str]] = [
             "topologyKey": "zone", "labelSelector": {"matchLabels": {"tenant": "a"}},
             "matchLabelKeys": ["tenant"]})),
      "scheduling.affinity: a key in matchLabelKeys may not also be in labelSelector"),
+    # The router (spec.router): CPU only, a load factor the bound can meet, whole replicas.
+    ("router-gpu-limit", _with(VALID, "router.resources.limits", {"nvidia.com/gpu": 1}),
+     "router.resources.limits may name only cpu, memory, ephemeral-storage"),
+    ("router-gpu-request", _with(VALID, "router.resources.requests",
+                                 {"cpu": "1", "amd.com/gpu": 1}),
+     "router.resources.requests may name only cpu, memory, ephemeral-storage"),
+    ("router-load-factor-below-one", _with(VALID, "router.sessionAffinity.loadFactor", "0.9"),
+     "router.sessionAffinity.loadFactor must be from 1.0 to 10"),
+    ("router-load-factor-too-high", _with(VALID, "router.sessionAffinity.loadFactor", "10.5"),
+     "router.sessionAffinity.loadFactor must be from 1.0 to 10"),
+    ("router-load-factor-not-a-number", _with(VALID, "router.sessionAffinity.loadFactor", "1,5"),
+     "spec.router.sessionAffinity.loadFactor in body should match"),
+    ("router-load-factor-a-yaml-number", _with(VALID, "router.sessionAffinity.loadFactor", 1.5),
+     "spec.router.sessionAffinity.loadFactor: Invalid value: \"number\""),
+    ("router-no-replicas", _with(VALID, "router.replicas", 0),
+     "spec.router.replicas: Invalid value: 0"),
+    ("router-bad-image", _with(VALID, "router.image", "ghcr.io/autoglm/router: 1"),
+     "spec.router.image in body should match"),
 ]  # fmt: skip
 
 # Names the CRD's schema allows but the children cannot have: the Services are named
@@ -493,10 +511,20 @@ def test_values_next_to_the_rules_are_accepted(
         "apiKeySecretRef": {"name": "phone.keys", "key": "api_key.v1"},
         "adaptive": {"prometheus": {"url": "https://prom.monitoring.svc:9090/prometheus"}},
     }  # fmt: skip
+    spec["router"] = {
+        "resources": {"requests": {"cpu": "100m", "ephemeral-storage": "1Gi"},
+                      "limits": {"memory": "1Gi"}},
+        "sessionAffinity": {"loadFactor": "1.0"}, "replicas": 32, "spill": False,
+    }  # fmt: skip
     cluster.apply(_object("edges", spec), namespace)
     stored = cluster.get_json("agd", "edges", "-n", namespace)["spec"]
     assert stored["resources"]["requests"]["example.com/fpga"] == 1
     assert stored["engine"]["reasoningParser"] == ""
+    assert stored["router"]["sessionAffinity"]["loadFactor"] == "1.0"
+    assert stored["router"]["enabled"] is True  # defaulted
+    for factor in ("10", "10.0", "1.25"):
+        spec["router"]["sessionAffinity"]["loadFactor"] = factor
+        cluster.apply(_object("edges", spec), namespace)
 
 
 # Scheduling a GPU fleet really uses, next to the rules: a keyless Exists toleration, Gt with an
@@ -626,7 +654,9 @@ def test_served_name_is_immutable(cluster: LocalCluster, crd: str, namespace: st
 def test_printer_columns_and_scale(cluster: LocalCluster, crd: str, namespace: str) -> None:
     cluster.apply(_object("scaled", VALID), namespace)
     header = cluster.kubectl("get", "agd", "-n", namespace).stdout.splitlines()[0].split()
-    assert header == ["NAME", "READY", "STREAMING", "BATCHING", "POLICY", "ENDPOINT", "AGE"]
+    assert header == [
+        "NAME", "READY", "STREAMING", "BATCHING", "ROUTERS", "POLICY", "ENDPOINT", "AGE",
+    ]  # fmt: skip
     row = cluster.kubectl("get", "agd", "scaled", "-n", namespace, "--no-headers").stdout.split()
     assert row[0] == "scaled" and "Adaptive" in row
     cluster.kubectl("scale", "agd/scaled", "--replicas=3", "-n", namespace)

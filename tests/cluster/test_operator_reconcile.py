@@ -70,11 +70,13 @@ def test_example_yields_two_ready_gpu_pods_and_a_ready_status(
         ready = next(c for c in pod["status"]["conditions"] if c["type"] == "Ready")
         assert ready["status"] == "True"
 
+    wait_for("both routers ready", lambda: get(cluster, namespace, "agd", NAME)["status"]
+             .get("router", {}).get("readyReplicas") == 2)  # fmt: skip
     table = cluster.kubectl("get", "agd", "-n", namespace).stdout
     print(table)
     header, row = table.splitlines()[:2]
-    assert header.split()[:5] == ["NAME", "READY", "STREAMING", "BATCHING", "POLICY"]
-    assert row.split()[:5] == [NAME, "2/2", "2", "0", "Adaptive"]
+    assert header.split()[:6] == ["NAME", "READY", "STREAMING", "BATCHING", "ROUTERS", "POLICY"]
+    assert row.split()[:6] == [NAME, "2/2", "2", "0", "2", "Adaptive"]
 
     uid = get(cluster, namespace, "agd", NAME)["metadata"]["uid"]
     for kind, name in [
@@ -85,7 +87,9 @@ def test_example_yields_two_ready_gpu_pods_and_a_ready_status(
         ("pdb", NAME),
         ("configmap", f"{NAME}-config"),
         ("secret", f"{NAME}-admin"),
-    ]:
+        *((kind, f"{NAME}-router") for kind in
+          ("deployment", "pdb", "serviceaccount", "role", "rolebinding")),
+    ]:  # fmt: skip
         refs = get(cluster, namespace, kind, name)["metadata"]["ownerReferences"]
         assert [(r["uid"], r["controller"]) for r in refs] == [(uid, True)], (kind, name)
     reasons = {e["reason"] for e in events(cluster, namespace)}

@@ -179,7 +179,7 @@ def test_rolling_switch_replaces_pods_make_before_break(
     assert st["streamingReplicas"] == 0 and st["batchingReplicas"] == 2
     reasons = [e["reason"] for e in events(cluster, namespace)]
     assert reasons.count("PodReplaced") >= 2 and "ModeReplaced" in reasons
-    deployments = get(cluster, namespace, "deployments")["items"]
+    deployments = get(cluster, namespace, "deployments", "-l", INSTANCE)["items"]
     assert {d["metadata"]["name"]: d["spec"]["replicas"] for d in deployments} == {
         NAME: 0,
         f"{NAME}-batching": 2,
@@ -199,7 +199,8 @@ def test_rolling_switch_replaces_pods_make_before_break(
     patch_agd(cluster, namespace, {"spec": {"switchStrategy": "InPlace"}})
 
     def in_place() -> bool:
-        names = {d["metadata"]["name"] for d in get(cluster, namespace, "deployments")["items"]}
+        serving = get(cluster, namespace, "deployments", "-l", INSTANCE)["items"]
+        names = {d["metadata"]["name"] for d in serving}
         live = live_pods(cluster, namespace)
         return (
             names == {NAME}

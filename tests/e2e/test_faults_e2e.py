@@ -125,7 +125,9 @@ def test_a_runtime_pod_killed_under_load_finishes_what_it_admitted(
     cluster: LocalCluster, namespace: str, pod_runner: PodRunner, operator: Operator
 ) -> None:
     # Pinned to streaming: no mode flip moves traffic, only the pod's deletion does.
-    deploy(cluster, namespace, agd_object(replicas=3, modePolicy="Streaming"), "3/3")
+    # Router off: Service <name> selects the runtime pods, as kube-proxy spreads connections.
+    obj = agd_object(replicas=3, modePolicy="Streaming", router={"enabled": False})
+    deploy(cluster, namespace, obj, "3/3")
     pods = [p["metadata"]["name"] for p in live_pods(cluster, namespace)]
     wait_for("a runtime per pod", lambda: all(pod_runner.running(p) for p in pods), timeout=60)
     with ServiceProxy(cluster, namespace, NAME) as proxy:
@@ -211,6 +213,7 @@ def adaptive_object(prometheus_url: str) -> dict[str, Any]:
     cooldown: a forgotten cooldown shows as a return well before it is over."""
     return agd_object(
         replicas=2,
+        router={"enabled": False},  # Service <name> selects the runtime pods
         adaptive={
             "intervalSeconds": 5,
             "prometheus": {

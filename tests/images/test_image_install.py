@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from autoglm_operator import builders
+from autoglm_operator import builders, router_builders
 from autoglm_operator import spec as crd
 from autoglm_runtime.engine_args import MIDDLEWARE_IMPORT_PATH
 from dockerfiles import instructions
@@ -181,8 +181,33 @@ def test_runtime_image_install_runs_what_the_operator_starts(tmp_path: Path) -> 
     assert result.returncode == 0, result.stderr
 
 
-def test_pip_steps_are_found_in_both_dockerfiles() -> None:
-    """The extraction the two tests above rely on: each image installs the package once."""
+def test_router_image_install_runs_what_the_operator_starts(tmp_path: Path) -> None:
+    dockerfile = IMAGES / "router.Dockerfile"
+    env_dir, _root = _install(dockerfile, tmp_path)
+    entrypoint, _cmd = _entrypoint_and_cmd(dockerfile)
+    assert (env_dir / "bin" / entrypoint[0]).is_file(), f"{entrypoint[0]} was not installed"
+    # CPU only and small: neither vLLM, torch, the operator nor a Kubernetes client.
+    for module in ("vllm", "torch", "kopf", "kubernetes", "autoglm_operator", "fastapi"):
+        found = _run(env_dir, "python", "-c", f"import importlib.util as u; "
+                     f"print(u.find_spec('{module}'))")  # fmt: skip
+        assert found.stdout.strip() == "None", f"{module} is in the router image"
+    # The router pod's command and args, as the operator builds them, parse and reach the
+    # point where they look for the pod's ServiceAccount (there is none here).
+    owner = builders.Owner("phone", "serving", "u")
+    pod = router_builders.pod_template(owner, crd.AutoGLMDeploymentSpec())["spec"]
+    container = pod["containers"][0]
+    assert container["command"] == entrypoint
+    outside = ("env", "-u", "KUBECONFIG", "-u", "KUBERNETES_SERVICE_HOST")  # as here, no pod
+    result = _run(env_dir, *outside, *container["command"], *container["args"])
+    assert result.returncode == 2, result.stderr
+    assert "not inside a pod and no kubeconfig" in result.stderr, result.stderr
+    # The preStop hook's command exists in a slim Debian image as it does here.
+    assert shutil.which(container["lifecycle"]["preStop"]["exec"]["command"][0])
+
+
+def test_pip_steps_are_found_in_every_dockerfile() -> None:
+    """The extraction the tests above rely on: each image installs the package once."""
     assert pip_install_packages(IMAGES / "operator.Dockerfile") == [[".[operator]"]]
     assert pip_install_packages(IMAGES / "runtime.Dockerfile") == [["/tmp/autoglm[runtime]"]]
+    assert pip_install_packages(IMAGES / "router.Dockerfile") == [[".[router]"]]
     assert sys.version_info >= (3, 11)

@@ -54,6 +54,10 @@ app.kubernetes.io/component: operator
 {{- printf "%s/autoglm-runtime:%s" .Values.image.registry .Chart.AppVersion -}}
 {{- end -}}
 
+{{- define "autoglm.routerImage" -}}
+{{- printf "%s/autoglm-router:%s" .Values.image.registry .Chart.AppVersion -}}
+{{- end -}}
+
 {{/* The namespaces the operator watches in Namespace scope (the release namespace by default). */}}
 {{- define "autoglm.watchNamespaces" -}}
 {{- $namespaces := .Values.operator.watchNamespaces | default (list .Release.Namespace) -}}
@@ -85,6 +89,13 @@ the server component); the mode label is not among them, it changes on every fli
 app.kubernetes.io/name: autoglm
 app.kubernetes.io/managed-by: autoglm-operator
 app.kubernetes.io/component: server
+{{- end -}}
+
+{{/* The router pods the operator creates (operator/autoglm_operator/router_builders.py). */}}
+{{- define "autoglm.routerPodLabels" -}}
+app.kubernetes.io/name: autoglm-router
+app.kubernetes.io/managed-by: autoglm-operator
+app.kubernetes.io/component: router
 {{- end -}}
 
 {{- define "autoglm.runtimePodSelectorString" -}}

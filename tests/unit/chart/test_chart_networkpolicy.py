@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from chartkit import NAMESPACE, RELEASE, by_kind, one, render
 
-from autoglm_operator import builders
+from autoglm_operator import builders, router_builders
 from autoglm_operator import spec as crd
 
 FULLNAME = f"{RELEASE}-autoglm"
@@ -25,11 +25,14 @@ def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
     return selector["matchLabels"].items() <= labels.items()
 
 
-def _peer_matches(peer: dict[str, Any], namespace: str, labels: dict[str, str]) -> bool:
+def _peer_matches(
+    peer: dict[str, Any], namespace: str, labels: dict[str, str], policy_namespace: str = NAMESPACE
+) -> bool:
     ns = peer.get("namespaceSelector")
-    ns_ok = ns == {} or (
-        ns is not None and _selects(ns, {"kubernetes.io/metadata.name": namespace})
-    )
+    if ns is None:  # a podSelector alone: pods of the policy's own namespace
+        ns_ok = namespace == policy_namespace
+    else:
+        ns_ok = ns == {} or _selects(ns, {"kubernetes.io/metadata.name": namespace})
     return ns_ok and _selects(peer["podSelector"], labels)
 
 
@@ -56,11 +59,40 @@ def test_serving_pods_take_only_the_named_clients_the_operator_prometheus_and_he
     prometheus = {"app.kubernetes.io/name": "prometheus", "prometheus": "k8s"}
     assert any(_peer_matches(p, "monitoring", prometheus) for p in peers if "podSelector" in p)
     assert APPS in peers
+    # The routers in front (Service <name>) of the same namespace.
+    owner = builders.Owner("phone-9b", NAMESPACE, "u")
+    router_pod = router_builders.pod_template(owner, crd.AutoGLMDeploymentSpec())
+    assert any(_peer_matches(p, NAMESPACE, router_pod["metadata"]["labels"]) for p in peers
+               if "podSelector" in p)  # fmt: skip
+    assert not any(_peer_matches(p, "elsewhere", router_pod["metadata"]["labels"]) for p in peers
+                   if "podSelector" in p)  # fmt: skip
     # Nobody else: an unlabelled pod in the release namespace matches no peer.
     assert not any(
         _peer_matches(p, NAMESPACE, {"app": "other"}) for p in peers if "podSelector" in p
     )
-    assert len(peers) == 4
+    assert len(peers) == 5
+
+
+def test_router_pods_take_only_the_named_clients_prometheus_and_helm_test() -> None:
+    docs = render({**ENABLED, "tests.namespace": NAMESPACE})
+    policy = one(docs, "NetworkPolicy", f"{FULLNAME}-router")
+    assert policy["metadata"]["namespace"] == NAMESPACE
+    owner = builders.Owner("phone-9b", NAMESPACE, "u")
+    pod = router_builders.pod_template(owner, crd.AutoGLMDeploymentSpec())
+    assert _selects(policy["spec"]["podSelector"], pod["metadata"]["labels"])
+    serving = builders.pod_template("phone-9b", crd.AutoGLMDeploymentSpec())
+    assert not _selects(policy["spec"]["podSelector"], serving["metadata"]["labels"])
+    [rule] = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+    assert "http" in {p["name"] for p in pod["spec"]["containers"][0]["ports"]}
+    peers = rule["from"]
+    test_pod = one(docs, "Pod", f"{FULLNAME}-test-models")["metadata"]["labels"]
+    assert any(_peer_matches(p, NAMESPACE, test_pod) for p in peers if "podSelector" in p)
+    assert APPS in peers
+    assert not any(
+        _peer_matches(p, NAMESPACE, {"app": "other"}) for p in peers if "podSelector" in p
+    )
+    assert len(peers) == 3
 
 
 def test_operator_pod_takes_only_prometheus_on_its_metrics_port() -> None:
@@ -88,10 +120,11 @@ def test_one_serving_policy_per_namespace_that_runs_models(
     values: dict[str, Any], namespaces: list[str]
 ) -> None:
     docs = render({**ENABLED, **values})
-    serving = [
-        d for d in by_kind(docs, "NetworkPolicy") if d["metadata"]["name"].endswith("-serving")
-    ]
-    assert [d["metadata"]["namespace"] for d in serving] == namespaces
+    for kind in ("-serving", "-router"):
+        policies = [
+            d for d in by_kind(docs, "NetworkPolicy") if d["metadata"]["name"].endswith(kind)
+        ]
+        assert [d["metadata"]["namespace"] for d in policies] == namespaces
 
 
 def test_the_helm_test_pod_takes_no_connections() -> None:
@@ -106,4 +139,4 @@ def test_the_helm_test_pod_takes_no_connections() -> None:
 def test_no_operator_policy_without_an_operator_pod() -> None:
     docs = render({**ENABLED, "operator.replicas": 0})
     names = [d["metadata"]["name"] for d in by_kind(docs, "NetworkPolicy")]
-    assert names == [f"{FULLNAME}-serving", f"{FULLNAME}-test"]
+    assert names == [f"{FULLNAME}-serving", f"{FULLNAME}-router", f"{FULLNAME}-test"]

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from chartkit import CHART, CHART_CRD, CRD_SOURCE, REPO, one, render
 
-from autoglm_operator import builders, cli, images
+from autoglm_operator import builders, cli, images, router_builders
 from autoglm_operator import spec as crd
 from autoglm_runtime.engine_args import PINNED_VLLM_VERSION
 from dockerfiles import instructions
@@ -24,6 +24,7 @@ from dockerfiles import instructions
 IMAGES = REPO / "images"
 OPERATOR = IMAGES / "operator.Dockerfile"
 RUNTIME = IMAGES / "runtime.Dockerfile"
+ROUTER = IMAGES / "router.Dockerfile"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
 
@@ -47,15 +48,18 @@ def test_runtime_image_is_the_pinned_vllm_release() -> None:
     assert froms == ["${VLLM_IMAGE}"]
 
 
-def test_operator_image_is_a_pinned_slim_python_the_package_supports() -> None:
-    image = _arg_default(OPERATOR, "PYTHON_IMAGE")
+@pytest.mark.parametrize("dockerfile", [OPERATOR, ROUTER])
+def test_python_images_are_a_pinned_slim_python_the_package_supports(dockerfile: Path) -> None:
+    image = _arg_default(dockerfile, "PYTHON_IMAGE")
     match = re.fullmatch(r"python:(3)\.(\d+)\.(\d+)-slim-(\w+)", image)
     assert match, f"{image}: pin major.minor.patch and a slim Debian release"
     minimum = re.fullmatch(r">=(\d+)\.(\d+)", PYPROJECT["project"]["requires-python"])
     assert minimum and (3, int(match.group(2))) >= (int(minimum.group(1)), int(minimum.group(2)))
 
 
-@pytest.mark.parametrize(("dockerfile", "extra"), [(OPERATOR, "operator"), (RUNTIME, "runtime")])
+@pytest.mark.parametrize(
+    ("dockerfile", "extra"), [(OPERATOR, "operator"), (RUNTIME, "runtime"), (ROUTER, "router")]
+)
 def test_image_installs_the_package_with_its_extra(dockerfile: Path, extra: str) -> None:
     runs = " ".join(rest for k, rest in instructions(dockerfile) if k == "RUN")
     assert re.search(rf"install .*\[{extra}\]", runs), (
@@ -64,7 +68,7 @@ def test_image_installs_the_package_with_its_extra(dockerfile: Path, extra: str)
     assert extra in PYPROJECT["project"]["optional-dependencies"]
 
 
-@pytest.mark.parametrize("dockerfile", [OPERATOR, RUNTIME])
+@pytest.mark.parametrize("dockerfile", [OPERATOR, RUNTIME, ROUTER])
 def test_image_runs_as_a_numeric_non_root_user(dockerfile: Path) -> None:
     user = _last(dockerfile, "USER")
     uid = user.split(":")[0]
@@ -77,6 +81,20 @@ def test_runtime_user_is_the_uid_the_operator_runs_serving_pods_as() -> None:
     assert pod["spec"]["securityContext"]["runAsUser"] == builders.RUN_AS_USER
 
 
+def test_router_image_is_what_the_operator_runs_router_pods_with() -> None:
+    import json
+
+    owner = builders.Owner("phone", "serving", "u")
+    pod = router_builders.pod_template(owner, crd.AutoGLMDeploymentSpec())["spec"]
+    assert _last(ROUTER, "USER").split(":")[0] == str(pod["securityContext"]["runAsUser"])
+    container = pod["containers"][0]
+    assert container["command"] == json.loads(_last(ROUTER, "ENTRYPOINT"))
+    assert container["ports"][0]["containerPort"] == int(_last(ROUTER, "EXPOSE"))
+    # CPU only: nothing of vLLM or the engine goes into it.
+    runs = " ".join(rest for k, rest in instructions(ROUTER) if k == "RUN")
+    assert "vllm" not in runs.lower() and "[runtime]" not in runs
+
+
 def test_operator_user_is_the_uid_the_chart_runs_it_as() -> None:
     deployment = one(render(), "Deployment", "agl-autoglm")
     security = deployment["spec"]["template"]["spec"]["securityContext"]
@@ -84,7 +102,8 @@ def test_operator_user_is_the_uid_the_chart_runs_it_as() -> None:
 
 
 @pytest.mark.parametrize(
-    ("dockerfile", "script"), [(OPERATOR, "autoglm-operator"), (RUNTIME, "autoglm-runtime")]
+    ("dockerfile", "script"),
+    [(OPERATOR, "autoglm-operator"), (RUNTIME, "autoglm-runtime"), (ROUTER, "autoglm-router")],
 )
 def test_entrypoint_is_the_packages_console_script(dockerfile: Path, script: str) -> None:
     import json
@@ -141,8 +160,11 @@ def test_chart_metrics_port_env_is_the_one_the_operator_reads() -> None:
 VERSION = PYPROJECT["project"]["version"]
 OPERATOR_REF = f"{images.DEFAULT_REGISTRY}/{images.OPERATOR_IMAGE}:{VERSION}"
 RUNTIME_REF = f"{images.DEFAULT_REGISTRY}/{images.RUNTIME_IMAGE}:{VERSION}"
+ROUTER_REF = f"{images.DEFAULT_REGISTRY}/{images.ROUTER_IMAGE}:{VERSION}"
 # Files that name an image: each reference must be the default one, or one in $REGISTRY.
-IMAGE_REFERENCE = re.compile(r"([\w.\-/:$]*)/(autoglm-(?:operator|runtime))([:@])([\w.\-$]+)")
+IMAGE_REFERENCE = re.compile(
+    r"([\w.\-/:$]*)/(autoglm-(?:operator|runtime|router))([:@])([\w.\-$]+)"
+)
 FILES_NAMING_IMAGES = [
     REPO / "README.md", REPO / "Makefile", REPO / "hack" / "images.sh",
     *sorted((REPO / "examples").glob("*.yaml")), *sorted(IMAGES.glob("*.Dockerfile")),
@@ -160,6 +182,7 @@ def test_versions_agree_across_package_chart_and_images() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["appVersion"] == VERSION == images.VERSION
     assert crd.DEFAULT_IMAGE == RUNTIME_REF
+    assert crd.DEFAULT_ROUTER_IMAGE == ROUTER_REF
     assert _spec_image_default(CRD_SOURCE) == _spec_image_default(CHART_CRD) == RUNTIME_REF
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["image"]["registry"] == images.DEFAULT_REGISTRY
@@ -172,6 +195,7 @@ def test_chart_defaults_to_the_images_images_py_names() -> None:
     operator = one(docs, "Deployment", "agl-autoglm")["spec"]["template"]["spec"]["containers"][0]
     assert operator["image"] == OPERATOR_REF
     assert one(docs, "AutoGLMDeployment", "phone-9b")["spec"]["image"] == RUNTIME_REF
+    assert one(docs, "AutoGLMDeployment", "phone-9b")["spec"]["router"]["image"] == ROUTER_REF
 
 
 def test_one_registry_value_points_both_images_at_the_users_registry() -> None:
@@ -181,14 +205,20 @@ def test_one_registry_value_points_both_images_at_the_users_registry() -> None:
     assert operator["image"] == f"{registry}/autoglm-operator:{VERSION}"
     runtime = one(docs, "AutoGLMDeployment", "phone-9b")["spec"]["image"]
     assert runtime == f"{registry}/autoglm-runtime:{VERSION}"
+    router = one(docs, "AutoGLMDeployment", "phone-9b")["spec"]["router"]["image"]
+    assert router == f"{registry}/autoglm-router:{VERSION}"
     # An image set in the spec, or a full operator repository, still wins.
     docs = render({
         "image.registry": registry, "image.repository": "mirror.example.com/op",
-        "deployment.create": True, "deployment.spec": {"image": "mirror.example.com/rt:1"},
+        "deployment.create": True, "deployment.spec": {
+            "image": "mirror.example.com/rt:1", "router": {"image": "mirror.example.com/ro:1"},
+        },
     })  # fmt: skip
     operator = one(docs, "Deployment", "agl-autoglm")["spec"]["template"]["spec"]["containers"][0]
     assert operator["image"] == f"mirror.example.com/op:{VERSION}"
     assert one(docs, "AutoGLMDeployment", "phone-9b")["spec"]["image"] == "mirror.example.com/rt:1"
+    spec = one(docs, "AutoGLMDeployment", "phone-9b")["spec"]
+    assert spec["router"] == {"image": "mirror.example.com/ro:1"}
 
 
 @pytest.mark.parametrize("path", FILES_NAMING_IMAGES, ids=lambda p: str(p.relative_to(REPO)))
@@ -211,7 +241,7 @@ def _ignored(path: str, patterns: list[str]) -> bool:
     return ignored
 
 
-@pytest.mark.parametrize("dockerfile", [OPERATOR, RUNTIME])
+@pytest.mark.parametrize("dockerfile", [OPERATOR, RUNTIME, ROUTER])
 def test_build_context_holds_every_file_the_copy_lines_need(dockerfile: Path) -> None:
     ignore = dockerfile.with_name(dockerfile.name + ".dockerignore")
     patterns = [
@@ -270,15 +300,18 @@ def test_make_images_builds_and_pushes_both_images_with_docker(tmp_path: Path) -
     assert rc == 0, out
     operator = f"{registry}/autoglm-operator:{VERSION}"
     runtime = f"{registry}/autoglm-runtime:{VERSION}"
+    router = f"{registry}/autoglm-router:{VERSION}"
     assert calls == [
         "docker info",
         f"docker build -f {OPERATOR} -t {operator} {REPO}",
         f"docker build -f {RUNTIME} -t {runtime} {REPO}",
+        f"docker build -f {ROUTER} -t {router} {REPO}",
         f"docker push {operator}",
         f"docker push {runtime}",
+        f"docker push {router}",
     ]
     # stdout: the pushed references, one a line, for scripts.
-    assert out.split("\n")[:2] == [operator, runtime]
+    assert out.split("\n")[:3] == [operator, runtime, router]
 
 
 def test_make_images_uses_podman_when_the_docker_daemon_is_down(tmp_path: Path) -> None:
@@ -289,13 +322,13 @@ def test_make_images_uses_podman_when_the_docker_daemon_is_down(tmp_path: Path) 
     ref = f"localhost:5000/x/autoglm-runtime:{VERSION}"
     ignore = f"{RUNTIME}.dockerignore"
     assert f"podman build --ignorefile {ignore} -f {RUNTIME} -t {ref} {REPO}" in calls
-    assert calls[-1] == f"podman push {ref}" and not any(c.startswith("docker b") for c in calls)
+    assert f"podman push {ref}" in calls and not any(c.startswith("docker b") for c in calls)
 
 
 def test_make_images_with_buildah_only_and_push_off(tmp_path: Path) -> None:
     rc, out, calls = _images_sh(tmp_path, ["buildah"], REGISTRY="r.example.com", PUSH="0")
     assert rc == 0, out
-    assert [c.split()[:2] for c in calls] == [["buildah", "build"]] * 2
+    assert [c.split()[:2] for c in calls] == [["buildah", "build"]] * 3
 
 
 @pytest.mark.parametrize(

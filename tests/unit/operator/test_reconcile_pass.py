@@ -97,6 +97,12 @@ async def test_first_pass_creates_everything_and_the_next_writes_nothing() -> No
             ("apply", "PodDisruptionBudget", NAME),
             ("create", "Secret", f"{NAME}-admin"),
             ("apply_status", "AutoGLMDeployment", NAME),
+            # The router (spec.router.enabled by default).
+            ("apply", "ServiceAccount", f"{NAME}-router"),
+            ("apply", "Role", f"{NAME}-router"),
+            ("apply", "RoleBinding", f"{NAME}-router"),
+            ("apply", "Deployment", f"{NAME}-router"),
+            ("apply", "PodDisruptionBudget", f"{NAME}-router"),
         ]
     )
     token = api.objects[("Secret", NS, f"{NAME}-admin")]["data"]["token"]

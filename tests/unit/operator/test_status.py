@@ -67,6 +67,10 @@ def deployment(generation: int = 1, observed: int = 1) -> dict[str, Any]:
     }
 
 
+# `<name>-router` with its two replicas up (the default router).
+ROUTER_UP = {"metadata": {"name": "phone-9b-router"}, "status": {"replicas": 2, "readyReplicas": 2}}
+
+
 def compute(
     pods: list[dict[str, Any]], current: dict[str, Any] | None = None, **kw: Any
 ) -> status.StatusUpdate:
@@ -79,6 +83,7 @@ def compute(
         "pods": pods,
         "current": current,
         "now": T0,
+        "router": ROUTER_UP,
     }
     args.update(kw)
     return status.compute(**args)
@@ -231,3 +236,24 @@ def test_deadline_exceeded_is_degraded() -> None:
         conditions(compute([pod("a"), pod("b")], deployment=dep))["Degraded"]["reason"]
         == "ProgressDeadlineExceeded"
     )
+
+
+def test_the_router_reports_its_replicas_and_none_ready_means_not_ready() -> None:
+    up = compute([pod("a"), pod("b")])
+    assert up.status["router"] == {"enabled": True, "replicas": 2, "readyReplicas": 2}
+    assert conditions(up)["Ready"]["status"] == "True"
+    # Service <name> selects the router: with no router ready, the endpoint answers nothing.
+    for router in (None, {"status": {"replicas": 2, "readyReplicas": 0}}):
+        down = compute([pod("a"), pod("b")], router=router)
+        assert down.status["router"]["readyReplicas"] == 0
+        ready = conditions(down)["Ready"]
+        assert (ready["status"], ready["reason"]) == ("False", "RouterNotReady")
+        assert "No router replica is ready (2/2 replicas are ready)" in ready["message"]
+
+
+def test_with_the_router_off_status_says_so_and_ready_needs_only_the_replicas() -> None:
+    off = crd.AutoGLMDeploymentSpec.model_validate({"replicas": 2, "router": {"enabled": False}})
+    update = compute([pod("a"), pod("b")], spec=off, router=None)
+    assert update.status["router"] == {"enabled": False, "replicas": 0, "readyReplicas": 0}
+    ready = conditions(update)["Ready"]
+    assert (ready["status"], ready["reason"]) == ("True", "AllReplicasReady")

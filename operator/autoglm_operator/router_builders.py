@@ -1,0 +1,235 @@
+"""Pure builders of the router's children: `<name>-router` (Deployment, PodDisruptionBudget,
+ServiceAccount, Role, RoleBinding), from the spec, as plain dicts.
+
+The router (`autoglm-router --kubernetes`, router/README.md) watches the serving pods of its
+own deployment and routes each request by mode and session. It needs only `list` and `watch` on
+pods of its namespace: that is all its Role grants (the operator can grant no more than it
+holds, and the router calls nothing else). Service `<name>` selects its pods
+(builders.service with `via_router`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autoglm_operator import builders
+from autoglm_operator import spec as crd
+from autoglm_operator.builders import Manifest, Owner
+
+ROUTER_COMPONENT = "router"
+CONTAINER_NAME = "router"
+HTTP_PORT = builders.HTTP_PORT
+# After SIGTERM uvicorn stops listening at once: the preStop sleep gives the endpoints
+# controllers time to drop the pod first, so no new connection meets a closed port.
+PRESTOP_SLEEP_SECONDS = 5
+TMP_SIZE_LIMIT = "64Mi"
+RBAC_API_VERSION = "rbac.authorization.k8s.io/v1"
+# What the router's pod watch calls (router/autoglm_router/kube.py: a list, then watches).
+POD_VERBS = ("list", "watch")
+HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
+
+
+def router_name(name: str) -> str:
+    """The Deployment, PodDisruptionBudget, ServiceAccount, Role and RoleBinding share it."""
+    return f"{name}-router"
+
+
+def router_labels(name: str) -> dict[str, str]:
+    return {**builders.router_selector_labels(name), builders.MANAGED_BY_LABEL: builders.MANAGER}
+
+
+def _metadata(owner: Owner, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": router_name(owner.name),
+        "namespace": owner.namespace,
+        "labels": router_labels(owner.name),
+        "ownerReferences": [owner.reference()],
+        **extra,
+    }
+
+
+def drain_seconds(spec: crd.AutoGLMDeploymentSpec) -> int:
+    """How long a stopping router lets its streams finish: as long as a serving pod drains."""
+    return spec.engine.shutdown_timeout_seconds
+
+
+def termination_grace_seconds(spec: crd.AutoGLMDeploymentSpec) -> int:
+    return PRESTOP_SLEEP_SECONDS + drain_seconds(spec) + 10
+
+
+def router_args(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> list[str]:
+    """`autoglm-router`'s flags (router/autoglm_router/cli.py) for this deployment."""
+    router = spec.router
+    args = [
+        "--host", "0.0.0.0",
+        "--port", str(HTTP_PORT),
+        "--kubernetes",
+        "--namespace", owner.namespace,
+        "--selector", builders.serving_pod_selector(owner.name),
+        "--port-name", "http",
+        "--load-factor", router.session_affinity.load_factor,
+        # The caps match what each mode admits, so spill starts where a replica's queue would.
+        "--streaming-cap", str(spec.profiles.streaming.max_concurrency),
+        "--batching-cap", str(spec.profiles.batching.max_concurrency),
+        "--drain-seconds", str(drain_seconds(spec)),
+    ]  # fmt: skip
+    if not router.spill:
+        args.append("--no-spill")
+    return args
+
+
+def _resources(spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
+    resources = spec.router.resources
+    return {
+        "requests": {k: str(v) for k, v in (resources.requests or {}).items()},
+        "limits": {k: str(v) for k, v in (resources.limits or {}).items()},
+    }
+
+
+def _container(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
+    return {
+        "name": CONTAINER_NAME,
+        "image": spec.router.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["autoglm-router"],
+        "args": router_args(owner, spec),
+        "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
+        "resources": _resources(spec),
+        "volumeMounts": [{"name": "tmp", "mountPath": builders.TMP_DIR}],
+        # /health answers 200 only while the router has a replica to send requests to.
+        "readinessProbe": {
+            "httpGet": {"path": "/health", "port": "http", "scheme": "HTTP"},
+            "periodSeconds": 2,
+            "timeoutSeconds": 2,
+            "failureThreshold": 2,
+            "successThreshold": 1,
+        },
+        # A router with no replica behind it is alive: liveness only checks the socket.
+        "livenessProbe": {
+            "tcpSocket": {"port": "http"},
+            "periodSeconds": 10,
+            "timeoutSeconds": 3,
+            "failureThreshold": 3,
+        },
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_SECONDS)]}}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+
+
+def pod_template(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
+    selector = builders.router_selector_labels(owner.name)
+    labels = {**router_labels(owner.name), builders.COMPONENT_LABEL: ROUTER_COMPONENT}
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": router_name(owner.name),
+        # The pod watch reads the ServiceAccount token (the only pod of ours that needs one).
+        "automountServiceAccountToken": True,
+        "enableServiceLinks": False,
+        "containers": [_container(owner, spec)],
+        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE_LIMIT}}],
+        "terminationGracePeriodSeconds": termination_grace_seconds(spec),
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": builders.RUN_AS_USER,
+            "runAsGroup": builders.RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        # Replicas on different nodes where there are several: one node's loss leaves a router.
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": HOSTNAME_TOPOLOGY,
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": selector},
+                "matchLabelKeys": ["pod-template-hash"],
+            }
+        ],
+    }
+    return {"metadata": {"labels": labels}, "spec": pod_spec}
+
+
+def deployment(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> Manifest:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(owner),
+        "spec": {
+            "replicas": spec.router.replicas,
+            "selector": {"matchLabels": builders.router_selector_labels(owner.name)},
+            # A router rollout starts the new pod before it stops an old one.
+            "strategy": builders.rolling_strategy(surge=True),
+            "revisionHistoryLimit": 3,
+            "template": pod_template(owner, spec),
+        },
+    }
+
+
+def pod_disruption_budget(owner: Owner) -> Manifest:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(owner),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": builders.router_selector_labels(owner.name)},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
+def service_account(owner: Owner) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _metadata(owner),
+        # Only the router pods mount its token (their pod spec asks for it).
+        "automountServiceAccountToken": False,
+    }
+
+
+def role(owner: Owner) -> Manifest:
+    return {
+        "apiVersion": RBAC_API_VERSION,
+        "kind": "Role",
+        "metadata": _metadata(owner),
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": list(POD_VERBS)}],
+    }
+
+
+def role_binding(owner: Owner) -> Manifest:
+    name = router_name(owner.name)
+    return {
+        "apiVersion": RBAC_API_VERSION,
+        "kind": "RoleBinding",
+        "metadata": _metadata(owner),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}],
+    }
+
+
+# The kinds of the router's children, in the order they are created (the account and its
+# rights before the pods that use them).
+KINDS = ("ServiceAccount", "Role", "RoleBinding", "Deployment", "PodDisruptionBudget")
+
+
+def children(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> list[Manifest]:
+    """The router's children when spec.router.enabled, else none."""
+    if not spec.router.enabled:
+        return []
+    return [
+        service_account(owner),
+        role(owner),
+        role_binding(owner),
+        deployment(owner, spec),
+        pod_disruption_budget(owner),
+    ]
+
+
+def keys(name: str) -> tuple[tuple[str, str], ...]:
+    """(kind, name) of every router child: what a disabled router deletes."""
+    return tuple((kind, router_name(name)) for kind in KINDS)
