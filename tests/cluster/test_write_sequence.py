@@ -41,6 +41,11 @@ EXPECTED: dict[str, set[Write]] = {
         ("patch", "services", ""),
         ("patch", "configmaps", ""),
         ("patch", "poddisruptionbudgets", ""),
+        # The router's own account (spec.router is on by default); its Deployment and PDB are
+        # among the deployments and poddisruptionbudgets above.
+        ("patch", "serviceaccounts", ""),
+        ("patch", "roles", ""),
+        ("patch", "rolebindings", ""),
         ("create", "secrets", ""),  # the admin token, once
         ("patch", "pods", ""),  # a new pod's mode label
         ("patch", "autoglmdeployments", "status"),  # the one status writer
