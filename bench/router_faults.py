@@ -2,14 +2,19 @@
 
 Everything is a local process on loopback: `autoglm-runtime sim` replicas (time factor 0.2) and
 `autoglm-router` processes (`--endpoint` discovery, 1 s polls). The clients are raw aiohttp with
-no retries of their own: each worker keeps one kept-alive connection and sends back to back,
-alternating streamed and non-streamed chats of 24 tokens with a session key. A request fails
-unless it gets 200 and a whole answer (`data: [DONE]`, or a JSON body with a choice).
+no retries of their own: each worker keeps one kept-alive connection and sends one request
+after another with a pause of 0-40 ms (so connections also sit idle), alternating streamed and
+non-streamed chats of 24 tokens with a session key. A request fails unless it gets 200 and a
+whole answer (`data: [DONE]`, or a JSON body with a choice).
 
 Scenarios (issue 13's fault targets):
 - `replica_drained`: 3 sims behind one router; one sim gets SIGTERM (what a pod deletion does:
   the runtime drains, answers 503 `draining` to new requests, finishes the admitted, exits).
   Target: 0 failed.
+- `replica_killed`: 2 streaming sims and a batching one behind one router; a streaming one gets
+  SIGKILL. A stream it had started cannot be retried (its first bytes reached the client), so
+  the target is: failures <= the router's requests open on it at the kill, and 0 failed among
+  requests sent after the kill.
 - `replica_flips`: 2 sims behind one router; one flips streaming <-> batching every 10 s
   through its admin API (the router learns modes from the `autoglm_mode` gauge). 0 failed.
 - `router_sigterm`: 3 sims behind two routers, workers split over both; one router gets
@@ -20,14 +25,15 @@ Scenarios (issue 13's fault targets):
 - `router_sigkill`: the same, but SIGKILL. The requests in flight on the killed router fail
   (counted when it dies); every request sent after it goes to the other router at once.
   Target: failures == requests in flight at the kill, 0 failed among later ones.
-- `two_routers_balance` (issue 13 rule 6): 4 sims, the same clients through one router, then
-  split evenly over two, then 3:1. Each router bounds only its own in-flight requests;
+- `two_routers_balance` (issue 13 rule 6): 4 streaming sims; 16 clients (about 3.5 requests
+  in flight per replica), then 4 (about 0.8), each through one router, then split evenly over
+  two routers, then 3:1. Each router bounds only its own in-flight requests;
   measured is the time-averaged in-flight per replica as the replicas see it (each sim's
   `vllm:e2e_request_latency_seconds_sum` over the wall time, Little's law). Target max/mean
   <= 1.25 for each split.
 
 Writes out/bench/router_faults.json and .png; exit 1 on a missed target. Every process started
-is stopped at the end. About 2 minutes.
+is stopped at the end. About 3 minutes.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import re
 import signal
 import statistics
@@ -59,6 +66,10 @@ ADMIN_TOKEN = "faults-bench"
 MAX_TOKENS = 24
 TIME_FACTOR = 0.2
 BALANCE_TARGET = 1.25
+POLL_SECONDS = 1.0 * TIME_FACTOR
+BALANCE_WORKERS = (16, 4)
+BALANCE_MAX_TOKENS = 200  # about 0.9 s a request (4.5 s in the sims' time)
+THINK_SECONDS = 0.02  # a user's mean pause between requests, so connections also sit idle
 
 
 class Router(ServerProcess):
@@ -69,8 +80,11 @@ class Router(ServerProcess):
         self.urls = urls
 
     def command(self) -> list[str]:
+        # Polls every 0.2 s: the sims run 5x faster than real time, so this is the default 1 s
+        # poll in the sims' time.
         argv = [sys.executable, "-m", "autoglm_router.cli", "--host", "127.0.0.1",
-                "--port", str(self.port), "--log-level", "warning", "--drain-seconds", "30"]
+                "--port", str(self.port), "--log-level", "warning", "--drain-seconds", "30",
+                "--poll-interval", str(POLL_SECONDS)]
         for url in self.urls:
             argv += ["--endpoint", url]
         return argv
@@ -131,6 +145,7 @@ class Load:
     seconds: float
     split: Callable[[int], int] = lambda w: 0
     failover: bool = False  # on a refused connection, send to the next front instead
+    max_tokens: int = MAX_TOKENS
     samples: list[Sample] = field(default_factory=list)
     open_on: list[set[int]] = field(default_factory=list)  # workers with a request open, by front
     began: float = 0.0
@@ -139,8 +154,8 @@ class Load:
         return time.monotonic() - self.began
 
 
-def body_of(worker: int, i: int) -> dict[str, Any]:
-    return {"model": MODEL, "max_tokens": MAX_TOKENS, "stream": i % 2 == 0,
+def body_of(worker: int, i: int, max_tokens: int) -> dict[str, Any]:
+    return {"model": MODEL, "max_tokens": max_tokens, "stream": i % 2 == 0,
             "session_id": f"w{worker}-s{i % 4}",
             "messages": [{"role": "user", "content": f"Worker {worker} step {i}: open settings "
                                                      "and turn on dark mode."}]}
@@ -160,6 +175,7 @@ async def send_one(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) 
 
 async def worker_loop(load: Load, worker: int) -> None:
     front = load.split(worker)
+    think = random.Random(worker)
     i = 0
     connector = aiohttp.TCPConnector(limit=1)  # one kept-alive connection per user
     async with aiohttp.ClientSession(connector=connector,
@@ -170,7 +186,7 @@ async def worker_loop(load: Load, worker: int) -> None:
             load.open_on[front].add(worker)
             try:
                 try:
-                    await send_one(http, load.fronts[front], body_of(worker, i))
+                    await send_one(http, load.fronts[front], body_of(worker, i, load.max_tokens))
                 except aiohttp.ClientConnectorError:
                     if not load.failover:
                         raise
@@ -178,7 +194,7 @@ async def worker_loop(load: Load, worker: int) -> None:
                     front = sample.router = (front + 1) % len(load.fronts)
                     sample.reconnected = True
                     load.open_on[front].add(worker)
-                    await send_one(http, load.fronts[front], body_of(worker, i))
+                    await send_one(http, load.fronts[front], body_of(worker, i, load.max_tokens))
                 sample.ok = True
             except (aiohttp.ClientError, RuntimeError, TimeoutError, ValueError) as exc:
                 sample.error = repr(exc)[:200]
@@ -186,6 +202,7 @@ async def worker_loop(load: Load, worker: int) -> None:
                 load.open_on[sample.router].discard(worker)
             sample.end = load.now()
             load.samples.append(sample)
+            await asyncio.sleep(think.uniform(0.0, 2 * THINK_SECONDS))
 
 
 async def run_load(load: Load, faults: Callable[[Load], Awaitable[dict[str, Any]]]
@@ -232,10 +249,32 @@ def replica_drained(procs: Processes) -> tuple[dict[str, Any], Load]:
     return figures, load
 
 
+def replica_killed(procs: Processes) -> tuple[dict[str, Any], Load]:
+    sims = procs.sims(["streaming", "streaming", "batching"])
+    router = procs.router(sims)
+    load = Load([router.base_url], workers=12, seconds=10.0)
+
+    async def faults(load: Load) -> dict[str, Any]:
+        await sleep_until(load, 3.0)
+        open_there = scrape(router.base_url, "autoglm_router_inflight").get(
+            f'replica="{sims[0].base_url}"', 0.0)
+        at = load.now()
+        assert sims[0].process is not None
+        sims[0].process.kill()
+        return {"events": [["SIGKILL replica", at]], "in_flight_at_fault": open_there,
+                "fault_at_s": at}
+
+    figures = asyncio.run(run_load(load, faults))
+    figures["failed_started_after"] = sum(1 for s in load.samples
+                                          if not s.ok and s.start > figures["fault_at_s"])
+    figures["router_retries"] = scrape(router.base_url, "autoglm_router_retries_total")
+    return figures, load
+
+
 def replica_flips(procs: Processes) -> tuple[dict[str, Any], Load]:
     sims = procs.sims(["streaming", "batching"])
     router = procs.router(sims)
-    load = Load([router.base_url], workers=12, seconds=32.0)
+    load = Load([router.base_url], workers=12, seconds=28.0)
 
     async def faults(load: Load) -> dict[str, Any]:
         events = []
@@ -304,15 +343,19 @@ def balance(procs: Processes) -> dict[str, Any]:
         "one router": lambda w: 0, "two routers 1:1": lambda w: w % 2,
         "two routers 3:1": lambda w: int(w % 4 == 3)}
     out: dict[str, Any] = {}
-    for name, split in splits.items():
-        before = [busy_seconds(sim) for sim in sims]
-        load = Load(fronts, workers=16, seconds=12.0, split=split)
-        began = time.monotonic()
-        asyncio.run(run_load(load, lambda load: _nothing()))
-        wall = time.monotonic() - began
-        in_flight = [(busy_seconds(sim) - b) / wall for sim, b in zip(sims, before, strict=True)]
-        out[name] = {**tally(load), "in_flight_per_replica": in_flight,
-                     "max_over_mean": max(in_flight) / statistics.mean(in_flight)}
+    for workers in BALANCE_WORKERS:
+        for name, split in splits.items():
+            before = [busy_seconds(sim) for sim in sims]
+            load = Load(fronts, workers=workers, seconds=12.0, split=split,
+                        max_tokens=BALANCE_MAX_TOKENS)
+            began = time.monotonic()
+            asyncio.run(run_load(load, lambda load: _nothing()))
+            wall = time.monotonic() - began
+            in_flight = [(busy_seconds(sim) - b) / wall
+                         for sim, b in zip(sims, before, strict=True)]
+            out[f"{workers} clients, {name}"] = {
+                **tally(load), "in_flight_per_replica": in_flight,
+                "max_over_mean": max(in_flight) / statistics.mean(in_flight)}
     return out
 
 
@@ -328,7 +371,12 @@ def checks(figures: dict[str, Any]) -> list[tuple[str, float, str, bool]]:
     rows = [(f"{name}: failed requests", figures[name]["failed"], "== 0",
              figures[name]["failed"] == 0)
             for name in ("replica_drained", "replica_flips", "router_sigterm")]
+    killed = figures["replica_killed"]
     rows += [
+        ("replica_killed: failed started after the kill", killed["failed_started_after"],
+         "== 0", killed["failed_started_after"] == 0),
+        ("replica_killed: failed - in flight on it", killed["failed"] - killed[
+            "in_flight_at_fault"], "<= 0", killed["failed"] <= killed["in_flight_at_fault"]),
         ("router_sigkill: failed started after the kill", kill["failed_started_after"], "== 0",
          kill["failed_started_after"] == 0),
         ("router_sigkill: failed - in flight at the kill",
@@ -356,7 +404,8 @@ def main(args: argparse.Namespace) -> int:
     figures: dict[str, Any] = {}
     timelines: dict[str, Load] = {}
     scenarios: dict[str, Callable[[Processes], tuple[dict[str, Any], Load]]] = {
-        "replica_drained": replica_drained, "replica_flips": replica_flips,
+        "replica_drained": replica_drained, "replica_killed": replica_killed,
+        "replica_flips": replica_flips,
         "router_sigterm": lambda p: two_router_fault(p, signal.SIGTERM),
         "router_sigkill": lambda p: two_router_fault(p, signal.SIGKILL)}
     for name, body in scenarios.items():
