@@ -248,18 +248,23 @@ class RouterApp:
         except _ClientGone:
             return
         call = self._call_of(scope, body, arrival)
-        work = asyncio.ensure_future(self._forward(call, send))
-        gone = asyncio.ensure_future(_wait_disconnect(receive))
+        # The request is forwarded in this task, not a new one: a new task would wait a whole
+        # turn of the event loop (every other stream's pending work) before its upstream
+        # request goes out. A watcher cancels this task when the client leaves.
+        this = asyncio.current_task()
+        assert this is not None
+        watcher = asyncio.ensure_future(_cancel_when_gone(receive, this))
         try:
-            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+            await self._forward(call, send)
+        except asyncio.CancelledError:
+            # The client left (or we are cancelled): the upstream connection closed with it.
+            delivered = _outcome_of(call.status) if call.delivered else "client_gone"
+            self._count(call, call.route, delivered)
+            if not watcher.done() or watcher.cancelled():
+                raise  # cancelled from outside: let it go on
+            this.uncancel()
         finally:
-            if not work.done():
-                work.cancel()  # the client left (or we are cancelled): close the upstream too
-                delivered = _outcome_of(call.status) if call.delivered else "client_gone"
-                self._count(call, call.route, delivered)
-            gone.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await work
+            watcher.cancel()
 
     def _call_of(self, scope: Scope, body: bytes, arrival: float) -> _Call:
         headers = [(k.decode("latin-1").lower(), v.decode("latin-1"))
@@ -477,9 +482,10 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
             return b"".join(chunks)
 
 
-async def _wait_disconnect(receive: Receive) -> None:
+async def _cancel_when_gone(receive: Receive, task: asyncio.Task[Any]) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
+    task.cancel()
 
 
 def _error(message: str, status: int) -> bytes:
