@@ -463,13 +463,15 @@ def plot(figures: dict[str, Any], timelines: dict[str, Load]) -> None:
                        c=color, label="ok" if ok else "failed")
         for label, at in figures[name]["events"]:
             ax.axvline(at, color="black", linewidth=1)
-            ax.annotate(label, (at, 0), rotation=90, fontsize=7)
+            ax.annotate(label, (at, 0.98), xycoords=("data", "axes fraction"), rotation=90,
+                        fontsize=7, va="top")
         ax.set_title(f"{name}: {figures[name]['failed']} failed")
         ax.set_xlabel("request start (s)")
         ax.set_ylabel("latency (s)")
         ax.legend()
     balance_rows = figures["two_routers_balance"]
     axes[-1].bar(list(balance_rows), [row["max_over_mean"] for row in balance_rows.values()])
+    axes[-1].tick_params(axis="x", labelrotation=60, labelsize=7)
     axes[-1].axhline(BALANCE_TARGET, color="red", linewidth=1)
     axes[-1].set_title("time-averaged in-flight max/mean, 4 replicas")
     fig.tight_layout()
