@@ -106,7 +106,7 @@ def create_app(args: argparse.Namespace, discovery: Discovery | None = None) -> 
     settings = ProxySettings(
         prefix_chars=args.prefix_chars, max_body_bytes=args.max_body_bytes,
         connect_timeout=args.connect_timeout, idle_timeout=args.idle_timeout,
-        stream_timeout=args.stream_timeout,
+        stream_timeout=args.stream_timeout, load_poll_interval=args.poll_interval,
     )
     return RouterApp(discovery or discovery_of(args), config, settings)
 

@@ -26,6 +26,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from autoglm_router.discovery import Discovery
 from autoglm_router.features import NEUTRAL, KeyKind, RequestFeatures, request_features
 from autoglm_router.metrics import RouterMetrics, router_metrics
+from autoglm_router.others import OtherRouters
 from autoglm_router.routing import (
     Failure,
     Refusal,
@@ -62,6 +63,7 @@ class ProxySettings:
     stream_timeout: float = 3600.0  # a whole response
     max_connections: int = 1024
     session_memory: int = 65536
+    load_poll_interval: float = 1.0  # how often the replicas' own load is read
 
 
 class LoadBook:
@@ -143,6 +145,9 @@ class RouterApp:
         self.settings = settings or ProxySettings()
         self.metrics = router_metrics()
         self.book = LoadBook(self.metrics)
+        self.others = OtherRouters(
+            lambda: [e.name for e in self.discovery.endpoints()],
+            lambda name: self.book.count.get(name, 0), self.settings.load_poll_interval)
         self.sessions = SessionMemory(self.settings.session_memory)
         self.client: aiohttp.ClientSession | None = None
 
@@ -190,18 +195,26 @@ class RouterApp:
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
         )
         await self.discovery.start()
+        await self.others.start()
 
     async def stop(self) -> None:
+        await self.others.stop()
         await self.discovery.stop()
         if self.client is not None:
             await self.client.close()
 
     def pool(self) -> list[ReplicaState]:
+        """Each replica's state; its load is this router's requests plus the other routers'."""
+        own_open = sum(self.book.count.values())
+        # Other routers' requests are counted, not costed: weigh them as this router's own.
+        unit_cost = sum(self.book.cost.values()) / own_open if own_open else 1.0
         states = []
         for endpoint in self.discovery.endpoints():
+            others = self.others.of(endpoint.name)
             states.append(ReplicaState(
                 endpoint.name, endpoint.mode, endpoint.ready, endpoint.draining,
-                self.book.count.get(endpoint.name, 0), self.book.cost.get(endpoint.name, 0.0),
+                self.book.count.get(endpoint.name, 0) + round(others),
+                self.book.cost.get(endpoint.name, 0.0) + others * unit_cost,
             ))
         return states
 
@@ -235,18 +248,23 @@ class RouterApp:
         except _ClientGone:
             return
         call = self._call_of(scope, body, arrival)
-        work = asyncio.ensure_future(self._forward(call, send))
-        gone = asyncio.ensure_future(_wait_disconnect(receive))
+        # The request is forwarded in this task, not a new one: a new task would wait a whole
+        # turn of the event loop (every other stream's pending work) before its upstream
+        # request goes out. A watcher cancels this task when the client leaves.
+        this = asyncio.current_task()
+        assert this is not None
+        watcher = asyncio.ensure_future(_cancel_when_gone(receive, this))
         try:
-            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+            await self._forward(call, send)
+        except asyncio.CancelledError:
+            # The client left (or we are cancelled): the upstream connection closed with it.
+            delivered = _outcome_of(call.status) if call.delivered else "client_gone"
+            self._count(call, call.route, delivered)
+            if not watcher.done() or watcher.cancelled():
+                raise  # cancelled from outside: let it go on
+            this.uncancel()
         finally:
-            if not work.done():
-                work.cancel()  # the client left (or we are cancelled): close the upstream too
-                delivered = _outcome_of(call.status) if call.delivered else "client_gone"
-                self._count(call, call.route, delivered)
-            gone.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await work
+            watcher.cancel()
 
     def _call_of(self, scope: Scope, body: bytes, arrival: float) -> _Call:
         headers = [(k.decode("latin-1").lower(), v.decode("latin-1"))
@@ -464,9 +482,10 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
             return b"".join(chunks)
 
 
-async def _wait_disconnect(receive: Receive) -> None:
+async def _cancel_when_gone(receive: Receive, task: asyncio.Task[Any]) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
+    task.cancel()
 
 
 def _error(message: str, status: int) -> bytes:

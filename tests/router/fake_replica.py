@@ -38,6 +38,7 @@ class FakeReplica:
     flood_chunks: int = 800  # 50 MiB
     seen: list[Seen] = field(default_factory=list)
     flood_sent: int = 0
+    held: int = 0  # requests it says it holds (autoglm_requests_inflight), e.g. another router's
     port: int = field(default_factory=free_port)
 
     def __post_init__(self) -> None:
@@ -72,7 +73,8 @@ class FakeReplica:
         if scope["path"] == "/metrics":
             other = "streaming" if self.mode == "batching" else "batching"
             text = (f'autoglm_mode{{mode="{self.mode}"}} 1.0\n'
-                    f'autoglm_mode{{mode="{other}"}} 0.0\nautoglm_draining 0.0\n')
+                    f'autoglm_mode{{mode="{other}"}} 0.0\nautoglm_draining 0.0\n'
+                    f"autoglm_requests_inflight {self.held}.0\nautoglm_requests_queued 0.0\n")
             await _answer(send, 200, text.encode(), "text/plain")
             return
         body = b""

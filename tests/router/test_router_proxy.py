@@ -86,6 +86,19 @@ def test_a_429_goes_elsewhere_only_when_another_replica_has_room(
     assert reply.status_code == 429 and reply.headers["retry-after"] == "7"
 
 
+def test_requests_avoid_a_replica_that_other_routers_keep_busy(
+    start_router: StartRouter, fakes: list[FakeReplica]
+) -> None:
+    """This router has nothing open, but the first replica says it holds 6 requests (another
+    router's): with the bound at 1.25 x the mean, every session goes to the second."""
+    fakes[0].held = 6
+    router = start_router([f.base_url for f in fakes], "--poll-interval", "0.2")
+    time.sleep(0.6)  # a few polls of the replicas' load
+    for i in range(20):
+        assert post(router, {"messages": [], "session_id": f"s{i}"}).status_code == 200
+    assert (len(fakes[0].seen), len(fakes[1].seen)) == (0, 20)
+
+
 def test_nothing_is_retried_after_the_first_byte(
     start_router: StartRouter, fakes: list[FakeReplica]
 ) -> None:

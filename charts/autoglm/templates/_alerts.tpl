@@ -66,4 +66,52 @@ honor_labels, so its namespace is not replaced by the operator pod's). */}}
         description: >-
           The admission queues are full or time out: add replicas (kubectl scale agd) or raise the
           batching profile's maxConcurrency and maxQueue.
+    - alert: AutoGLMRouterNoReplicas
+      expr: |
+        max by (namespace, autoglm_deployment) (
+          sum by (namespace, autoglm_deployment, pod) (autoglm_router_replicas)
+        ) == 0
+        and on (namespace, autoglm_deployment)
+        sum by (namespace, autoglm_deployment) (rate(autoglm_router_requests_total[5m])) > 0
+      for: 2m
+      labels:
+        severity: critical
+      annotations:
+        summary: The router of {{ "{{ $labels.namespace }}/{{ $labels.autoglm_deployment }}" }} has no replica to send requests to, and requests arrive.
+        description: >-
+          Every request gets 503 from the router. The serving pods are all unready, draining or
+          gone: `kubectl -n {{ "{{ $labels.namespace }}" }} get pods -l app.kubernetes.io/instance={{ "{{ $labels.autoglm_deployment }}" }}`
+          and the AutoGLMDeployment's Degraded condition say why; the router's /health lists
+          the replicas it takes.
+    - alert: AutoGLMRouterUpstreamErrors
+      expr: |
+        sum by (namespace, autoglm_deployment) (
+          rate(autoglm_router_requests_total{outcome=~"upstream_error|unreachable|aborted"}[5m])
+        )
+        / sum by (namespace, autoglm_deployment) (rate(autoglm_router_requests_total[5m]))
+        > 0.05
+      for: 5m
+      labels:
+        severity: warning
+      annotations:
+        summary: More than 5% of the requests the router of {{ "{{ $labels.namespace }}/{{ $labels.autoglm_deployment }}" }} forwards fail at the replicas ({{ "{{ $value | humanizePercentage }}" }}).
+        description: >-
+          Outcomes upstream_error (a replica answered 5xx: a queue timeout, an engine error, a
+          504 after --idle-timeout), unreachable (no replica could be reached, even after the
+          one retry) and aborted (a stream cut after its first byte: a replica died mid-answer).
+          The router's log names the replica of each; the serving pods' logs say why.
+    - alert: AutoGLMRouterAddedLatencyHigh
+      expr: |
+        histogram_quantile(0.99, sum by (namespace, autoglm_deployment, le) (
+          rate(autoglm_router_added_latency_seconds_bucket{phase="request"}[5m])
+        )) > 0.025
+      for: 10m
+      labels:
+        severity: warning
+      annotations:
+        summary: The router of {{ "{{ $labels.namespace }}/{{ $labels.autoglm_deployment }}" }} holds requests {{ "{{ $value | humanizeDuration }}" }} (p99) before they reach a replica.
+        description: >-
+          The routing decision itself takes well under a millisecond; a p99 above 25 ms means
+          the router's event loop waits for CPU. Raise the router's CPU (spec.router.resources)
+          or its replicas (spec.router.replicas).
 {{- end -}}

@@ -98,6 +98,15 @@ app.kubernetes.io/managed-by: autoglm-operator
 app.kubernetes.io/component: router
 {{- end -}}
 
+{{- define "autoglm.routerPodSelectorString" -}}
+{{- $labels := include "autoglm.routerPodLabels" . | fromYaml -}}
+{{- $pairs := list -}}
+{{- range $key := keys $labels | sortAlpha -}}
+{{- $pairs = append $pairs (printf "%s=%s" $key (get $labels $key)) -}}
+{{- end -}}
+{{- join "," $pairs -}}
+{{- end -}}
+
 {{- define "autoglm.runtimePodSelectorString" -}}
 {{- $labels := include "autoglm.runtimePodLabels" . | fromYaml -}}
 {{- $pairs := list -}}

@@ -45,6 +45,7 @@ PROMTOOL = "/usr/bin/promtool"
 # What the dashboard's variables are set to while its expressions run.
 NAMESPACE, DEPLOYMENT = "team-a", "phone"
 PODS = ("phone-7d9f-abcde", "phone-7d9f-fghij")
+ROUTER_POD = "phone-router-5c8b-klmno"
 GRAFANA_VARIABLES = {
     "$namespace": NAMESPACE,
     "$deployment": DEPLOYMENT,
@@ -104,7 +105,7 @@ def test_promtool_accepts_the_rules(tmp_path: Path) -> None:
         [_tool(PROMTOOL), "check", "rules", str(rules)], capture_output=True, text=True
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 5 rules found" in out.stdout + out.stderr
+    assert "SUCCESS: 8 rules found" in out.stdout + out.stderr
 
 
 def _plain_config(docs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
@@ -123,7 +124,8 @@ def _with_file_sd(job: dict[str, Any], path: Path) -> dict[str, Any]:
 
 def test_promtool_accepts_the_plain_prometheus_config(tmp_path: Path) -> None:
     jobs, rules = _plain_config(_rendered())
-    assert [j["job_name"] for j in jobs] == ["autoglm-runtime", "autoglm-operator"]
+    assert [j["job_name"] for j in jobs] == [
+        "autoglm-runtime", "autoglm-router", "autoglm-operator"]
     (tmp_path / "autoglm.rules.yaml").write_text(rules)
     (tmp_path / "targets.json").write_text("[]")
     config = {
@@ -229,6 +231,73 @@ def _alert_tests() -> list[dict[str, Any]]:
                 ),
             ],
         },
+        *_router_alert_tests(series, alert),
+    ]
+
+
+def _router_alert_tests(series: Any, alert: Any) -> list[dict[str, Any]]:
+    """The router's alerts: two router pods of one AutoGLMDeployment."""
+    agd = {"namespace": NAMESPACE, "autoglm_deployment": DEPLOYMENT}
+    routers = [{**agd, "pod": ROUTER_POD}, {**agd, "pod": ROUTER_POD + "x"}]
+
+    def replicas(values: str) -> list[dict[str, str]]:
+        return [series("autoglm_router_replicas", {**r, "mode": m}, values)
+                for r in routers for m in ("streaming", "batching", "unknown")]
+
+    def requests(outcome: str, values: str, mode: str = "streaming") -> dict[str, str]:
+        labels = {**routers[0], "traffic_class": "streamed_chat", "mode": mode,
+                  "outcome": outcome}
+        return series("autoglm_router_requests_total", labels, values)
+
+    def added(phase: str, buckets: dict[str, str]) -> list[dict[str, str]]:
+        return [series("autoglm_router_added_latency_seconds_bucket",
+                       {**routers[0], "phase": phase, "le": le}, values)
+                for le, values in buckets.items()]
+
+    slow = {"0.01": "0+50x20", "0.025": "0+50x20", "0.05": "0+100x20", "+Inf": "0+100x20"}
+    fast = dict.fromkeys(("0.01", "0.025", "0.05", "+Inf"), "0+100x20")
+    return [
+        {  # Every replica gone from both routers while requests arrive: critical after 2m.
+            "interval": "1m",
+            "input_series": [*replicas("2 2 0x12"), requests("refused", "0+60x14", "none")],
+            "alert_rule_test": [
+                alert("AutoGLMRouterNoReplicas", "3m"),
+                alert("AutoGLMRouterNoReplicas", "6m", {"severity": "critical", **agd}),
+            ],
+        },
+        {  # No replica but no requests either (a deployment scaled to nothing): silence.
+            "interval": "1m",
+            "input_series": [*replicas("0x14"), requests("ok", "5x14")],
+            "alert_rule_test": [alert("AutoGLMRouterNoReplicas", "10m")],
+        },
+        {  # 10% of requests fail at the replicas for over 5 minutes.
+            "interval": "1m",
+            "input_series": [requests("ok", "0+90x20"), requests("upstream_error", "0+6x20"),
+                             requests("aborted", "0+4x20")],
+            "alert_rule_test": [
+                alert("AutoGLMRouterUpstreamErrors", "4m"),
+                alert("AutoGLMRouterUpstreamErrors", "12m", {"severity": "warning", **agd}),
+            ],
+        },
+        {  # 1% failing, or clients' own errors, is not the replicas' fault.
+            "interval": "1m",
+            "input_series": [requests("ok", "0+99x20"), requests("unreachable", "0+1x20"),
+                             requests("client_error", "0+50x20")],
+            "alert_rule_test": [alert("AutoGLMRouterUpstreamErrors", "15m")],
+        },
+        {  # Half the requests wait 25-50 ms in the router: p99 ~ 50 ms, for over 10 minutes.
+            "interval": "1m",
+            "input_series": added("request", slow),
+            "alert_rule_test": [
+                alert("AutoGLMRouterAddedLatencyHigh", "8m"),
+                alert("AutoGLMRouterAddedLatencyHigh", "15m", {"severity": "warning", **agd}),
+            ],
+        },
+        {  # Fast requests; a slow first_byte phase is the client's reading, not the router.
+            "interval": "1m",
+            "input_series": [*added("request", fast), *added("first_byte", slow)],
+            "alert_rule_test": [alert("AutoGLMRouterAddedLatencyHigh", "15m")],
+        },
     ]
 
 
@@ -285,6 +354,47 @@ def _runtime_registries(pod_index: int) -> list[CollectorRegistry]:
     gib = 1024**3
     metrics.gpu.source = lambda: [(0, 19 * gib, 24 * gib), (1, 18 * gib, 24 * gib)]
     return [vllm.registry, own]
+
+
+def _router_registry() -> CollectorRegistry:
+    """A router pod's /metrics: the router's own registry, after some traffic."""
+    from autoglm_router.metrics import router_metrics
+
+    metrics = router_metrics()
+    metrics.requests.labels("streamed_chat", "streaming", "ok").inc(20)
+    metrics.requests.labels("other", "batching", "upstream_error").inc()
+    metrics.retries.labels("draining").inc()
+    metrics.placements.labels("hit").inc(12)
+    metrics.ttft.labels("streamed_chat").observe(0.3)
+    metrics.added_latency.labels("request").observe(0.0004)
+    metrics.added_latency.labels("first_byte").observe(0.0001)
+    for replica, count in (("http://10.0.0.7:8000", 3), ("http://10.0.0.8:8000", 2)):
+        metrics.inflight.labels(replica).set(count)
+    for mode, count in (("streaming", 1), ("batching", 1), ("unknown", 0)):
+        metrics.replicas.labels(mode).set(count)
+    return metrics.registry
+
+
+def _router_pod() -> dict[str, Any]:
+    """A router pod as the operator builds it (router_builders.pod_template), serving /metrics
+    on its http port: the chart's router scrape must select what the operator creates."""
+    from autoglm_operator import builders, router_builders
+    from autoglm_operator.spec import AutoGLMDeploymentSpec
+
+    owner = builders.Owner(DEPLOYMENT, NAMESPACE, "uid")
+    template = router_builders.pod_template(owner, AutoGLMDeploymentSpec())
+    chart_labels = yaml.safe_load(_helper_labels("autoglm.routerPodLabels"))
+    assert chart_labels.items() <= template["metadata"]["labels"].items()
+    return {"metadata": {"name": ROUTER_POD, "namespace": NAMESPACE,
+                         "labels": template["metadata"]["labels"]},
+            "spec": {"containers": template["spec"]["containers"]}}
+
+
+def _helper_labels(name: str) -> str:
+    text = (CHART / "templates" / "_helpers.tpl").read_text()
+    match = re.search(r'define "' + re.escape(name) + r'" -}}\n(.*?)\n{{- end', text, re.S)
+    assert match, name
+    return match.group(1)
 
 
 def _operator_registry() -> CollectorRegistry:
@@ -371,15 +481,19 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     workdir = tmp_path_factory.mktemp("prometheus")
     servers = [_exporter(_runtime_registries(i)) for i in range(len(PODS))]
     operator = _exporter([_operator_registry()])
+    router = _exporter([_router_registry()])
     groups = _rule_groups(_rendered())
     (workdir / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
     jobs, _ = _plain_config(_rendered())
-    runtime_job, operator_job = (_with_file_sd(j, workdir / f"{j['job_name']}.json") for j in jobs)
+    runtime_job, router_job, operator_job = (
+        _with_file_sd(j, workdir / f"{j['job_name']}.json") for j in jobs)
     runtime_targets = []
     for pod, server in zip(PODS, servers, strict=True):
         manifest = _runtime_pod(pod)
         runtime_targets += _kubernetes_sd_targets(manifest, server.server_address[1])
     (workdir / "autoglm-runtime.json").write_text(json.dumps(runtime_targets))
+    (workdir / "autoglm-router.json").write_text(
+        json.dumps(_kubernetes_sd_targets(_router_pod(), router.server_address[1])))
     operator_pod = _chart_operator_pod()
     (workdir / "autoglm-operator.json").write_text(
         json.dumps(
@@ -389,20 +503,20 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": ["rules.yaml"],
-        "scrape_configs": [runtime_job, operator_job],
+        "scrape_configs": [runtime_job, router_job, operator_job],
     }
     prom = LocalPrometheus(workdir, custom_config=config).start()
     url = prom.url
     try:
         # rate() over 30s needs two samples of every target, and every rule evaluated once.
         deadline = time.monotonic() + 30
-        while _count("count(up == 1)", url) < 3 or _count("count_over_time(up[30s])", url) < 3 * 3:
+        while _count("count(up == 1)", url) < 4 or _count("count_over_time(up[30s])", url) < 4 * 3:
             assert time.monotonic() < deadline, "targets not scraped three times in 30s"
             time.sleep(0.5)
         yield url
     finally:
         prom.stop()
-        for server in [*servers, operator]:
+        for server in [*servers, operator, router]:
             server.shutdown()
             server.server_close()
 
@@ -433,7 +547,7 @@ def test_alert_rules_load_and_evaluate_without_errors(prometheus: str) -> None:
     with urllib.request.urlopen(f"{prometheus}/api/v1/rules", timeout=10) as response:
         groups = json.loads(response.read())["data"]["groups"]
     rules = [r for g in groups for r in g["rules"]]
-    assert len(rules) == 5
+    assert len(rules) == 8
     for rule in rules:
         assert rule["health"] == "ok", f"{rule['name']}: {rule.get('lastError')}"
         body = _query(rule["query"], prometheus)
@@ -478,6 +592,11 @@ def test_scrape_config_relabels_pods_as_the_queries_expect(prometheus: str) -> N
             "job": "autoglm-runtime", "namespace": NAMESPACE, "autoglm_deployment": DEPLOYMENT,
         }  # fmt: skip
         assert target["health"] == "up", target.get("lastError")
+    (router,) = [t for t in active if t["labels"]["job"] == "autoglm-router"]
+    assert router["health"] == "up", router.get("lastError")
+    assert {k: v for k, v in router["labels"].items() if k != "instance"} == {
+        "job": "autoglm-router", "namespace": NAMESPACE, "autoglm_deployment": DEPLOYMENT,
+        "pod": ROUTER_POD}  # fmt: skip
     (operator,) = [t for t in active if t["labels"]["job"] == "autoglm-operator"]
     assert operator["health"] == "up", operator.get("lastError")
     # honor_labels: the operator's own namespace/name labels survive on its series.
@@ -489,7 +608,7 @@ def test_scrape_config_relabels_pods_as_the_queries_expect(prometheus: str) -> N
 
 
 def _exported_names() -> set[str]:
-    registries = [*_runtime_registries(0), _operator_registry()]
+    registries = [*_runtime_registries(0), _operator_registry(), _router_registry()]
     names = {"up"}
     for registry in registries:
         for family in registry.collect():

@@ -264,6 +264,18 @@ def test_pod_monitor_selects_the_pods_the_operator_builds() -> None:
     assert monitor["spec"]["namespaceSelector"] == {"any": True}
 
 
+def test_router_pod_monitor_selects_router_pods_not_serving_pods() -> None:
+    docs = render(MONITORING_ON)
+    monitor = one(docs, "PodMonitor", f"{FULLNAME}-router")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector["app.kubernetes.io/component"] == "router"
+    serving = builders.pod_template("phone", crd.AutoGLMDeploymentSpec())["metadata"]["labels"]
+    assert not selector.items() <= serving.items()
+    endpoint = monitor["spec"]["podMetricsEndpoints"][0]
+    assert endpoint["port"] == "http"
+    assert endpoint["relabelings"][0]["targetLabel"] == "autoglm_deployment"
+
+
 def test_namespaced_monitoring_only_looks_in_the_watched_namespaces() -> None:
     docs = render({**MONITORING_ON, **NAMESPACED}, namespace="team-a")
     monitor = one(docs, "PodMonitor", f"{FULLNAME}-runtime")

@@ -1,0 +1,100 @@
+"""Other routers' requests on each replica, read from the replica's own gauges.
+
+Each router counts its own in-flight requests exactly, but with two or more routers that is
+only its share of each replica's work, and two routers that each balance their own share can
+still stack their requests on the same replicas. Every poll reads how many requests each
+replica holds (admitted and queued) and subtracts what this router had open on it at that
+moment: the rest belongs to the other routers, and routing adds it to this router's own count.
+It is as old as the last poll, so it evens out load that lasts longer than a poll interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+import aiohttp
+
+log = logging.getLogger(__name__)
+
+# The mode middleware's admitted + queued requests when the replica has it (vLLM's own gauges
+# miss requests its admission queue holds back), else vLLM's running + waiting.
+HELD_GAUGES = (
+    ("autoglm_requests_inflight", "autoglm_requests_queued"),
+    ("vllm:num_requests_running", "vllm:num_requests_waiting"),
+)
+_WANTED = frozenset(name for pair in HELD_GAUGES for name in pair)
+
+
+def parse_held_requests(text: str) -> float | None:
+    """Requests a replica holds, from its /metrics text; None when it exports neither pair."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in _WANTED:
+            with contextlib.suppress(ValueError, IndexError):
+                values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    for pair in HELD_GAUGES:
+        if pair[0] in values:
+            return sum(values.get(name, 0.0) for name in pair)
+    return None
+
+
+class OtherRouters:
+    """The other routers' requests on each replica, as of the last poll (0 when unknown)."""
+
+    def __init__(self, replicas: Callable[[], list[str]], own: Callable[[str], int],
+                 interval: float = 1.0, timeout: float = 2.0) -> None:
+        self._replicas = replicas
+        self._own = own
+        self.interval = interval
+        self._timeout = timeout
+        self._held: dict[str, float] = {}
+        self._client: aiohttp.ClientSession | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def of(self, replica: str) -> float:
+        return self._held.get(replica, 0.0)
+
+    async def start(self) -> None:
+        self._client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._timeout))
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._client is not None:
+            await self._client.close()
+
+    async def poll_once(self) -> None:
+        names = self._replicas()
+        found = await asyncio.gather(*(self._others_on(name) for name in names))
+        self._held = {name: value for name, value in zip(names, found, strict=True)}
+
+    async def _others_on(self, replica: str) -> float:
+        assert self._client is not None
+        try:
+            async with self._client.get(replica + "/metrics") as response:
+                text = await response.text() if response.status == 200 else ""
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.debug("Reading %s's load failed: %r", replica, exc)
+            return 0.0
+        # Read as the answer arrives, the nearest this router gets to the replica's moment.
+        held = parse_held_requests(text)
+        return max(0.0, held - self._own(replica)) if held is not None else 0.0
+
+    async def _loop(self) -> None:
+        while True:
+            started = time.monotonic()
+            try:
+                await self.poll_once()
+            except Exception:  # one bad poll must not end the loop
+                log.exception("Reading the replicas' load failed")
+            await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))

@@ -1,0 +1,121 @@
+"""The proxy sends a request upstream before it yields the event loop to other work.
+
+Under load the loop holds every other stream's pending work; a request that waits for a turn
+of the loop before going upstream waits behind all of it (the router's `request` phase)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import MutableMapping
+from typing import Any
+
+import aiohttp
+import pytest
+
+from autoglm_router.discovery import Endpoint
+from autoglm_router.proxy import RouterApp
+from autoglm_router.routing import RoutingConfig
+from autoglm_runtime.profiles import Mode
+
+REPLICA = "http://127.0.0.1:9"
+
+
+class OneReplica:
+    def endpoints(self) -> list[Endpoint]:
+        return [Endpoint(REPLICA, Mode.STREAMING, ready=True)]
+
+    def report_unreachable(self, name: str) -> None:
+        pass
+
+    def report_draining(self, name: str) -> None:
+        pass
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+
+class RecordingClient:
+    """Stands in for the upstream session: records when the request goes out, then fails it
+    as a replica that closed the connection would."""
+
+    def __init__(self, order: list[str]) -> None:
+        self.order = order
+
+    async def request(self, *args: Any, **kwargs: Any) -> None:
+        self.order.append("upstream request")
+        raise aiohttp.ServerDisconnectedError()
+
+
+class HangingClient:
+    """An upstream that never answers."""
+
+    async def request(self, *args: Any, **kwargs: Any) -> None:
+        await asyncio.Event().wait()
+
+
+SCOPE = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "query_string": b"",
+         "headers": [(b"content-type", b"application/json")], "client": ("127.0.0.1", 5000)}
+
+
+def client_messages(leaves: asyncio.Event | None = None) -> Any:
+    """receive() for a client that sends one body, then leaves when `leaves` is set."""
+    body = [{"type": "http.request", "body": b'{"messages": [], "stream": true}',
+             "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if body:
+            return body.pop()
+        await (leaves or asyncio.Event()).wait()
+        return {"type": "http.disconnect"}
+
+    return receive
+
+
+async def test_the_upstream_request_goes_out_before_other_pending_work() -> None:
+    order: list[str] = []
+    app = RouterApp(OneReplica(), RoutingConfig())
+    app.client = RecordingClient(order)  # type: ignore[assignment]
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(dict(message))
+
+    receive, scope = client_messages(), SCOPE
+    asyncio.get_running_loop().call_soon(order.append, "other work")
+    await app(scope, receive, send)
+    assert order[0] == "upstream request"
+    # Nothing else could take it: the client gets a 502 after the one retry found no replica.
+    assert sent[0]["status"] == 502
+
+
+async def test_a_client_that_leaves_ends_its_request_and_is_counted() -> None:
+    app = RouterApp(OneReplica(), RoutingConfig())
+    app.client = HangingClient()  # type: ignore[assignment]
+    leaves = asyncio.Event()
+    task = asyncio.ensure_future(app(SCOPE, client_messages(leaves), _ignore))
+    await asyncio.sleep(0.05)
+    assert app.book.count[REPLICA] == 1
+    leaves.set()
+    await asyncio.wait_for(task, 2)  # ends without an error: the client is gone
+    assert app.book.count[REPLICA] == 0
+    # Gone before any answer started: no replica served it, so its mode is `none`.
+    gone = app.metrics.requests.labels("streamed_chat", "none", "client_gone")
+    assert gone._value.get() == 1
+
+
+async def test_a_cancel_from_outside_still_cancels_the_request() -> None:
+    app = RouterApp(OneReplica(), RoutingConfig())
+    app.client = HangingClient()  # type: ignore[assignment]
+    task = asyncio.ensure_future(app(SCOPE, client_messages(), _ignore))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert app.book.count[REPLICA] == 0
+
+
+async def _ignore(message: MutableMapping[str, Any]) -> None:
+    pass
