@@ -64,10 +64,13 @@ when a target is not met.
 from __future__ import annotations
 
 import argparse
+import bisect
+import itertools
 import json
 import math
 import sys
 import time
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -94,6 +97,7 @@ GREEDY_LOOKAHEAD = 30.0  # a batch job's SLO: every request routed in the interv
 QUICK_HOURS = 0.25
 WORKLOAD = Workload(shapes=traces.SHAPES)
 DRAIN_SECONDS = 120.0
+RATE_WINDOW = 60.0  # the [1m] of the default rate queries
 EPOCH = 1_767_225_600.0  # 2026-01-01T00:00:00Z: the policy's clock is wall time
 
 
@@ -113,7 +117,7 @@ def _high(s: dict[str, float | None], cfg: AdaptiveSettings, n: int) -> bool:
     )
 
 
-def _samples(s: dict[str, float | None], n: int) -> pol.Samples:
+def _samples(s: dict[str, float | None], n: int, demand: dict[str, float]) -> pol.Samples:
     return pol.Samples(
         qps=s["qps"],
         gpu_memory_percent=s["gpu_memory_percent"],
@@ -121,7 +125,51 @@ def _samples(s: dict[str, float | None], n: int) -> pol.Samples:
         kv_cache_percent=s["kv_cache_percent"],
         ttft_p95_seconds=s["ttft_p95_seconds"],
         reporting_replicas=n,
+        chat_rate=demand["chat_rate"],
+        other_rate=demand["other_rate"],
+        streaming_completions=demand["streaming_completions"],
+        batching_completions=demand["batching_completions"],
+        streaming_busy=demand["streaming_busy"],
+        batching_busy=demand["batching_busy"],
     )
+
+
+class DemandMeter:
+    """The demand-sized policy's PromQL (autoglm_operator.prom) on the simulated pool:
+    `rate(autoglm_requests_received_total{traffic_class}[1m])` counts the arrivals of each class
+    in the last minute (every arrival is a valid request the middleware sees first); per mode,
+    `rate(vllm:request_success_total[1m])` per pod summed under the mode each pod runs now, and
+    in flight plus queued (`autoglm_requests_inflight + autoglm_requests_queued`)."""
+
+    def __init__(self, arrivals: Sequence[tuple[float, int, int]]) -> None:
+        self.times = [a[0] for a in arrivals]
+        self.chats = list(itertools.accumulate(1 if a[1] == CHAT else 0 for a in arrivals))
+        self.history: deque[tuple[float, list[int]]] = deque()
+
+    def _chats_before(self, i: int) -> int:
+        return self.chats[i - 1] if i > 0 else 0
+
+    def read(self, pool: Pool, now: float) -> dict[str, float]:
+        if not self.history:
+            self.history.append((0.0, [0] * len(pool.replicas)))
+        span = min(RATE_WINDOW, now) or 1.0
+        lo = bisect.bisect_right(self.times, now - RATE_WINDOW)
+        hi = bisect.bisect_right(self.times, now)
+        chats = self._chats_before(hi) - self._chats_before(lo)
+        done = [r.completed for r in pool.replicas]
+        self.history.append((now, done))
+        while self.history[0][0] < now - RATE_WINDOW:
+            self.history.popleft()
+        since, before = self.history[0]
+        done_span = (now - since) or 1.0
+        out = {"chat_rate": chats / span, "other_rate": (hi - lo - chats) / span}
+        for mode in Mode:
+            mine = [i for i, r in enumerate(pool.replicas) if r.mode is mode]
+            out[f"{mode.value}_completions"] = sum(done[i] - before[i] for i in mine) / done_span
+            out[f"{mode.value}_busy"] = float(
+                sum(pool.replicas[i].inflight + pool.replicas[i].queued for i in mine)
+            )
+        return out
 
 
 def _choose(pool: Pool, batching: int) -> list[Mode]:
@@ -164,7 +212,7 @@ def simulate(
         seed=seed,
         track_metrics=policy in ("naive", "adaptive"),
     )
-    run = _Run(pool, cfg)
+    run = _Run(pool, cfg, DemandMeter(arrivals))
     wall = time.monotonic()
     step = GREEDY_INTERVAL if policy == "greedy" else cfg.interval_seconds
     t = 0.0
@@ -212,9 +260,10 @@ def fixed_count(policy: str) -> int | None:
 class _Run:
     """A pool under one policy: its decisions, flips and the outcomes collected so far."""
 
-    def __init__(self, pool: Pool, cfg: AdaptiveSettings) -> None:
+    def __init__(self, pool: Pool, cfg: AdaptiveSettings, meter: DemandMeter) -> None:
         self.pool = pool
         self.cfg = cfg
+        self.meter = meter
         self.state = pol.LoopState()
         self.flips: list[tuple[float, int]] = []
         self.timeline: list[tuple[float, int, float | None]] = []  # (t, batching, qps seen)
@@ -240,7 +289,13 @@ class _Run:
         else:
             replicas = [pol.ReplicaState(r.name, r.mode) for r in pool.replicas]
             decision = pol.decide(
-                _samples(s, REPLICAS), replicas, self.state, cfg, ModePolicy.ADAPTIVE, EPOCH + t
+                _samples(s, REPLICAS, self.meter.read(pool, t)),
+                replicas,
+                self.state,
+                cfg,
+                ModePolicy.ADAPTIVE,
+                EPOCH + t,
+                pool.profiles,
             )
             self.state = decision.state
             self.reasons[decision.reason] = self.reasons.get(decision.reason, 0) + 1
