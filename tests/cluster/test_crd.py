@@ -84,6 +84,17 @@ INVALID: list[tuple[str, Any, str]] = [
      "spec.adaptive.prometheus.url in body should match"),
     ("interval-too-short", _with(VALID, "adaptive.intervalSeconds", 1),
      "should be greater than or equal to 5"),
+    ("slo-chat-ttft-beyond-batch-deadline",
+     _with(VALID, "adaptive.slo", {"chatTimeToFirstTokenMillis": 5000, "batchCompletionSeconds": 4}),
+     "chatTimeToFirstTokenMillis must not exceed batchCompletionSeconds"),
+    ("slo-tpot-in-the-wrong-unit",
+     _with(VALID, "adaptive.slo", {"chatTimeToFirstTokenMillis": 100,
+                                   "chatTimePerOutputTokenMillis": 1001}),
+     "chatTimePerOutputTokenMillis must be at most ten times chatTimeToFirstTokenMillis"),
+    ("slo-ttft-below-a-replica", _with(VALID, "adaptive.slo.chatTimeToFirstTokenMillis", 10),
+     "should be greater than or equal to 50"),
+    ("capacity-seed-zero", _with(VALID, "adaptive.capacity.batchingPerReplicaMilli", 0),
+     "should be greater than or equal to 1"),
     ("extra-args-dtype", _with(VALID, "engine.extraArgs", ["--dtype=float32"]),
      "engine.extraArgs may not set a flag the operator manages"),
     ("extra-args-tp", _with(VALID, "engine.extraArgs", ["--tensor-parallel-size", "4"]),
@@ -491,7 +502,10 @@ def test_values_next_to_the_rules_are_accepted(
         "scheduling": {"nodeSelector": {"zone": "eu-west-1a", "spare": ""},
                        "priorityClassName": "gpu.high"},
         "apiKeySecretRef": {"name": "phone.keys", "key": "api_key.v1"},
-        "adaptive": {"prometheus": {"url": "https://prom.monitoring.svc:9090/prometheus"}},
+        "adaptive": {"prometheus": {"url": "https://prom.monitoring.svc:9090/prometheus"},
+                     # both SLO rules at their edge: TTFT = the batch deadline, TPOT = 10 x TTFT
+                     "slo": {"chatTimeToFirstTokenMillis": 1000, "batchCompletionSeconds": 1,
+                             "chatTimePerOutputTokenMillis": 10000}},
     }  # fmt: skip
     cluster.apply(_object("edges", spec), namespace)
     stored = cluster.get_json("agd", "edges", "-n", namespace)["spec"]
