@@ -3,7 +3,23 @@
 No I/O here (an import-linter contract forbids kopf, kubernetes and HTTP clients): the operator's
 loop, the `replay` command and the benchmarks all run this same code.
 
-How it decides, per pass:
+How it decides, per pass, with per-class demand (`chat_rate` and `other_rate`: requests/s of
+streamed chats and of everything else, from the runtime's autoglm_requests_received_total):
+- It estimates what one replica of each mode serves within the SLOs (`Capacity`): the CRD's
+  seeds (`adaptive.capacity`) until it has measured anything, then what saturated replicas
+  were seen to complete (autoglm_operator.demand.learn), kept in status so a restart keeps it.
+- It scores every split that `minStreamingReplicas` allows by expected goodput for that
+  demand (demand.best_split: the router's routing, spill, and the queue that collapses a class
+  nobody can serve) and picks the best; a move must gain 2% of the demand (hysteresis).
+- The chosen split must stay wanted for the window of its direction
+  (`toBatchingStabilizationSeconds` or `toStreamingStabilizationSeconds`), shortened by the
+  gain: the full window for a small one, none for a split that serves twice the current.
+  A step flips up to `maxFlipsPerStep` replicas toward it, oldest flip first, never one
+  within `cooldownSeconds`, and restarts the window.
+- Reasons: DemandNeedsBatching, DemandNeedsStreaming, SplitFitsDemand, Stabilizing, Cooldown.
+
+Without per-class demand (a runtime that does not count it, a replay of an older trace) the
+threshold rules decide:
 - Load is *high* when any signal is at or above its high threshold (QPS per replica, GPU memory
   percent, queue depth per replica) and *low* when every available signal is at or below its low
   threshold; in between is the hysteresis band, where nothing moves and pending windows reset.
@@ -20,11 +36,12 @@ How it decides, per pass:
   counts the requests waiting for streaming replicas: batching queues by design) or GPU memory
   runs short. Further steps need that evidence.
 - A step toward batching flips at most `maxFlipsPerStep` replicas; a return flips one (quick to
-  relieve, slow to give back). No step flips a replica that flipped within
-  `cooldownSeconds`, the ones that flipped longest ago first, and never leaves fewer than
-  `minStreamingReplicas` ready replicas streaming.
-- Missing, NaN or infinite QPS or queue data holds every replica where it is and resets the
-  windows: a gap breaks the "stayed high/low for N seconds" evidence.
+  relieve, slow to give back).
+
+Either way: no step flips a replica that flipped within `cooldownSeconds`, the ones that
+flipped longest ago first, and never leaves fewer than `minStreamingReplicas` ready replicas
+streaming. Missing, NaN or infinite QPS or queue data (threshold rules) holds every replica where
+it is and resets the windows: a gap breaks the "stayed high/low for N seconds" evidence.
 """
 
 from __future__ import annotations
