@@ -82,6 +82,9 @@ DEMAND_NEEDS_BATCHING = "DemandNeedsBatching"
 DEMAND_NEEDS_STREAMING = "DemandNeedsStreaming"
 SPLIT_FITS_DEMAND = "SplitFitsDemand"
 
+# A learned capacity is stored only when it moves by this share in some mode: smaller moves are
+# measurement noise, and storing them would write status every pass of a saturated loop.
+MIN_CAPACITY_CHANGE = 0.02
 # The window of the default rate queries ([1m]): a replica that flipped within it has its
 # completions counted under a mode it no longer runs, so nothing is learned meanwhile.
 RATE_WINDOW_SECONDS = 60.0
@@ -469,7 +472,9 @@ def _learned(
         caps,
     )
     updated = Capacity(learned[Mode.STREAMING], learned[Mode.BATCHING])
-    return None if updated == seeds and history.capacity is None else updated
+    if all(abs(updated.of(m) - current.of(m)) < MIN_CAPACITY_CHANGE * current.of(m) for m in Mode):
+        return history.capacity  # noise, and a status write every pass: keep what is stored
+    return updated
 
 
 def _finite_or_none(value: float | None) -> float | None:

@@ -255,3 +255,14 @@ def test_old_manifests_with_every_threshold_are_accepted() -> None:
     settings = AdaptiveSettings.model_validate(old)
     assert settings.slo == ServiceLevelObjectives()  # defaults: 500 ms, 100 ms, 30 s
     assert settings.slo.chat_time_to_first_token_millis == 500
+
+
+def test_a_change_under_two_percent_is_not_stored() -> None:
+    # A saturated loop measures every pass; storing each wobble would write status each pass.
+    stored = pol.LoopState(capacity=pol.Capacity(4.1, 9.0))
+    near = demand(1.0, 30.0, batching_completions=3 * 9.2, batching_busy=192.0)
+    d = pol.decide(near, fleet(3), stored, config(), ModePolicy.ADAPTIVE, T0)
+    assert d.state.capacity == stored.capacity
+    far = demand(1.0, 30.0, batching_completions=3 * 10.0, batching_busy=192.0)
+    d = pol.decide(far, fleet(3), stored, config(), ModePolicy.ADAPTIVE, T0)
+    assert d.state.capacity == pol.Capacity(4.1, 9.25)
