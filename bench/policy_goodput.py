@@ -424,14 +424,17 @@ def label(policy: str) -> str:
 
 
 def jobs_for(
-    names: Sequence[str], seeds: Sequence[int], hours: float | None
+    names: Sequence[str],
+    seeds: Sequence[int],
+    hours: float | None,
+    policies: Sequence[str] = POLICIES,
 ) -> list[tuple[str, str, str, int, float | None]]:
     """Every policy with and without the router; the greedy look-ahead (router on) first."""
     jobs = [
         (n, p, r, s, hours)
         for n in names
         for s in seeds
-        for p in POLICIES
+        for p in policies
         for r in ROUTINGS
         if not (p == "greedy" and r != "router")
     ]
@@ -454,10 +457,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="JSON",
         help="judge the results of earlier runs together (say, of trace groups run apart)",
     )
+    parser.add_argument(
+        "--rerun",
+        default="",
+        help="with --merge: simulate these policies (comma-separated, say adaptive) again on "
+        "the merged runs' traces and seeds, and judge them in place of the stored ones",
+    )
     args = parser.parse_args(argv)
+    rerun = [p for p in args.rerun.split(",") if p]
+    if rerun and (not args.merge or set(rerun) - set(POLICIES)):
+        parser.error(f"--rerun needs --merge and policies among {', '.join(POLICIES)}")
     if args.merge:
         results, names, seeds, elapsed = _merged(args.merge)
         hours, cal = None, None
+        if rerun:
+            cal = _preamble(names)
+            ran = {(r["trace"], r["seed"]) for r in results}
+            jobs = [j for j in jobs_for(names, seeds, None, rerun) if (j[0], j[3]) in ran]
+            fresh = _simulate_all(jobs, args.jobs)
+            results = _replaced(results, fresh)
     else:
         names = [n for n in args.traces.split(",") if n]
         unknown = [n for n in names if n not in traces.TRACES]
@@ -537,10 +555,21 @@ def _merged(paths: Sequence[str]) -> tuple[list[dict], list[str], list[int], flo
             raise SystemExit(f"{path}: its traces were cut to {data['hours']} h")
         seeds = sorted({*(seeds or []), *data["seeds"]})
         names += [n for n in data["traces"] if n not in names]
-        results += data["results"]
+        results = _replaced(results, data["results"])  # a later file's run wins
         elapsed += data["elapsed_seconds"]
         print(f"{path}: {', '.join(data['traces'])}; seeds {data['seeds']}")
     return results, names, seeds or [], elapsed
+
+
+def _key(result: dict) -> tuple[str, int, str, str]:
+    return result["trace"], result["seed"], result["policy"], result["routing"]
+
+
+def _replaced(results: Sequence[dict], fresh: Sequence[dict]) -> list[dict]:
+    """`results` with every run `fresh` has again replaced by the fresh one."""
+    newer = {_key(r): r for r in fresh}
+    kept = [r for r in results if _key(r) not in newer]
+    return kept + list(newer.values())
 
 
 def allowed_fixed(cfg: AdaptiveSettings | None = None) -> list[str]:
