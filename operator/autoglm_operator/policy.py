@@ -477,6 +477,30 @@ def _learned(
     return updated
 
 
+_THRESHOLDS = {
+    "qps_per_replica_milli": "qpsPerReplicaMilli",
+    "gpu_memory_percent": "gpuMemoryPercent",
+    "queue_depth_per_replica": "queueDepthPerReplica",
+}
+
+
+def _unused_thresholds(config: AdaptiveSettings) -> str:
+    """A warning, in the decision message, for thresholds set away from their defaults: they
+    are accepted, but sizing by demand does not read them (the fallback rules do)."""
+    default = AdaptiveSettings()
+    changed = [
+        camel
+        for name, camel in _THRESHOLDS.items()
+        if getattr(config, name) != getattr(default, name)
+    ]
+    if not changed:
+        return ""
+    return (
+        f" ({', '.join(changed)} set, but read only without per-class demand: ignored while "
+        "sizing by demand)"
+    )
+
+
 def _finite_or_none(value: float | None) -> float | None:
     return value if _finite(value) else None
 
@@ -509,6 +533,7 @@ def _sized(
         f"({'learned' if sizing.learned else 'seeds'}); {k} of {n} batching: "
         f"{current.goodput:.2f}/s within SLO"
     )
+    summary += _unused_thresholds(config)
     if best.batching == k:
         return _outcome(SPLIT_FITS_DEMAND, f"{summary}, the best split", [], _reset(kept))
     toward = best.batching > k

@@ -266,3 +266,14 @@ def test_a_change_under_two_percent_is_not_stored() -> None:
     far = demand(1.0, 30.0, batching_completions=3 * 10.0, batching_busy=192.0)
     d = pol.decide(far, fleet(3), stored, config(), ModePolicy.ADAPTIVE, T0)
     assert d.state.capacity == pol.Capacity(4.1, 9.25)
+
+
+def test_thresholds_set_away_from_defaults_are_accepted_with_a_warning() -> None:
+    # An existing manifest with its own thresholds keeps working; while demand decides, the
+    # decision message (status.lastDecision) says they are not read.
+    cfg = config(qpsPerReplicaMilli={"high": 5000, "low": 2000})
+    d = pol.decide(demand(2, 2), fleet(0), pol.LoopState(), cfg, ModePolicy.ADAPTIVE, T0)
+    assert d.reason == pol.SPLIT_FITS_DEMAND
+    assert "qpsPerReplicaMilli set, but read only without per-class demand" in d.message
+    plain = pol.decide(demand(2, 2), fleet(0), pol.LoopState(), config(), ModePolicy.ADAPTIVE, T0)
+    assert "without per-class demand" not in plain.message
