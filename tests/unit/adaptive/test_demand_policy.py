@@ -126,25 +126,37 @@ def test_a_small_gain_waits_the_full_window_and_cooldown_holds() -> None:
     assert all(s.decision.reason != pol.DEMAND_NEEDS_STREAMING for s in steps)
 
 
-def test_returning_replicas_waits_the_to_streaming_window_and_the_cooldown() -> None:
-    # 3 batching; the demand becomes chat-heavy (10 + 10): one batching replica is best. The
-    # gain is under 2x, so the 300 s to-streaming window applies, then the cooldown of the
-    # replicas that just flipped.
-    history = pol.LoopState(last_flips={"pod-0": (T0 - 60, Mode.BATCHING)})
-    cfg = config()
-    decisions = []
-    state = history
-    replicas = fleet(3)
+def test_returning_replicas_waits_the_to_streaming_window_then_flips_the_oldest() -> None:
+    # 3 batching; the demand becomes chat-heavy (10 + 10): 1 batching serves 18.67/s, the
+    # current split 14.10/s. A gain of 1.32x shortens the 300 s to-streaming window to
+    # 300 x (2 - 1.32) = 203 s; then one step returns both replicas the best split frees,
+    # the ones that flipped longest ago (never) first: not pod-0, which flipped a minute ago.
+    state = pol.LoopState(last_flips={"pod-0": (T0 - 60, Mode.BATCHING)})
+    waited = []
     for i in range(30):
-        d = pol.decide(demand(10.0, 10.0), replicas, state, cfg, ModePolicy.ADAPTIVE, T0 + 15 * i)
+        d = pol.decide(demand(10, 10), fleet(3), state, config(), ModePolicy.ADAPTIVE, T0 + 15 * i)
         state = d.state
-        decisions.append(d)
         if d.flips:
             break
-    flipped = decisions[-1]
-    assert flipped.reason == pol.DEMAND_NEEDS_STREAMING
-    assert 15 * (len(decisions) - 1) >= 300 * (2 - 18.67 / 14.1) - 15
-    assert "pod-0" not in {f.pod for f in flipped.flips} or 15 * len(decisions) >= 120 + 60
+        assert d.reason == pol.STABILIZING and "of 203s before a flip" in d.message
+        waited.append(15 * i)
+    assert d.reason == pol.DEMAND_NEEDS_STREAMING
+    assert max(waited) == 195  # the first pass past 203 s flips
+    assert [(f.pod, f.to_mode) for f in d.flips] == [
+        ("pod-1", Mode.STREAMING),
+        ("pod-2", Mode.STREAMING),
+    ]
+
+
+def test_cooldown_holds_a_wanted_split() -> None:
+    # The window has passed, but every batching replica flipped within cooldownSeconds (120).
+    flipped = {f"pod-{i}": (T0 - 100, Mode.BATCHING) for i in range(3)}
+    state = pol.LoopState(low_since=T0 - 400, last_flips=flipped)
+    held = pol.decide(demand(10, 10), fleet(3), state, config(), ModePolicy.ADAPTIVE, T0)
+    assert held.reason == pol.COOLDOWN and not held.flips
+    assert "next one free in 20s" in held.message
+    later = pol.decide(demand(10, 10), fleet(3), held.state, config(), ModePolicy.ADAPTIVE, T0 + 20)
+    assert later.reason == pol.DEMAND_NEEDS_STREAMING and len(later.flips) == 2
 
 
 def test_noise_around_a_boundary_does_not_flap() -> None:
