@@ -140,6 +140,7 @@ class Replica:
         self.step_count = 0  # steps in the current jump (1 for a step with prefill)
         self.step_plan: list[tuple[Req, int]] = []
         self.step_prefill_tokens = 0
+        self.completed = 0  # requests finished here (vllm:request_success_total of this pod)
         # the router's books: requests it has open here and their summed cost
         self.open = 0
         self.open_cost = 0.0
@@ -511,6 +512,7 @@ class Pool:
             ttft = -1.0
             met = t - req.arrival <= w.batch_e2e_slo
         self._close(req)
+        replica.completed += 1
         self.outcomes.append(Outcome(req.kind, req.arrival, ttft, t - req.arrival, met, tpot))
         if self.track_metrics:
             self.completions.append(t)

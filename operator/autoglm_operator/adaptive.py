@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autoglm_operator import policy as pol
@@ -283,7 +283,7 @@ def seen(inp: PassInput, observation: Observation, repairs: Sequence[RepairOutco
             # A flip that was under way: count it now so the cooldown holds across the restart.
             records = dict(state.last_flips)
             records[repair.pod] = (inp.now, repair.label or Mode.STREAMING)
-            state = pol.LoopState(state.high_since, state.low_since, records)
+            state = replace(state, last_flips=records)
         if repair.action in ("Adopted", "Reverted"):
             labels[repair.pod] = repair.runtime
     return Seen(
@@ -317,11 +317,13 @@ def decide(inp: PassInput, seen: Seen) -> pol.PolicyDecision:
             from_batching=batching,
             to_batching=batching,
             flips=(),
-            state=pol.LoopState(last_flips=seen.state.last_flips),
+            state=pol.LoopState(last_flips=seen.state.last_flips, capacity=seen.state.capacity),
             metrics=pol.metric_sample(None, 0),
         )
     samples = seen.reading.samples if seen.reading is not None else None
-    return pol.decide(samples, replicas, seen.state, spec.adaptive, spec.mode_policy, inp.now)
+    return pol.decide(
+        samples, replicas, seen.state, spec.adaptive, spec.mode_policy, inp.now, spec.profiles
+    )
 
 
 def _announcement(inp: PassInput, decision: pol.PolicyDecision) -> dict[str, Any]:

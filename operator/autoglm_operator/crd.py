@@ -171,4 +171,11 @@ def render_crd_yaml() -> str:
     header = (
         "# Generated from operator/autoglm_operator/spec.py by `make crd`. Do not edit by hand.\n"
     )
-    return header + yaml.safe_dump(build_crd(), sort_keys=False, width=100)
+
+    class NoAliases(yaml.SafeDumper):
+        """Shared defaults written out in full: a CRD a reader can follow without anchors."""
+
+        def ignore_aliases(self, data: object) -> bool:
+            return True
+
+    return header + yaml.dump(build_crd(), Dumper=NoAliases, sort_keys=False, width=100)

@@ -3,7 +3,23 @@
 No I/O here (an import-linter contract forbids kopf, kubernetes and HTTP clients): the operator's
 loop, the `replay` command and the benchmarks all run this same code.
 
-How it decides, per pass:
+How it decides, per pass, with per-class demand (`chat_rate` and `other_rate`: requests/s of
+streamed chats and of everything else, from the runtime's autoglm_requests_received_total):
+- It estimates what one replica of each mode serves within the SLOs (`Capacity`): the CRD's
+  seeds (`adaptive.capacity`) until it has measured anything, then what saturated replicas
+  were seen to complete (autoglm_operator.demand.learn), kept in status so a restart keeps it.
+- It scores every split that `minStreamingReplicas` allows by expected goodput for that
+  demand (demand.best_split: the router's routing, spill, and the queue that collapses a class
+  nobody can serve) and picks the best; a move must gain 2% of the demand (hysteresis).
+- The chosen split must stay wanted for the window of its direction
+  (`toBatchingStabilizationSeconds` or `toStreamingStabilizationSeconds`), shortened by the
+  gain: the full window for a small one, none for a split that serves twice the current.
+  A step flips up to `maxFlipsPerStep` replicas toward it, oldest flip first, never one
+  within `cooldownSeconds`, and restarts the window.
+- Reasons: DemandNeedsBatching, DemandNeedsStreaming, SplitFitsDemand, Stabilizing, Cooldown.
+
+Without per-class demand (a runtime that does not count it, a replay of an older trace) the
+threshold rules decide:
 - Load is *high* when any signal is at or above its high threshold (QPS per replica, GPU memory
   percent, queue depth per replica) and *low* when every available signal is at or below its low
   threshold; in between is the hysteresis band, where nothing moves and pending windows reset.
@@ -20,11 +36,12 @@ How it decides, per pass:
   counts the requests waiting for streaming replicas: batching queues by design) or GPU memory
   runs short. Further steps need that evidence.
 - A step toward batching flips at most `maxFlipsPerStep` replicas; a return flips one (quick to
-  relieve, slow to give back). No step flips a replica that flipped within
-  `cooldownSeconds`, the ones that flipped longest ago first, and never leaves fewer than
-  `minStreamingReplicas` ready replicas streaming.
-- Missing, NaN or infinite QPS or queue data holds every replica where it is and resets the
-  windows: a gap breaks the "stayed high/low for N seconds" evidence.
+  relieve, slow to give back).
+
+Either way: no step flips a replica that flipped within `cooldownSeconds`, the ones that
+flipped longest ago first, and never leaves fewer than `minStreamingReplicas` ready replicas
+streaming. Missing, NaN or infinite QPS or queue data (threshold rules) holds every replica where
+it is and resets the windows: a gap breaks the "stayed high/low for N seconds" evidence.
 """
 
 from __future__ import annotations
@@ -34,14 +51,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
+from autoglm_operator import demand as dm
 from autoglm_operator.spec import (
     AdaptiveLoopState,
     AdaptiveSettings,
+    LearnedCapacity,
     MetricSample,
     ModePolicy,
     ReplicaFlip,
 )
-from autoglm_runtime.profiles import Mode
+from autoglm_runtime.profiles import Mode, ModeProfiles
 
 # Reasons (CamelCase, one word each), as they appear in status.lastDecision.reason.
 QPS_ABOVE_HIGH = "QpsAboveHigh"
@@ -59,6 +78,16 @@ METRICS_UNAVAILABLE = "MetricsUnavailable"
 NO_READY_REPLICAS = "NoReadyReplicas"
 PINNED_STREAMING = "PinnedStreaming"
 PINNED_BATCHING = "PinnedBatching"
+DEMAND_NEEDS_BATCHING = "DemandNeedsBatching"
+DEMAND_NEEDS_STREAMING = "DemandNeedsStreaming"
+SPLIT_FITS_DEMAND = "SplitFitsDemand"
+
+# A learned capacity is stored only when it moves by this share in some mode: smaller moves are
+# measurement noise, and storing them would write status every pass of a saturated loop.
+MIN_CAPACITY_CHANGE = 0.02
+# The window of the default rate queries ([1m]): a replica that flipped within it has its
+# completions counted under a mode it no longer runs, so nothing is learned meanwhile.
+RATE_WINDOW_SECONDS = 60.0
 
 # The most flip records the state keeps; one per pod, pods that vanished are dropped first.
 MAX_FLIP_RECORDS = 256
@@ -80,6 +109,14 @@ class Samples:
     ttft_p95_seconds: float | None = None
     reporting_replicas: int | None = None
     problem: str | None = None
+    # Demand by traffic class (requests/s arriving, admitted or not) and, per mode, requests/s
+    # completed and requests in flight or queued (the learning of each mode's capacity).
+    chat_rate: float | None = None
+    other_rate: float | None = None
+    streaming_completions: float | None = None
+    batching_completions: float | None = None
+    streaming_busy: float | None = None
+    batching_busy: float | None = None
 
 
 @dataclass(frozen=True)
@@ -97,12 +134,43 @@ class ReplicaState:
 
 
 @dataclass(frozen=True)
+class Capacity:
+    """Requests per second one replica of each mode serves within the SLOs."""
+
+    streaming: float
+    batching: float
+
+    @classmethod
+    def seeded(cls, config: AdaptiveSettings) -> Capacity:
+        seeds = config.capacity
+        return cls(
+            seeds.streaming_per_replica_milli / 1000, seeds.batching_per_replica_milli / 1000
+        )
+
+    def of(self, mode: Mode) -> float:
+        return self.streaming if mode is Mode.STREAMING else self.batching
+
+    def to_status(self) -> LearnedCapacity:
+        return LearnedCapacity(
+            streaming_milli=max(1, round(self.streaming * 1000)),
+            batching_milli=max(1, round(self.batching * 1000)),
+        )
+
+    @classmethod
+    def from_status(cls, stored: LearnedCapacity | None) -> Capacity | None:
+        if stored is None:
+            return None
+        return cls(stored.streaming_milli / 1000, stored.batching_milli / 1000)
+
+
+@dataclass(frozen=True)
 class LoopState:
     """Everything the loop remembers between passes; to_status()/from_status() persist it."""
 
     high_since: float | None = None
     low_since: float | None = None
     last_flips: Mapping[str, tuple[float, Mode]] = field(default_factory=dict)
+    capacity: Capacity | None = None  # learned; None: the CRD's seeds
 
     def last_flip_time(self, pod: str) -> float | None:
         record = self.last_flips.get(pod)
@@ -116,6 +184,7 @@ class LoopState:
                 ReplicaFlip(pod=pod, time=_iso(t) or "", mode=mode.value)
                 for pod, (t, mode) in sorted(self.last_flips.items())
             ],
+            capacity=self.capacity.to_status() if self.capacity else None,
         )
 
     @classmethod
@@ -133,6 +202,7 @@ class LoopState:
             high_since=parse_iso(stored.high_since),
             low_since=parse_iso(stored.low_since),
             last_flips=flips,
+            capacity=Capacity.from_status(stored.capacity),
         )
 
 
@@ -165,15 +235,24 @@ def decide(
     config: AdaptiveSettings,
     policy: ModePolicy,
     now: float,
+    profiles: ModeProfiles | None = None,
 ) -> PolicyDecision:
-    """Decide which replicas flip now, and why. Pure: same inputs, same decision."""
+    """Decide which replicas flip now, and why. Pure: same inputs, same decision.
+
+    `profiles`: the modes' admission profiles (spec.profiles), whose concurrency caps say when
+    a mode is saturated; the defaults when not given.
+    """
     from_batching = sum(1 for r in replicas if r.effective_mode is Mode.BATCHING)
     kept = _prune(history, replicas)
+    caps = {m: (profiles or ModeProfiles()).for_mode(m).max_concurrency for m in Mode}
+    capacity = history.capacity
     if policy is not ModePolicy.ADAPTIVE:
         outcome = _pinned(replicas, policy, kept)
     else:
-        outcome = _adaptive(samples, replicas, history, kept, config, now)
-    state = outcome.state
+        capacity = _learned(samples, replicas, history, config, caps, now)
+        sizing = _Sizing(capacity or Capacity.seeded(config), capacity is not None, caps)
+        outcome = _adaptive(samples, replicas, history, kept, config, now, sizing)
+    state = replace(outcome.state, capacity=capacity)
     if outcome.flips:
         records = dict(state.last_flips)
         for flip in outcome.flips:
@@ -240,6 +319,15 @@ class _Fleet:
         )
 
 
+@dataclass(frozen=True)
+class _Sizing:
+    """What sizing by demand needs beside the metrics: capacities and the modes' caps."""
+
+    capacity: Capacity
+    learned: bool  # False: still the CRD's seeds
+    caps: Mapping[Mode, int]
+
+
 def _adaptive(
     samples: Samples | None,
     replicas: Sequence[ReplicaState],
@@ -247,6 +335,7 @@ def _adaptive(
     kept: Kept,
     config: AdaptiveSettings,
     now: float,
+    sizing: _Sizing,
 ) -> _Outcome:
     fleet = _Fleet.of(replicas, config)
     if not fleet.ready:
@@ -261,6 +350,9 @@ def _adaptive(
             f"minStreamingReplicas is {config.min_streaming_replicas}"
         )
         return _outcome(MIN_STREAMING_REPLICAS, message, flips, _reset(kept))
+    demand = _demand(samples)
+    if demand is not None:
+        return _sized(demand, fleet, history, kept, config, now, sizing)
     load = _classify(samples, _divisor(samples, replicas), config)
     if load.unavailable:
         message = f"holding modes: {load.unavailable}"
@@ -338,6 +430,144 @@ def _toward_streaming(
     chosen = _oldest_first(eligible, kept)[:1]
     flips = [Flip(r.name, Mode.BATCHING, Mode.STREAMING) for r in chosen]
     return _outcome(LOAD_BELOW_LOW, load.summary, flips, replace(state, low_since=now))
+
+
+def _demand(samples: Samples | None) -> dm.Demand | None:
+    """Each class's demand, when both rates are known (else the threshold rules decide)."""
+    if samples is None or not (_finite(samples.chat_rate) and _finite(samples.other_rate)):
+        return None
+    assert samples.chat_rate is not None and samples.other_rate is not None
+    return dm.Demand(max(0.0, samples.chat_rate), max(0.0, samples.other_rate))
+
+
+def _learned(
+    samples: Samples | None,
+    replicas: Sequence[ReplicaState],
+    history: LoopState,
+    config: AdaptiveSettings,
+    caps: Mapping[Mode, int],
+    now: float,
+) -> Capacity | None:
+    """The capacities after this pass's measurements (demand.learn); None while nothing was
+    learned (the seeds apply). Nothing is learned while a replica's recent flip blurs which
+    mode its completions belong to."""
+    seeds = Capacity.seeded(config)
+    current = history.capacity or seeds
+    recent = any(now - t < RATE_WINDOW_SECONDS for t, _ in history.last_flips.values())
+    if samples is None or recent:
+        return history.capacity
+    ready = [r for r in replicas if r.ready]
+    learned = dm.learn(
+        {m: current.of(m) for m in Mode},
+        {m: seeds.of(m) for m in Mode},
+        {
+            Mode.STREAMING: _finite_or_none(samples.streaming_completions),
+            Mode.BATCHING: _finite_or_none(samples.batching_completions),
+        },
+        {
+            Mode.STREAMING: _finite_or_none(samples.streaming_busy),
+            Mode.BATCHING: _finite_or_none(samples.batching_busy),
+        },
+        {m: sum(1 for r in ready if r.effective_mode is m) for m in Mode},
+        caps,
+    )
+    updated = Capacity(learned[Mode.STREAMING], learned[Mode.BATCHING])
+    if all(abs(updated.of(m) - current.of(m)) < MIN_CAPACITY_CHANGE * current.of(m) for m in Mode):
+        return history.capacity  # noise, and a status write every pass: keep what is stored
+    return updated
+
+
+_THRESHOLDS = {
+    "qps_per_replica_milli": "qpsPerReplicaMilli",
+    "gpu_memory_percent": "gpuMemoryPercent",
+    "queue_depth_per_replica": "queueDepthPerReplica",
+}
+
+
+def _unused_thresholds(config: AdaptiveSettings) -> str:
+    """A warning, in the decision message, for thresholds set away from their defaults: they
+    are accepted, but sizing by demand does not read them (the fallback rules do)."""
+    default = AdaptiveSettings()
+    changed = [
+        camel
+        for name, camel in _THRESHOLDS.items()
+        if getattr(config, name) != getattr(default, name)
+    ]
+    if not changed:
+        return ""
+    return (
+        f" ({', '.join(changed)} set, but read only without per-class demand: ignored while "
+        "sizing by demand)"
+    )
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    return value if _finite(value) else None
+
+
+def _sized(
+    demand: dm.Demand,
+    fleet: _Fleet,
+    history: LoopState,
+    kept: Kept,
+    config: AdaptiveSettings,
+    now: float,
+    sizing: _Sizing,
+) -> _Outcome:
+    """The split that serves the most demand within the SLOs, approached through the windows,
+    the cooldown and maxFlipsPerStep (the module docstring)."""
+    n, k = len(fleet.ready), len(fleet.batching)
+    cap = sizing.capacity
+    current, best = dm.best_split(
+        k,
+        n,
+        n - fleet.min_streaming,
+        demand,
+        {Mode.STREAMING: cap.streaming, Mode.BATCHING: cap.batching},
+        config.slo,
+        sizing.caps[Mode.BATCHING],
+    )
+    summary = (
+        f"demand {demand.chat:.2f} chats/s, {demand.other:.2f} other/s; per replica "
+        f"streaming serves {cap.streaming:.2f}/s, batching {cap.batching:.2f}/s "
+        f"({'learned' if sizing.learned else 'seeds'}); {k} of {n} batching: "
+        f"{current.goodput:.2f}/s within SLO"
+    )
+    summary += _unused_thresholds(config)
+    if best.batching == k:
+        return _outcome(SPLIT_FITS_DEMAND, f"{summary}, the best split", [], _reset(kept))
+    toward = best.batching > k
+    summary += f", {best.batching} batching: {best.goodput:.2f}/s"
+    started = (history.high_since if toward else history.low_since) or now
+    state = LoopState(
+        high_since=started if toward else None,
+        low_since=None if toward else started,
+        last_flips=kept,
+    )
+    gain = best.goodput / current.goodput if current.goodput > 0 else math.inf
+    window = _evidence_window(
+        config.to_batching_stabilization_seconds
+        if toward
+        else config.to_streaming_stabilization_seconds,
+        gain,
+    )
+    waited = now - started
+    if waited < window:
+        message = f"{summary}; wanted for {waited:.0f}s of {window:.0f}s before a flip"
+        return _outcome(STABILIZING, message, [], state)
+    movable = fleet.streaming if toward else fleet.batching
+    eligible = [r for r in movable if _cooled(r.name, kept, now, config)]
+    if not eligible:
+        return _outcome(COOLDOWN, _cooldown_message(summary, movable, kept, now, config), [], state)
+    step = min(config.max_flips_per_step, abs(best.batching - k))
+    to_mode = Mode.BATCHING if toward else Mode.STREAMING
+    chosen = _oldest_first(eligible, kept)[:step]
+    flips = [Flip(r.name, r.effective_mode, to_mode) for r in chosen]
+    reason = DEMAND_NEEDS_BATCHING if toward else DEMAND_NEEDS_STREAMING
+    restarted = replace(
+        state, high_since=now if toward else None, low_since=None if toward else now
+    )
+    return _outcome(reason, summary, flips, restarted)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,25 @@ GPU_MEMORY_PERCENT = "gpu_memory_percent"
 QUEUE_DEPTH = "queue_depth"
 KV_CACHE_PERCENT = "kv_cache_percent"
 TTFT_P95_SECONDS = "ttft_p95_seconds"
-SIGNALS = (QPS, GPU_MEMORY_PERCENT, QUEUE_DEPTH, KV_CACHE_PERCENT, TTFT_P95_SECONDS)
+CHAT_RATE = "chat_rate"
+OTHER_RATE = "other_rate"
+STREAMING_COMPLETIONS = "streaming_completions"
+BATCHING_COMPLETIONS = "batching_completions"
+STREAMING_BUSY = "streaming_busy"
+BATCHING_BUSY = "batching_busy"
+SIGNALS = (
+    QPS,
+    GPU_MEMORY_PERCENT,
+    QUEUE_DEPTH,
+    KV_CACHE_PERCENT,
+    TTFT_P95_SECONDS,
+    CHAT_RATE,
+    OTHER_RATE,
+    STREAMING_COMPLETIONS,
+    BATCHING_COMPLETIONS,
+    STREAMING_BUSY,
+    BATCHING_BUSY,
+)
 REQUIRED = (QPS, QUEUE_DEPTH)
 # Not a signal: which pods Prometheus has fresh samples from, and how fresh (for staleness).
 COVERAGE = "coverage"
@@ -46,7 +64,7 @@ _DCGM_PERCENT = (
     "100 * max(DCGM_FI_DEV_FB_USED{{{sel}}} "
     "/ (DCGM_FI_DEV_FB_USED{{{sel}}} + DCGM_FI_DEV_FB_FREE{{{sel}}}))"
 )
-DEFAULT_QUERIES: Mapping[str, str] = {
+_BASE_QUERIES: Mapping[str, str] = {
     QPS: "sum(rate(vllm:request_success_total{$selector}[1m]))",
     # The runtime's NVML gauges first; dcgm-exporter (MiB used and free) when the runtime has none.
     # max: the fullest GPU of the deployment is the one that runs out first.
@@ -75,10 +93,49 @@ DEFAULT_QUERIES: Mapping[str, str] = {
         "sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{$selector}[1m])))"
     ),
 }
+
+
+def _received(traffic_class: str) -> str:
+    return (
+        "sum(rate(autoglm_requests_received_total"
+        f'{{$selector,traffic_class="{traffic_class}"}}[1m]))'
+    )
+
+
+def _per_mode(expression: str, mode: str) -> str:
+    # Each pod's figure under the mode it runs now (autoglm_mode is 1 for that mode only).
+    return (
+        f"sum(sum by (pod) ({expression})"
+        f' * on (pod) sum by (pod) (autoglm_mode{{$selector,mode="{mode}"}}))'
+    )
+
+
+_COMPLETIONS = "rate(vllm:request_success_total{$selector}[1m])"
+_BUSY = "autoglm_requests_inflight{$selector} + autoglm_requests_queued{$selector}"
+# Demand by traffic class, and per mode what its replicas complete and hold (in flight plus
+# queued in front of them): the demand-sized policy's inputs (policy.Samples).
+DEFAULT_QUERIES: Mapping[str, str] = {
+    **_BASE_QUERIES,
+    CHAT_RATE: _received("streamed_chat"),
+    OTHER_RATE: _received("other"),
+    STREAMING_COMPLETIONS: _per_mode(_COMPLETIONS, "streaming"),
+    BATCHING_COMPLETIONS: _per_mode(_COMPLETIONS, "batching"),
+    STREAMING_BUSY: _per_mode(_BUSY, "streaming"),
+    BATCHING_BUSY: _per_mode(_BUSY, "batching"),
+}
 COVERAGE_QUERY = "max by (pod) (timestamp(vllm:num_requests_waiting{$selector}))"
 COVERAGE_RANGE_QUERY = "count(vllm:num_requests_waiting{$selector})"
 # Totals add up across series an override may return; percentages and latency take the worst.
-_SUMMED = {QPS, QUEUE_DEPTH}
+_SUMMED = {
+    QPS,
+    QUEUE_DEPTH,
+    CHAT_RATE,
+    OTHER_RATE,
+    STREAMING_COMPLETIONS,
+    BATCHING_COMPLETIONS,
+    STREAMING_BUSY,
+    BATCHING_BUSY,
+}
 
 
 class Availability(StrEnum):
@@ -446,6 +503,12 @@ class PrometheusReader:
                         kv_cache_percent=columns[KV_CACHE_PERCENT].get(t),
                         ttft_p95_seconds=columns[TTFT_P95_SECONDS].get(t),
                         reporting_replicas=int(coverage) if coverage is not None else None,
+                        chat_rate=columns[CHAT_RATE].get(t),
+                        other_rate=columns[OTHER_RATE].get(t),
+                        streaming_completions=columns[STREAMING_COMPLETIONS].get(t),
+                        batching_completions=columns[BATCHING_COMPLETIONS].get(t),
+                        streaming_busy=columns[STREAMING_BUSY].get(t),
+                        batching_busy=columns[BATCHING_BUSY].get(t),
                     ),
                 )
             )
@@ -476,4 +539,10 @@ def _samples(
         ttft_p95_seconds=values.get(TTFT_P95_SECONDS),
         reporting_replicas=reporting,
         problem=None,
+        chat_rate=values.get(CHAT_RATE),
+        other_rate=values.get(OTHER_RATE),
+        streaming_completions=values.get(STREAMING_COMPLETIONS),
+        batching_completions=values.get(BATCHING_COMPLETIONS),
+        streaming_busy=values.get(STREAMING_BUSY),
+        batching_busy=values.get(BATCHING_BUSY),
     )

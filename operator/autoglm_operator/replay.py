@@ -6,7 +6,11 @@
 
 The trace is a CSV with a header: `timestamp` (RFC 3339, or seconds) and any of `qps` (the
 deployment's total requests per second), `vram_percent` (or `gpu_memory_percent`), `queue`
-(total waiting requests), `ttft_p95` (seconds), `kv_cache_percent`, `replicas_reporting`.
+(total waiting requests), `ttft_p95` (seconds), `kv_cache_percent`, `replicas_reporting`, and
+for sizing by demand `chat_rate` and `other_rate` (requests/s arriving per traffic class) with,
+optionally, `streaming_completions`/`batching_completions` (requests/s each mode completed) and
+`streaming_busy`/`batching_busy` (requests in flight and queued per mode) for learning capacity.
+A trace without both rates (every trace written before them) is decided by the threshold rules.
 An empty cell or `NaN` is missing data, which the policy treats as it does live: it holds.
 
 The policy is the one the operator runs (autoglm_operator.policy.decide), stepped every
@@ -45,6 +49,12 @@ _COLUMNS = {
     "ttft_p95": "ttft_p95_seconds",
     "ttft_p95_seconds": "ttft_p95_seconds",
     "kv_cache_percent": "kv_cache_percent",
+    "chat_rate": "chat_rate",
+    "other_rate": "other_rate",
+    "streaming_completions": "streaming_completions",
+    "batching_completions": "batching_completions",
+    "streaming_busy": "streaming_busy",
+    "batching_busy": "batching_busy",
 }
 
 

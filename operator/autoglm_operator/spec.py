@@ -274,6 +274,12 @@ class QueryOverrides(CamelModel):
     queue_depth: str | None = None
     kv_cache_percent: str | None = None
     ttft_p95_seconds: str | None = None
+    chat_rate: str | None = None
+    other_rate: str | None = None
+    streaming_completions: str | None = None
+    batching_completions: str | None = None
+    streaming_busy: str | None = None
+    batching_busy: str | None = None
 
 
 class PrometheusSource(CamelModel):
@@ -315,12 +321,98 @@ class CountThreshold(CamelModel):
     low: int = Field(default=1, ge=0)
 
 
+_FALLBACK = (
+    "Fallback thresholds: used only while per-class demand "
+    "(autoglm_requests_received_total) is unavailable."
+)
+
+
+class ServiceLevelObjectives(CamelModel):
+    """What a request must get to count as served (DistServe's goodput): a streamed chat meets
+    both chat targets, any other request completes within batchCompletionSeconds."""
+
+    model_config = _validations(
+        _cel(
+            "self.chatTimeToFirstTokenMillis <= self.batchCompletionSeconds * 1000",
+            "chatTimeToFirstTokenMillis must not exceed batchCompletionSeconds: batch jobs are "
+            "the class that waits",
+            ".chatTimeToFirstTokenMillis",
+        ),
+        _cel(
+            "self.chatTimePerOutputTokenMillis <= self.chatTimeToFirstTokenMillis * 10",
+            "chatTimePerOutputTokenMillis must be at most ten times chatTimeToFirstTokenMillis: "
+            "a target that loose is a typo of units",
+            ".chatTimePerOutputTokenMillis",
+        ),
+    )
+    chat_time_to_first_token_millis: int = Field(
+        default=500,
+        ge=50,
+        le=60000,
+        description=(
+            "A streamed chat's first visible token within this many ms of arrival. 500: the "
+            "published streaming TTFT is 320 ms at light load, so a busy replica fits, a queue "
+            "does not."
+        ),
+    )
+    chat_time_per_output_token_millis: int = Field(
+        default=100,
+        ge=1,
+        le=10000,
+        description=(
+            "A streamed chat's later tokens at most this many ms each on average (100: 10 "
+            "tokens/s, faster than anyone reads; DistServe's chatbot setting)."
+        ),
+    )
+    batch_completion_seconds: int = Field(
+        default=30,
+        ge=1,
+        le=86400,
+        description=(
+            "Any other request (batch jobs, non-streamed calls) done within this many seconds "
+            "of arrival (30: a pipeline's per-item deadline; a batching replica takes ~1.8 s)."
+        ),
+    )
+
+
+class CapacitySeeds(CamelModel):
+    """Requests per second one replica of each mode serves within the SLOs, in thousandths:
+    where the policy starts before it has measured the replicas (status.adaptiveState.capacity
+    keeps what it learns)."""
+
+    streaming_per_replica_milli: int = Field(
+        default=4100,
+        ge=1,
+        description=(
+            "Streamed chats per second per streaming replica (4100: the published 2x RTX 4090 "
+            "figure at the streaming profile's 8 concurrent requests)."
+        ),
+    )
+    batching_per_replica_milli: int = Field(
+        default=11500,
+        ge=1,
+        description=(
+            "Requests per second per batching replica (11500: the calibrated latency model at "
+            "the batching profile's 64 concurrent requests; the published 7.2 was measured at "
+            "13, and continuous batching serves more per step as the batch grows)."
+        ),
+    )
+
+
 class AdaptiveSettings(CamelModel):
     interval_seconds: int = Field(default=15, ge=5, le=3600)
     prometheus: PrometheusSource = Field(default_factory=PrometheusSource)
-    qps_per_replica_milli: MilliThreshold = Field(default_factory=MilliThreshold)
-    gpu_memory_percent: PercentThreshold = Field(default_factory=PercentThreshold)
-    queue_depth_per_replica: CountThreshold = Field(default_factory=CountThreshold)
+    # The threshold rules decide only while per-class demand is unavailable (a runtime without
+    # autoglm_requests_received_total, a replay of an old trace): they keep their meaning there.
+    qps_per_replica_milli: MilliThreshold = Field(
+        default_factory=MilliThreshold, description=_FALLBACK
+    )
+    gpu_memory_percent: PercentThreshold = Field(
+        default_factory=PercentThreshold, description=_FALLBACK
+    )
+    queue_depth_per_replica: CountThreshold = Field(
+        default_factory=CountThreshold, description=_FALLBACK
+    )
     to_batching_stabilization_seconds: int = Field(
         default=30, ge=0, le=3600, description="Load must stay high this long before a flip."
     )
@@ -335,13 +427,16 @@ class AdaptiveSettings(CamelModel):
         ge=1,
         le=64,
         description=(
-            "Most replicas one step moves toward batching (steps grow with the overload; a "
-            "return to streaming moves one replica per step)."
+            "Most replicas one step flips. Sized by demand: toward the chosen split, either "
+            "way. Fallback thresholds: toward batching, growing with the overload; a return "
+            "moves one replica per step."
         ),
     )
     min_streaming_replicas: int = Field(
         default=1, ge=0, description="Replicas that always stay streaming for interactive chat."
     )
+    slo: ServiceLevelObjectives = Field(default_factory=ServiceLevelObjectives)
+    capacity: CapacitySeeds = Field(default_factory=CapacitySeeds)
     dry_run: bool = Field(default=False, description="Decide and report, but flip nothing.")
     paused: bool = Field(default=False, description="Hold the current modes; query nothing.")
 
@@ -837,20 +932,39 @@ class ReplicaFlip(CamelModel):
     mode: str
 
 
+class LearnedCapacity(CamelModel):
+    """Requests per second per replica that each mode was measured to serve, in thousandths."""
+
+    streaming_milli: int = Field(ge=1)
+    batching_milli: int = Field(ge=1)
+
+
 class AdaptiveLoopState(CamelModel):
     """What the adaptive loop must remember across passes and operator restarts."""
 
     high_since: str | None = Field(
-        default=None, description="Since when load has stayed above a high threshold."
+        default=None,
+        description=(
+            "Since when the loop has wanted more replicas batching (demand that needs it, or, "
+            "without per-class demand, load above a high threshold)."
+        ),
     )
     low_since: str | None = Field(
-        default=None, description="Since when load has stayed below every low threshold."
+        default=None,
+        description=(
+            "Since when the loop has wanted fewer replicas batching (demand that needs it, or, "
+            "without per-class demand, load below every low threshold)."
+        ),
     )
     last_flips: list[ReplicaFlip] = Field(default_factory=list, max_length=256)
     batching_target: int | None = Field(
         default=None,
         ge=0,
         description="switchStrategy Rolling: how many replicas the loop decided run batching pods.",
+    )
+    capacity: LearnedCapacity | None = Field(
+        default=None,
+        description="What replicas were measured to serve near saturation (none: the seeds).",
     )
 
 

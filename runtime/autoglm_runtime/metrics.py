@@ -24,6 +24,9 @@ REJECT_REASONS = (
     "queue_full", "queue_timeout", "draining", "bad_request", "client_gone", "unauthorized",
     "not_served",
 )
+# The router's traffic classes (autoglm_router.features.TrafficClass): a streamed
+# /v1/chat/completions request, or anything else. The operator's policy reads demand per class.
+TRAFFIC_CLASSES = ("streamed_chat", "other")
 # Queue waits run from milliseconds to the longest queue timeout.
 QUEUE_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -36,6 +39,7 @@ GpuMemorySource = Callable[[], Iterable[GpuMemorySample]]
 class RuntimeMetrics:
     mode: Gauge
     admitted: Counter
+    received: Counter
     queued: Gauge
     inflight: Gauge
     rejected: Counter
@@ -70,6 +74,15 @@ def runtime_metrics(registry: CollectorRegistry = REGISTRY) -> RuntimeMetrics:
         )
         for m in Mode:
             mode.labels(m.value)
+        received = Counter(
+            "autoglm_requests_received",
+            "Valid requests offered for admission (admitted, queued or turned away), by traffic "
+            "class: the demand the operator sizes each mode for.",
+            ["traffic_class"],
+            registry=registry,
+        )
+        for traffic_class in TRAFFIC_CLASSES:
+            received.labels(traffic_class)
         gpu = GpuMemoryCollector()
         registry.register(gpu)
         metrics = RuntimeMetrics(
@@ -77,6 +90,7 @@ def runtime_metrics(registry: CollectorRegistry = REGISTRY) -> RuntimeMetrics:
             admitted=Counter(
                 "autoglm_requests_admitted", "Requests admitted to the engine.", registry=registry
             ),
+            received=received,
             queued=Gauge(
                 "autoglm_requests_queued", "Requests waiting for admission.", registry=registry
             ),

@@ -42,7 +42,7 @@ from autoglm_runtime.requests import (
     parse_json_object,
     prepare,
 )
-from autoglm_runtime.routes import ADMITTED_PATHS, refusal_for
+from autoglm_runtime.routes import ADMITTED_PATHS, CHAT_PATH, refusal_for
 from autoglm_runtime.sse import SSECoalescer
 
 Scope = MutableMapping[str, Any]
@@ -192,6 +192,8 @@ class ModeMiddleware:
         prepared = await self._prepare(scope, receive, send, path)
         if prepared is None:
             return  # refused, and answered
+        streamed_chat = prepared.stream and path == CHAT_PATH
+        self.metrics.received.labels("streamed_chat" if streamed_chat else "other").inc()
         body = json.dumps(prepared.body).encode()
         scope = _with_content_length(scope, len(body))
         # The body is read, so the next receive() only returns on disconnect: watch it.

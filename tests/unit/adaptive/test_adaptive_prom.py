@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,10 +21,16 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "prometheus"
 URL = "http://prometheus.test:9090"
 PODS = ["phone-9b-7d9f8c6b5-abcde", "phone-9b-7d9f8c6b5-fghij"]
 
-# Which canned answer a query gets, by a fragment of its PromQL (first match wins).
-ROUTES = (
+# Which canned answer a query gets, by fragments of its PromQL (first match of all wins).
+ROUTES: tuple[tuple[str, str | tuple[str, ...]], ...] = (
     ("coverage", "timestamp("),
     ("coverage", "count(vllm:num_requests_waiting"),
+    ("chat_rate", 'traffic_class="streamed_chat"'),
+    ("other_rate", 'traffic_class="other"'),
+    ("streaming_completions", ("request_success", 'mode="streaming"', "sum(sum by")),
+    ("batching_completions", ("request_success", 'mode="batching"')),
+    ("streaming_busy", ("requests_inflight", 'mode="streaming"')),
+    ("batching_busy", ("requests_inflight", 'mode="batching"')),
     ("qps", "request_success"),
     ("gpu_memory_percent", "gpu_memory"),
     ("gpu_memory_percent", "DCGM"),
@@ -36,6 +43,19 @@ Answer = tuple[int, str] | Exception
 
 def fixture(name: str, status: int = 200) -> tuple[int, str]:
     return status, (FIXTURES / name).read_text()
+
+
+def vector(value: float) -> tuple[int, str]:
+    """A one-series instant vector."""
+    body = {"metric": {}, "value": [1700000000.0, str(value)]}
+    return 200, json.dumps(
+        {"status": "success", "data": {"resultType": "vector", "result": [body]}}
+    )
+
+
+def _matches(fragments: str | tuple[str, ...], query: str) -> bool:
+    wanted = (fragments,) if isinstance(fragments, str) else fragments
+    return all(f in query for f in wanted)
 
 
 class FakePrometheus(BaseAdapter):
@@ -54,7 +74,7 @@ class FakePrometheus(BaseAdapter):
         query = params["query"][0]
         self.queries.append(query)
         self.params.append(params)
-        name = next(n for n, fragment in ROUTES if fragment in query)
+        name = next(n for n, fragments in ROUTES if _matches(fragments, query))
         answer = self.answers[name]
         if isinstance(answer, Exception):
             raise answer
@@ -77,6 +97,12 @@ HEALTHY: dict[str, Answer] = {
     "queue_depth": fixture("vector_queue.json"),
     "kv_cache_percent": fixture("vector_kv_cache.json"),
     "ttft_p95_seconds": fixture("vector_ttft_nan.json"),
+    "chat_rate": vector(3.5),
+    "other_rate": vector(9.0),
+    "streaming_completions": vector(3.0),
+    "batching_completions": vector(9.5),
+    "streaming_busy": vector(7.0),
+    "batching_busy": vector(60.0),
 }
 
 
@@ -148,9 +174,15 @@ def test_a_healthy_round_returns_samples_and_measures_each_query() -> None:
         kv_cache_percent=41.5,
         ttft_p95_seconds=None,
         reporting_replicas=2,
+        chat_rate=3.5,
+        other_rate=9.0,
+        streaming_completions=3.0,
+        batching_completions=9.5,
+        streaming_busy=7.0,
+        batching_busy=60.0,
     )
-    assert reading.message == "6 queries answered; no data for ttft_p95_seconds"
-    assert len(fake.queries) == 6 and next(o[0] for o in observed) == "coverage"
+    assert reading.message == "12 queries answered; no data for ttft_p95_seconds"
+    assert len(fake.queries) == 12 and next(o[0] for o in observed) == "coverage"
     assert all(o[2] is None and o[1] >= 0 for o in observed)
     selector = prom.pod_selector("prod", PODS)
     assert all(selector in q for q in fake.queries)
@@ -299,6 +331,7 @@ def test_read_range_aligns_signals_by_timestamp() -> None:
         "gpu_memory_percent": fixture("matrix_empty.json"),
         "kv_cache_percent": fixture("matrix_empty.json"),
         "ttft_p95_seconds": fixture("matrix_empty.json"),
+        **{name: fixture("matrix_empty.json") for name in prom.SIGNALS[5:]},
     }
     reader, fake, _ = reader_for(answers)
     start = datetime.fromtimestamp(1_700_000_000, tz=UTC)

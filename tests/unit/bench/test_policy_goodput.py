@@ -90,10 +90,29 @@ def test_batching_mode_trades_ttft_for_throughput() -> None:
 def test_adaptive_runs_the_operator_policy_and_flips_under_overload() -> None:
     r = bench.simulate("steady-overload", "adaptive", hours=0.1)
     assert r["flips"] >= 1
-    assert r["reasons"].get("QpsAboveHigh", 0) + r["reasons"].get("QueueAboveHigh", 0) >= 1
+    # The bench feeds the policy each class's demand: it sizes the split, not thresholds.
+    assert r["reasons"].get("DemandNeedsBatching", 0) >= 1
     assert r["max_flips_per_replica_per_cooldown"] <= 1
     low = bench.simulate("steady-low", "adaptive", hours=0.1)
     assert low["flips"] == 0 and low["slo_attainment"] > 0.99
+
+
+def test_demand_meter_reads_what_the_default_promql_would() -> None:
+    # rate(autoglm_requests_received_total{traffic_class}[1m]): arrivals per class in the last
+    # minute; completions per mode over the same window, in flight plus queued per mode now.
+    arrivals = [(float(t), CHAT if t % 3 else BATCH, 0) for t in range(120)]
+    pool = Pool([Mode.STREAMING, Mode.BATCHING], arrivals, workload=bench.WORKLOAD)
+    meter = bench.DemandMeter(arrivals)
+    meter.read(pool, 60.0)
+    pool.run_until(119.5)
+    read = meter.read(pool, 119.5)
+    in_window = [a for a in arrivals if 59.5 < a[0] <= 119.5]
+    assert read["chat_rate"] == pytest.approx(sum(a[1] == CHAT for a in in_window) / 60)
+    assert read["other_rate"] == pytest.approx(sum(a[1] == BATCH for a in in_window) / 60)
+    done = pool.replicas[0].completed + pool.replicas[1].completed
+    assert 0 < (read["streaming_completions"] + read["batching_completions"]) * 59.5 <= done
+    busy = pool.replicas[1].inflight + pool.replicas[1].queued
+    assert read["batching_busy"] == busy
 
 
 def test_traces_are_deterministic() -> None:

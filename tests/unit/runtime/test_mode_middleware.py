@@ -275,3 +275,16 @@ async def test_a_client_leaving_the_queue_frees_its_place(make_client: MakeClien
     stay.set()
     await asyncio.wait_for(running, 1)
     assert len(engine.bodies) == 1 and middleware.controller.inflight == 0
+
+
+async def test_counts_received_requests_by_traffic_class(make_client: MakeClient) -> None:
+    # The operator sizes each mode for its class's demand: streamed chats vs everything else,
+    # as the router classes them, counted whether admitted or turned away.
+    middleware, client = make_client()
+    await client.post(CHAT, json=chat(stream=True))
+    await client.post(CHAT, json=chat())
+    await client.post("/v1/completions", json={"prompt": "hello", "stream": True})
+    await client.post(CHAT, json=chat(max_tokens=-5))  # invalid: not demand
+    received = "autoglm_requests_received_total"
+    assert sample(middleware, received, {"traffic_class": "streamed_chat"}) == 1
+    assert sample(middleware, received, {"traffic_class": "other"}) == 2

@@ -1,0 +1,158 @@
+"""Demand sizing, pure: which split of replicas between the modes serves the most requests
+within their SLOs, for the demand each traffic class brings; and what each mode's replicas can
+serve, learned from what they deliver.
+
+The model (expected goodput, requests/s meeting their SLO) follows the router's routing
+(`autoglm_router.routing`): streamed chats go to streaming replicas and everything else to
+batching replicas; a class whose own replicas are full spills to the other mode's free room;
+a class with no replica in its mode uses them all. With `n` ready replicas, `k` of them batching,
+chat demand `c`, other demand `b` and per-replica capacities `Cs`, `Cb`:
+
+- streaming serves `S = (n - k) * Cs`, batching `B = k * Cb`.
+- A chat counts when a streaming replica serves it; a chat spilled to a batching replica
+  misses its time to first token (micro-batch window, coalesced events: ~1.8 s at load).
+- A batch job counts wherever it is served, unless the batching replicas run at their
+  concurrency cap for longer than the batch completion SLO (cap / Cb seconds per request).
+- Demand that neither its own mode nor the other's free room can absorb queues: the queue
+  grows for as long as the demand lasts, and with first-come-first-served every request in it
+  waits too long. That class's goodput collapses to nothing (the model's one cliff: in the
+  simulated pool one batching replica too few turns 20 req/s of goodput into 0.5).
+- With no batching replica (k = 0), the streaming replicas serve both classes, chats first
+  (the streaming profile's priority); with no streaming replica, chats miss and batch jobs
+  share the batching replicas with them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from autoglm_operator.spec import ServiceLevelObjectives
+from autoglm_runtime.profiles import Mode
+
+# The demand is a minute's count of random arrivals (batch jobs come in groups), so the split is
+# scored on the measured demand and on each class 20% above and below it, every combination
+# weighted alike: a split that serves the measured demand only at the edge of a cliff scores
+# below one with room to spare.
+DEMAND_SPREAD = (0.8, 1.0, 1.2)
+# A move must gain this share of the demand (expected goodput, requests/s): the hysteresis that
+# keeps a split from flapping between two that serve nearly the same.
+MIN_GAIN = 0.02
+# A mode is saturated (its completions are its capacity) when requests in flight and queued
+# reach this share of its replicas' concurrency caps.
+SATURATED = 0.9
+# How far one saturated measurement moves the learned capacity (an exponential average over
+# about 1 / LEARNING_RATE passes: a minute at the default 15 s interval).
+LEARNING_RATE = 0.25
+# Learned capacity stays within this factor of the seed either way: a replica that served
+# nothing for a minute (stuck, draining) must not teach the loop that a mode serves nothing.
+CAPACITY_RANGE = 4.0
+
+
+@dataclass(frozen=True)
+class Demand:
+    """Requests per second arriving, by traffic class."""
+
+    chat: float
+    other: float
+
+    @property
+    def total(self) -> float:
+        return self.chat + self.other
+
+
+@dataclass(frozen=True)
+class Split:
+    """One candidate: `batching` replicas batching, its expected goodput, requests/s."""
+
+    batching: int
+    goodput: float
+
+
+def expected_goodput(
+    batching: int,
+    replicas: int,
+    demand: Demand,
+    streaming_capacity: float,
+    batching_capacity: float,
+    batch_ok_at_cap: bool,
+) -> float:
+    """Requests/s that meet their SLO with `batching` of `replicas` batching (module docstring)."""
+    c, b = demand.chat, demand.other
+    s = (replicas - batching) * streaming_capacity
+    bb = batching * batching_capacity
+    if batching == 0:
+        chats = c if c <= s else 0.0
+        return chats + (b if c + b <= s else 0.0)
+    if batching == replicas:
+        return b if b + c <= bb or (batch_ok_at_cap and b <= bb) else 0.0
+    free_s, free_b = s - c, bb - b
+    # Chats beyond the streaming replicas spill to free batching room (and miss), else queue.
+    chats = c if free_s >= 0 else (s if -free_s <= max(free_b, 0.0) else 0.0)
+    if free_b >= 0:
+        # Batch jobs fit their own replicas; chats spilled there may fill them to the cap.
+        spilled = min(max(-free_s, 0.0), free_b)
+        jobs = b if free_b - spilled > 0 or batch_ok_at_cap else 0.0
+    else:
+        jobs = b if -free_b <= max(free_s, 0.0) else 0.0
+    return chats + jobs
+
+
+def best_split(
+    current: int,
+    replicas: int,
+    most_batching: int,
+    demand: Demand,
+    capacity: Mapping[Mode, float],
+    slo: ServiceLevelObjectives,
+    batching_cap: int,
+) -> tuple[Split, Split]:
+    """The current split and the best one: the most expected goodput, by MIN_GAIN of the
+    demand more than the current split's to be worth a move (ties: the nearest to current)."""
+    cs, cb = capacity[Mode.STREAMING], capacity[Mode.BATCHING]
+    ok_at_cap = cb > 0 and batching_cap / cb <= slo.batch_completion_seconds
+    spread = [
+        Demand(demand.chat * x, demand.other * y) for x in DEMAND_SPREAD for y in DEMAND_SPREAD
+    ]
+
+    def expected(k: int) -> Split:
+        total = sum(expected_goodput(k, replicas, d, cs, cb, ok_at_cap) for d in spread)
+        return Split(k, total / len(spread))
+
+    now = expected(current)
+    splits = [expected(k) for k in range(most_batching + 1)]
+    top = max(s.goodput for s in splits)
+    if top - now.goodput <= MIN_GAIN * demand.total:
+        return now, now
+    near = [s for s in splits if s.goodput >= top - 1e-9 * max(1.0, top)]
+    return now, min(near, key=lambda s: abs(s.batching - current))
+
+
+def learn(
+    capacity: Mapping[Mode, float],
+    seeds: Mapping[Mode, float],
+    completions: Mapping[Mode, float | None],
+    busy: Mapping[Mode, float | None],
+    replicas: Mapping[Mode, int],
+    caps: Mapping[Mode, int],
+) -> dict[Mode, float]:
+    """Each mode's capacity per replica after one pass's measurements.
+
+    Saturated (in flight + queued at SATURATED of its caps): what its replicas completed per
+    replica is what they can serve; the estimate moves LEARNING_RATE of the way there. Below
+    saturation a mode that completed more than the estimate proves the estimate low: it rises
+    to what was delivered. Otherwise (idle, unknown, no replica in that mode) nothing is learned.
+    """
+    learned = dict(capacity)
+    for mode, estimate in capacity.items():
+        done, inflight, n = completions.get(mode), busy.get(mode), replicas.get(mode, 0)
+        if n <= 0 or done is None or inflight is None:
+            continue
+        delivered = done / n
+        if inflight >= SATURATED * caps[mode] * n:
+            estimate += LEARNING_RATE * (delivered - estimate)
+        elif delivered > estimate:
+            estimate = delivered
+        seed = seeds[mode]
+        learned[mode] = min(seed * CAPACITY_RANGE, max(seed / CAPACITY_RANGE, estimate))
+    return learned
