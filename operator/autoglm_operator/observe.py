@@ -8,7 +8,7 @@ other children by their ownerReference to this object.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from autoglm_operator import builders
@@ -37,7 +37,8 @@ class Observed:
     deployment: dict[str, Any] | None
     children: dict[Key, dict[str, Any]]
     secret: dict[str, Any] | None
-    pods: list[dict[str, Any]]
+    pods: list[dict[str, Any]]  # the serving pods
+    router_pods: list[dict[str, Any]] = field(default_factory=list)
 
     def fingerprint(self) -> Any:
         """Changes whenever any observed object does (resourceVersions)."""
@@ -45,7 +46,8 @@ class Observed:
         def rv(obj: dict[str, Any]) -> str:
             return str((obj.get("metadata") or {}).get("resourceVersion"))
 
-        objs = [*self.children.values(), *self.pods, *([self.secret] if self.secret else [])]
+        objs = [*self.children.values(), *self.pods, *self.router_pods]
+        objs += [self.secret] if self.secret else []
         return rv(self.body), tuple(sorted(rv(o) for o in objs))
 
 
@@ -73,16 +75,19 @@ def observe(
     secret_name = builders.admin_secret_name(name)
     secret = next((s for s in owned("owned_secrets") if s["metadata"]["name"] == secret_name), None)
     # Pods are owned by ReplicaSets, not by us: the instance label places them, the app name
-    # tells the serving pods from the router's (whose Deployment's status is enough here).
-    pods = [
-        p
-        for p in indexes["owned_pods"].get(key, [])
-        if (p["metadata"].get("labels") or {}).get(builders.NAME_LABEL) == builders.APP_NAME
-    ]
+    # tells the serving pods from the router's.
+    placed = list(indexes["owned_pods"].get(key, []))
+
+    def app(pod: dict[str, Any]) -> Any:
+        return (pod["metadata"].get("labels") or {}).get(builders.NAME_LABEL)
+
+    pods = [p for p in placed if app(p) == builders.APP_NAME]
+    router_pods = [p for p in placed if app(p) == builders.ROUTER_APP_NAME]
     return Observed(
         body=dict(body),
         deployment=children.get(("Deployment", name)),
         children=children,
         secret=secret,
         pods=pods,
+        router_pods=router_pods,
     )

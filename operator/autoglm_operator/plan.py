@@ -721,6 +721,7 @@ def settle(
         spec=inputs.spec,
         deployment=inputs.observed.deployment,
         pods=inputs.observed.pods,
+        router_pods=inputs.observed.router_pods,
         current=current,
         now=pol.iso_time(inputs.now),
         problem=problem,

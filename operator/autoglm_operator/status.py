@@ -132,6 +132,7 @@ def _degraded(
     spec: crd.AutoGLMDeploymentSpec,
     deployment: dict[str, Any] | None,
     live: list[dict[str, Any]],
+    routers: list[dict[str, Any]],
     problem: Problem | None,
 ) -> dict[str, Any]:
     if problem is not None:
@@ -161,6 +162,10 @@ def _degraded(
         stuck = _stuck_container(pod)
         if stuck:
             return _cond(DEGRADED, True, stuck[0], stuck[1])
+    for pod in routers:
+        stuck = _stuck_container(pod)
+        if stuck:  # Service <name> goes through these: say why one is down, as for serving pods
+            return _cond(DEGRADED, True, f"Router{stuck[0]}", f"router {stuck[1]}")
     progress = condition(deployment or {}, "Progressing")
     if progress and progress.get("reason") == "ProgressDeadlineExceeded":
         return _cond(DEGRADED, True, "ProgressDeadlineExceeded", str(progress.get("message", "")))
@@ -257,6 +262,7 @@ def compute(
     now: str,
     problem: Problem | None = None,
     router: dict[str, Any] | None = None,
+    router_pods: Sequence[dict[str, Any]] = (),
 ) -> StatusUpdate:
     """The owned part of the status; `changed` is False when `current` already says it all."""
     current = current or {}
@@ -265,7 +271,8 @@ def compute(
     desired = spec.replicas
     desired_hashes = builders.desired_template_hashes(name, spec)
 
-    degraded = _degraded(spec, deployment, live, problem)
+    routers = [p for p in router_pods if is_live(p)] if spec.router.enabled else []
+    degraded = _degraded(spec, deployment, live, routers, problem)
     routing = router_status(spec, router)
     conditions = [
         _ready(desired, ready, degraded, problem, routing),

@@ -10,9 +10,8 @@ import sys
 from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
-import uvicorn
-
 from autoglm_router.discovery import Discovery, StaticDiscovery
+from autoglm_router.drain import DrainingServer
 from autoglm_router.kube import (
     AccessError,
     ApiAccess,
@@ -173,12 +172,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # uvicorn's SIGTERM handling is the drain: it stops listening, closes idle connections and
-    # waits up to timeout_graceful_shutdown for requests in flight, streams included.
+    # On SIGTERM the server stops listening and waits up to --drain-seconds for requests in
+    # flight, streams included, and for kept-alive connections to end (drain.py).
     # The replica's own Date and Server headers pass through, so uvicorn adds none.
-    uvicorn.run(create_app(args, discovery), host=args.host, port=args.port, lifespan="on",
-                log_level="warning", timeout_graceful_shutdown=args.drain_seconds,
-                access_log=False, server_header=False, date_header=False)
+    server = DrainingServer(create_app(args, discovery), host=args.host, port=args.port,
+                            lifespan="on", log_level="warning",
+                            timeout_graceful_shutdown=args.drain_seconds, access_log=False,
+                            server_header=False, date_header=False)
+    server.run()
     return 0
 
 

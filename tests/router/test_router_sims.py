@@ -238,6 +238,25 @@ def test_sigterm_stops_new_connections_and_lets_streams_finish(
     assert router.process is not None and router.process.wait(10) in (0, -signal.SIGTERM)
 
 
+def test_sigterm_answers_the_next_request_on_a_kept_alive_connection_and_closes_it(
+    start_router: StartRouter, replicas: tuple[SimProcess, ...]
+) -> None:
+    """Closing an idle kept-alive connection on SIGTERM races the request a client may be
+    sending on it, which then fails unretried; the router answers it and closes after."""
+    router = start_router([r.base_url for r in replicas])
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    with httpx.Client(timeout=10) as http:
+        assert http.post(router.base_url + "/v1/chat/completions", json=body).status_code == 200
+        router.terminate()
+        wait_for(lambda: _refuses_connections(router), timeout=3)
+        time.sleep(0.3)
+        late = http.post(router.base_url + "/v1/chat/completions", json=body)
+    assert late.status_code == 200
+    assert late.headers["connection"] == "close"
+    # With no connection left, the drain is over at once.
+    assert router.process is not None and router.process.wait(5) in (0, -signal.SIGTERM)
+
+
 def _refuses_connections(router: RouterProcess) -> bool:
     try:
         httpx.get(router.base_url + "/health", timeout=1)

@@ -216,7 +216,7 @@ def test_the_service_move_is_described_as_such() -> None:
     assert plan.describe_update(via, direct) == "now selects the serving pods"
 
 
-def test_observe_keeps_router_pods_out_of_the_serving_pods_and_files_the_router_children() -> None:
+def test_observe_files_router_pods_apart_from_the_serving_pods_and_the_router_children() -> None:
     serving = builders.pod_template("phone-9b", SPEC)
     router = router_builders.pod_template(OWNER, SPEC)
     pods = [
@@ -235,4 +235,6 @@ def test_observe_keeps_router_pods_out_of_the_serving_pods_and_files_the_router_
     body = {"metadata": {"name": "phone-9b", "namespace": "serving", "uid": "u1"}}
     seen = observe(body, "serving", "phone-9b", "u1", indexes)
     assert [p["metadata"]["name"] for p in seen.pods] == ["phone-9b-abc"]
+    # The router pods are filed apart, for status to say why one is down.
+    assert [p["metadata"]["name"] for p in seen.router_pods] == ["phone-9b-router-xyz"]
     assert sorted(seen.children) == sorted((k, ROUTER) for k in router_builders.KINDS)

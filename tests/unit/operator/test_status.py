@@ -257,3 +257,35 @@ def test_with_the_router_off_status_says_so_and_ready_needs_only_the_replicas() 
     assert update.status["router"] == {"enabled": False, "replicas": 0, "readyReplicas": 0}
     ready = conditions(update)["Ready"]
     assert (ready["status"], ready["reason"]) == ("True", "AllReplicasReady")
+
+
+def test_a_router_pod_stuck_waiting_is_degraded_naming_the_pod_and_its_reason() -> None:
+    router_down = {"status": {"replicas": 2, "readyReplicas": 0}}
+    routers = [
+        pod("phone-9b-router-x", ready=False, mode=None, waiting="ImagePullBackOff"),
+        pod("phone-9b-router-y", ready=False, mode=None, waiting="CrashLoopBackOff"),
+    ]
+    update = compute([pod("a"), pod("b")], router=router_down, router_pods=routers)
+    degraded, ready = conditions(update)["Degraded"], conditions(update)["Ready"]
+    assert (degraded["status"], degraded["reason"]) == ("True", "RouterImagePullFailed")
+    assert degraded["message"] == "router pod phone-9b-router-x: ImagePullBackOff: back-off"
+    assert (ready["status"], ready["reason"]) == ("False", "RouterNotReady")
+    crashing = compute([pod("a"), pod("b")], router=router_down, router_pods=routers[1:])
+    assert conditions(crashing)["Degraded"]["reason"] == "RouterCrashLoopBackOff"
+    assert (
+        "router pod phone-9b-router-y: CrashLoopBackOff"
+        in conditions(crashing)["Degraded"]["message"]
+    )
+
+
+def test_a_serving_pod_stuck_is_named_before_a_router_pod_and_gone_router_pods_are_not() -> None:
+    stuck_router = pod("phone-9b-router-x", ready=False, mode=None, waiting="CrashLoopBackOff")
+    both = compute([pod("a"), pod("b", ready=False, waiting="ImagePullBackOff")],
+                   router_pods=[stuck_router])  # fmt: skip
+    assert conditions(both)["Degraded"]["reason"] == "ImagePullFailed"
+    leaving = pod("phone-9b-router-x", mode=None, waiting="CrashLoopBackOff", terminating=True)
+    fine = compute([pod("a"), pod("b")], router_pods=[leaving, pod("phone-9b-router-y", mode=None)])
+    assert conditions(fine)["Degraded"]["status"] == "False"
+    off = crd.AutoGLMDeploymentSpec.model_validate({"replicas": 2, "router": {"enabled": False}})
+    turned_off = compute([pod("a"), pod("b")], spec=off, router=None, router_pods=[stuck_router])
+    assert conditions(turned_off)["Degraded"]["status"] == "False"

@@ -1,0 +1,56 @@
+"""The router's SIGTERM drain, without closing kept-alive connections under a client.
+
+uvicorn's own drain closes every idle kept-alive connection at once. A client may be sending a
+request on one of them at that moment (it picked the connection from its pool before the close
+reached it); that request fails and clients do not retry it (the request may have been sent).
+Here the listening socket closes as before, but a kept-alive connection stays open: the next
+response on it says `Connection: close` and ends it, and an idle one ends at uvicorn's
+keep-alive timeout, as it would without a drain. What is left when the drain time is over goes
+uvicorn's way (closed, tasks cancelled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import uvicorn
+
+from autoglm_router.proxy import Message, Receive, Scope, Send
+
+WAIT_STEP_SECONDS = 0.05
+
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, app: App, **config: Any) -> None:
+        """`config`: uvicorn.Config's keywords; the app is `app`, wrapped."""
+        super().__init__(uvicorn.Config(self._closing_when_draining, interface="asgi3", **config))
+        self.draining = False
+        self._app = app
+
+    async def _closing_when_draining(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_closing(message: Message) -> None:
+            if self.draining and message["type"] == "http.response.start":
+                headers = [h for h in message.get("headers", []) if h[0].lower() != b"connection"]
+                message = {**message, "headers": [*headers, (b"connection", b"close")]}
+            await send(message)
+
+        await self._app(scope, receive, send_closing)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.draining = True
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        drain = float(self.config.timeout_graceful_shutdown or 0)
+        deadline = time.monotonic() + drain
+        while self.server_state.connections and time.monotonic() < deadline:
+            await asyncio.sleep(WAIT_STEP_SECONDS)
+        self.config.timeout_graceful_shutdown = max(1, int(deadline - time.monotonic()))
+        await super().shutdown(sockets)
