@@ -15,7 +15,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -133,6 +133,9 @@ class _Call:
     request_id: str
     arrival: float
     route: Route | None = None  # the replica relaying the response, once it started
+    # Each chosen replica's mode when it was chosen: one that leaves discovery mid-stream is
+    # still counted under the mode that served the request.
+    modes: dict[str, str] = field(default_factory=dict)
     status: int = 0  # the status relayed
     delivered: bool = False  # the client has every byte that matters (see _relay)
 
@@ -296,6 +299,7 @@ class RouterApp:
         tried: list[str] = []
         while True:
             tried.append(route.replica)
+            call.modes[route.replica] = self._mode_label(route.replica)
             self.metrics.decisions.labels(route.reason.value).inc()
             outcome = await self._attempt(call, route, send)
             if not isinstance(outcome, tuple):
@@ -406,12 +410,14 @@ class RouterApp:
                     "headers": held.headers})
         await send({"type": "http.response.body", "body": held.body, "more_body": False})
 
+    def _mode_label(self, replica: str) -> str:
+        for endpoint in self.discovery.endpoints():
+            if endpoint.name == replica:
+                return endpoint.mode.value if endpoint.mode else "unknown"
+        return "none"
+
     def _count(self, call: _Call, route: Route | None, outcome: str) -> None:
-        mode = "none"
-        if route is not None:
-            for endpoint in self.discovery.endpoints():
-                if endpoint.name == route.replica:
-                    mode = endpoint.mode.value if endpoint.mode else "unknown"
+        mode = call.modes.get(route.replica, "none") if route is not None else "none"
         self.metrics.requests.labels(call.features.traffic_class.value, mode, outcome).inc()
 
 

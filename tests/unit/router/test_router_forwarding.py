@@ -119,3 +119,33 @@ async def test_a_cancel_from_outside_still_cancels_the_request() -> None:
 
 async def _ignore(message: MutableMapping[str, Any]) -> None:
     pass
+
+
+class VanishingReplica(OneReplica):
+    """A streaming replica that leaves discovery once a request is on its way to it."""
+
+    def __init__(self) -> None:
+        self.gone = False
+
+    def endpoints(self) -> list[Endpoint]:
+        return [] if self.gone else super().endpoints()
+
+
+class LeavingClient:
+    """The replica leaves discovery while the request is out, then the request times out."""
+
+    def __init__(self, discovery: VanishingReplica) -> None:
+        self.discovery = discovery
+
+    async def request(self, *args: Any, **kwargs: Any) -> None:
+        self.discovery.gone = True
+        raise aiohttp.SocketTimeoutError()
+
+
+async def test_a_request_is_counted_under_the_mode_it_was_routed_to() -> None:
+    discovery = VanishingReplica()
+    app = RouterApp(discovery, RoutingConfig())
+    app.client = LeavingClient(discovery)  # type: ignore[assignment]
+    await asyncio.wait_for(app(SCOPE, client_messages(), _ignore), 2)
+    counted = app.metrics.requests.labels("streamed_chat", "streaming", "upstream_error")
+    assert counted._value.get() == 1
