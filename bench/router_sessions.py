@@ -48,10 +48,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import vllm_router
 
 from autoglm_runtime.sim.model import LatencyModel
 from autoglm_runtime.sim.prefix_cache import BLOCK_TOKENS, block_hashes
-from autoglm_runtime.sim.process import ServerProcess, SimProcess, free_port
+from autoglm_runtime.sim.process import ServerProcess, SimProcess
 from autoglm_runtime.sim.serve.chat import chat_prompt
 
 REPO = Path(__file__).resolve().parent.parent
@@ -242,9 +243,7 @@ class VllmRouter(ServerProcess):
     binary = ""
 
     def command(self) -> list[str]:
-        return [self.binary, "--host", "127.0.0.1", "--port", str(self.port),
-                "--worker-urls", *self.args, "--policy", "consistent_hash",
-                "--prometheus-port", str(free_port()), "--log-level", "warning"]
+        return vllm_router.argv(self.binary, self.port, list(self.args))
 
 
 def start_sims(folder: Path, time_factor: float) -> list[SimProcess]:
@@ -475,7 +474,7 @@ def plot(mean: dict[str, dict[str, float]]) -> None:
 def main(args: argparse.Namespace) -> int:
     import tempfile
 
-    args.vllm_router = VllmRouter.binary = find_vllm_router()
+    args.vllm_router = VllmRouter.binary = vllm_router.find_binary()
     per_seed: list[dict[str, dict[str, float]]] = []
     for seed in args.seeds:
         trace = make_trace(seed, args.conversations)
@@ -503,14 +502,6 @@ def main(args: argparse.Namespace) -> int:
     }, indent=2))  # fmt: skip
     plot(mean)
     return 0 if all(status != "MISSED" for *_, status in checks["autoglm-router"]) else 1
-
-
-def find_vllm_router() -> str:
-    import subprocess
-
-    out = subprocess.run(["bash", str(REPO / "hack" / "vllm-router-env.sh")], check=True,
-                         capture_output=True, text=True).stdout  # fmt: skip
-    return out.strip().splitlines()[-1]
 
 
 if __name__ == "__main__":
