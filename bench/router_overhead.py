@@ -86,8 +86,8 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_listening(url: str) -> None:
-    deadline = time.monotonic() + 20
+def wait_listening(url: str, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200:
@@ -259,11 +259,11 @@ def measure_router(upstream: str, router: str, router_pid: int, count: int,
 def measure_vllm_router(upstream: str, count: int) -> dict[str, Any]:
     """vllm-router (consistent_hash on X-Session-ID) on the same upstream, the same load."""
     port = free_port()
-    process = subprocess.Popen(vllm_router.argv(vllm_router.find_binary(), port, [upstream]))
+    process = subprocess.Popen(vllm_router.argv(vllm_router.find_binary(), port, [upstream]),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_listening(url)
-        time.sleep(2.0)  # its first health check of the worker
+        wait_listening(url, 120)  # it listens once its first health check of the worker passed
         return measure_router(upstream, url, process.pid, count, own_histogram=False)
     finally:
         process.terminate()
