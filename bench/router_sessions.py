@@ -25,8 +25,10 @@ time factor), and time-averaged in-flight max/mean over the replicas (each repli
 vllm:e2e_request_latency_seconds_sum over the run's wall time is its mean in-flight count,
 Little's law). Targets (issue 13) for autoglm-router: hit ratio >= 90% of the oracle's; its
 later-turn TTFT p50 reduction vs random >= 80% of the oracle's; max/mean in-flight <= 1.25.
-Also printed: the ceiling the sim's equations give for the TTFT reduction. Exit 1 on a missed
-target. Writes out/bench/router_sessions.json and .png.
+TTFT ties are ties: when the oracle's p50 is within 2% of random's, the TTFT share is reported
+`tie` (not resolved by the run) rather than judged. Also printed: the ceiling the sim's
+equations give for the TTFT reduction. Exit 1 on a missed target. Writes
+out/bench/router_sessions.json and .png.
 """
 
 from __future__ import annotations
