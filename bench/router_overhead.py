@@ -8,6 +8,9 @@ Two parts, one run:
    `autoglm-router`, at 1 and 100 concurrent streams of 32 SSE events; the router's own
    added-latency histogram (request in -> upstream out, first upstream byte -> first client
    byte), its CPU per request and per SSE event, and its RSS.
+3. vLLM's Rust router (`vllm-router`, `consistent_hash` on `X-Session-ID`; bench/vllm_router.py)
+   on the same upstream under the same load: the client-measured figures and its RSS, printed
+   as ours / its.
 Everything shares this machine's cores, so the figures include contention; the load generator
 uses aiohttp (the cheaper client) so it disturbs less. Targets (from issue 13, on the router's
 own histogram at 100 concurrent streams): each phase p50 <= 2 ms and p99 <= 10 ms, router CPU
@@ -32,6 +35,7 @@ from typing import Any
 
 import aiohttp
 import httpx
+import vllm_router
 
 OUT_DIR = Path(__file__).resolve().parent.parent / "out" / "bench"
 SSE_EVENTS = 32
@@ -39,7 +43,12 @@ PHASES = ("request", "first_byte")
 EVENT = b'data: {"choices":[{"index":0,"delta":{"content":"tap "},"finish_reason":null}]}\n\n'
 BODY = json.dumps({"model": "m", "stream": True, "session_id": "bench",
                    "messages": [{"role": "user", "content": "open the settings app"}]}).encode()
+HEADERS = {"content-type": "application/json", "X-Session-ID": "bench"}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+# The figures printed as ours / vllm-router's (client-measured, so the same for both).
+COMPARED = (("added_ttfb_p50_ms", "added TTFB p50 (ms)"), ("added_ttfb_p99_ms",
+            "added TTFB p99 (ms)"), ("router_cpu_ms_per_request", "CPU per request (ms)"),
+            ("router_cpu_us_per_sse_event", "CPU per SSE event (us)"))
 
 
 # --- the trivial upstream (run in its own process with --upstream PORT) ---------------------
@@ -77,8 +86,8 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_listening(url: str) -> None:
-    deadline = time.monotonic() + 20
+def wait_listening(url: str, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200:
@@ -183,7 +192,7 @@ async def load(url: str, count: int, concurrency: int) -> dict[str, list[float]]
         async def one() -> None:
             start = time.perf_counter()
             async with session.post(url + "/v1/chat/completions", data=BODY,
-                                    headers={"content-type": "application/json"}) as response:
+                                    headers=HEADERS) as response:
                 first = True
                 async for _ in response.content.iter_any():
                     if first:
@@ -223,12 +232,14 @@ def bucket_quantiles(before: list[tuple[float, float]],
     return {"p50_ms_at_most": 1000 * upper_bound(0.5), "p99_ms_at_most": 1000 * upper_bound(0.99)}
 
 
-def measure_router(upstream: str, router: str, router_pid: int, count: int) -> dict[str, Any]:
+def measure_router(upstream: str, router: str, router_pid: int, count: int,
+                   own_histogram: bool = True) -> dict[str, Any]:
+    """Client-measured figures for any router; `own_histogram`: autoglm-router's own too."""
     results: dict[str, Any] = {}
     for concurrency in (1, 100):
         direct = asyncio.run(load(upstream, count, concurrency))
         cpu = cpu_seconds(router_pid)
-        before = {phase: histogram(router, phase) for phase in PHASES}
+        before = {phase: histogram(router, phase) for phase in PHASES if own_histogram}
         routed = asyncio.run(load(router, count, concurrency))
         router_cpu = cpu_seconds(router_pid) - cpu
         d, r = quantiles(direct["ttfb"]), quantiles(routed["ttfb"])
@@ -236,13 +247,39 @@ def measure_router(upstream: str, router: str, router_pid: int, count: int) -> d
             "ttfb_direct": d, "ttfb_router": r,
             "added_ttfb_p50_ms": r["p50_ms"] - d["p50_ms"],
             "added_ttfb_p99_ms": r["p99_ms"] - d["p99_ms"],
-            "router_own": {phase: bucket_quantiles(before[phase], histogram(router, phase))
-                           for phase in PHASES},
+            "router_own": {phase: bucket_quantiles(old, histogram(router, phase))
+                           for phase, old in before.items()},
             "router_cpu_ms_per_request": 1000 * router_cpu / count,
             "router_cpu_us_per_sse_event": 1e6 * router_cpu / (count * SSE_EVENTS),
         }
     results["router_rss_mb"] = rss_mb(router_pid)
     return results
+
+
+def measure_vllm_router(upstream: str, count: int) -> dict[str, Any]:
+    """vllm-router (consistent_hash on X-Session-ID) on the same upstream, the same load."""
+    port = free_port()
+    process = subprocess.Popen(vllm_router.argv(vllm_router.find_binary(), port, [upstream]),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_listening(url, 120)  # it listens once its first health check of the worker passed
+        return measure_router(upstream, url, process.pid, count, own_histogram=False)
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def side_by_side(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
+    """One line per compared figure: ours / vllm-router's."""
+    lines = []
+    for streams in ("streams@1", "streams@100"):
+        for key, title in COMPARED:
+            a, b = ours[streams][key], theirs[streams][key]
+            lines.append(f"{streams:<12} {title:<24} {a:8.3f} / {b:8.3f}")
+    a, b = ours["router_rss_mb"], theirs["router_rss_mb"]
+    lines.append(f"{'':<12} {'RSS (MB)':<24} {a:8.1f} / {b:8.1f}")
+    return lines
 
 
 def missed_targets(routed: dict[str, Any]) -> list[str]:
@@ -284,6 +321,9 @@ def main() -> int:
         router_url = f"http://127.0.0.1:{router_port}"
         wait_listening(router_url)
         routed = measure_router(upstream_url, router_url, router.pid, args.requests)
+        router.terminate()
+        router.wait(10)
+        theirs = measure_vllm_router(upstream_url, args.requests)
     finally:
         for process in (router, upstream):
             if process is not None:
@@ -292,10 +332,12 @@ def main() -> int:
     missed = missed_targets(routed)
     report = {"cpus": os.cpu_count(), "load_avg": os.getloadavg(), "requests": args.requests,
               "sse_events_per_stream": SSE_EVENTS, "clients": clients, "router": routed,
-              "targets_missed": missed}
+              "vllm_router": theirs, "targets_missed": missed}
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     (OUT_DIR / "router_overhead.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
+    print("\nautoglm-router / vllm-router, same upstream, same run:")
+    print("\n".join(side_by_side(routed, theirs)))
     print("targets missed: " + ", ".join(missed) if missed else "all targets met")
     return 1 if missed else 0
 

@@ -25,8 +25,10 @@ time factor), and time-averaged in-flight max/mean over the replicas (each repli
 vllm:e2e_request_latency_seconds_sum over the run's wall time is its mean in-flight count,
 Little's law). Targets (issue 13) for autoglm-router: hit ratio >= 90% of the oracle's; its
 later-turn TTFT p50 reduction vs random >= 80% of the oracle's; max/mean in-flight <= 1.25.
-Also printed: the ceiling the sim's equations give for the TTFT reduction. Exit 1 on a missed
-target. Writes out/bench/router_sessions.json and .png.
+TTFT ties are ties: when the oracle's p50 is within 2% of random's, the TTFT share is reported
+`tie` (not resolved by the run) rather than judged. Also printed: the ceiling the sim's
+equations give for the TTFT reduction. Exit 1 on a missed target. Writes
+out/bench/router_sessions.json and .png.
 """
 
 from __future__ import annotations
@@ -48,10 +50,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import vllm_router
 
 from autoglm_runtime.sim.model import LatencyModel
 from autoglm_runtime.sim.prefix_cache import BLOCK_TOKENS, block_hashes
-from autoglm_runtime.sim.process import ServerProcess, SimProcess, free_port
+from autoglm_runtime.sim.process import ServerProcess, SimProcess
 from autoglm_runtime.sim.serve.chat import chat_prompt
 
 REPO = Path(__file__).resolve().parent.parent
@@ -242,9 +245,7 @@ class VllmRouter(ServerProcess):
     binary = ""
 
     def command(self) -> list[str]:
-        return [self.binary, "--host", "127.0.0.1", "--port", str(self.port),
-                "--worker-urls", *self.args, "--policy", "consistent_hash",
-                "--prometheus-port", str(free_port()), "--log-level", "warning"]
+        return vllm_router.argv(self.binary, self.port, list(self.args))
 
 
 def start_sims(folder: Path, time_factor: float) -> list[SimProcess]:
@@ -377,20 +378,34 @@ def leading(hashes: list[bytes], cached: set[bytes], prompt: int) -> int:
     return min(count, (prompt - 1) // BLOCK_TOKENS) * BLOCK_TOKENS
 
 
-def check(figures: dict[str, dict[str, float]], who: str) -> list[tuple[str, float, float, bool]]:
-    """(target, measured, required, met) for one router against the oracle and random."""
+def check(figures: dict[str, dict[str, float]], who: str) -> list[tuple[str, float, float, str]]:
+    """(target, measured, required, "met" / "MISSED" / "tie") for one router against the
+    oracle and random. TTFT ties are ties: when the oracle's own p50 is within TIE of random's
+    the reduction is below what a run resolves (the sim's ceiling is a few %), so the share
+    is not judged ("tie"); a router within TIE of the oracle's p50 matches it ("met")."""
     mine, oracle, rand = figures[who], figures["oracle"], figures["random"]
     oracle_gain = rand["later_ttft_p50_s"] - oracle["later_ttft_p50_s"]
     gain = rand["later_ttft_p50_s"] - mine["later_ttft_p50_s"]
     hit_share = mine["hit_ratio"] / oracle["hit_ratio"] if oracle["hit_ratio"] else 0.0
     gain_share = gain / oracle_gain if oracle_gain > 0 else float("nan")
+    if oracle_gain <= TIE * rand["later_ttft_p50_s"]:
+        ttft = "tie"
+    elif abs(mine["later_ttft_p50_s"] - oracle["later_ttft_p50_s"]) \
+            <= TIE * oracle["later_ttft_p50_s"] or gain_share >= 0.80:
+        ttft = "met"
+    else:
+        ttft = "MISSED"
     return [
-        ("hit ratio / oracle's", hit_share, 0.90, hit_share >= 0.90),
-        ("TTFT gain / oracle's", gain_share, 0.80, gain_share >= 0.80),
+        ("hit ratio / oracle's", hit_share, 0.90, verdict(hit_share >= 0.90)),
+        ("TTFT gain / oracle's", gain_share, 0.80, ttft),
         ("in-flight max/mean", mine["in_flight_max_over_mean"], 1.25,
-         mine["in_flight_max_over_mean"] <= 1.25),
-        ("errors", mine["errors"], 0.0, mine["errors"] == 0),
+         verdict(mine["in_flight_max_over_mean"] <= 1.25)),
+        ("errors", mine["errors"], 0.0, verdict(mine["errors"] == 0)),
     ]
+
+
+def verdict(met: bool) -> str:
+    return "met" if met else "MISSED"
 
 
 def mean_over_seeds(per_seed: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
@@ -426,10 +441,10 @@ def report(mean: dict[str, dict[str, float]], checks: dict[str, list[Any]],
         print(f"best {title}: {best_of(mean, key, better)}")
     for who, rows in checks.items():
         print(f"\n{who} vs the targets (oracle's and random's figures from the same trace):")
-        for target, measured, required, met in rows:
+        for target, measured, required, status in rows:
             sign = "<=" if target.startswith(("in-flight", "errors")) else ">="
-            print(f"  {target:<24} {measured:>7.3f} {sign} {required:<5} "
-                  f"{'met' if met else 'MISSED'}")
+            note = " (the oracle ties random: not resolved)" if status == "tie" else ""
+            print(f"  {target:<24} {measured:>7.3f} {sign} {required:<5} {status}{note}")
     print(f"\nthe sim's equations, a turn's own prefill only (no queueing): a second turn "
           f"with its prefix cached reaches its first token {ceil['second_turn_vs_cold']:.0%} "
           f"sooner than a cold one (the article: 37%); a later turn "
@@ -461,7 +476,7 @@ def plot(mean: dict[str, dict[str, float]]) -> None:
 def main(args: argparse.Namespace) -> int:
     import tempfile
 
-    args.vllm_router = VllmRouter.binary = find_vllm_router()
+    args.vllm_router = VllmRouter.binary = vllm_router.find_binary()
     per_seed: list[dict[str, dict[str, float]]] = []
     for seed in args.seeds:
         trace = make_trace(seed, args.conversations)
@@ -484,19 +499,11 @@ def main(args: argparse.Namespace) -> int:
                  "concurrent": args.concurrent, "turns": [4, 12], "max_tokens": MAX_TOKENS,
                  "think_seconds": THINK_SECONDS, "time_factor": args.time_factor},
         "seeds": args.seeds, "per_seed": per_seed, "mean": mean, "ceiling": ceil,
-        "checks": {who: [dict(zip(("target", "measured", "required", "met"), row, strict=True))
+        "checks": {who: [dict(zip(("target", "measured", "required", "status"), row, strict=True))
                          for row in rows] for who, rows in checks.items()},
     }, indent=2))  # fmt: skip
     plot(mean)
-    return 0 if all(met for *_, met in checks["autoglm-router"]) else 1
-
-
-def find_vllm_router() -> str:
-    import subprocess
-
-    out = subprocess.run(["bash", str(REPO / "hack" / "vllm-router-env.sh")], check=True,
-                         capture_output=True, text=True).stdout  # fmt: skip
-    return out.strip().splitlines()[-1]
+    return 0 if all(status != "MISSED" for *_, status in checks["autoglm-router"]) else 1
 
 
 if __name__ == "__main__":

@@ -93,7 +93,10 @@ def decide(
     pool = with_room or preferred
     if features.key_kind is KeyKind.NONE or features.key is None:
         return Route(least_loaded(pool).name, Reason.LEAST_LOADED, in_mode)
-    name, bounded = bounded_hash(features.key, features.cost, pool, config)
+    # One conversation rarely has two turns in flight: what loads its home is other keys'
+    # work, so a session gets one request of slack; a shared prefix can burst, so it gets none.
+    slack = features.cost if features.key_kind is KeyKind.SESSION else 0.0
+    name, bounded = bounded_hash(features.key, features.cost, pool, config, slack)
     return Route(name, Reason.BOUNDED if bounded else Reason.HASHED, in_mode)
 
 
@@ -109,7 +112,8 @@ def least_loaded(replicas: Sequence[ReplicaState]) -> ReplicaState:
 
 
 def bounded_hash(
-    key: str, cost: float, pool: Sequence[ReplicaState], config: RoutingConfig
+    key: str, cost: float, pool: Sequence[ReplicaState], config: RoutingConfig,
+    slack: float = 0.0,
 ) -> tuple[str, bool]:
     """Consistent hashing with bounded loads (KubeAI's chwbl, on cost instead of count).
 
@@ -117,12 +121,15 @@ def bounded_hash(
     stays within load_factor x the pool's mean load with this request. The bound never drops
     below the least-loaded replica's load with this request (the paper's ceil(), in cost
     units), so some replica always fits and a burst on one key spreads at once even when the
-    pool is nearly idle. Returns (replica, whether the bound moved it off its home).
+    pool is nearly idle. `slack` raises the bound (a session key: one request, the paper's
+    ceil() in cost units; without it, at the two requests per replica of
+    bench/router_sessions.py, the bound moved half of all later turns off their home, each a
+    cache miss). Returns (replica, whether the bound moved it off its home).
     """
     by_name = {r.name: r for r in pool}
     total = sum(r.load for r in pool)
     lightest = min(r.load for r in pool)
-    bound = max(config.load_factor * (total + cost) / len(pool), lightest + cost)
+    bound = max(config.load_factor * (total + cost) / len(pool), lightest + cost) + slack
     ring = ring_of(frozenset(by_name), config.virtual_nodes)
     home: str | None = None
     for name in ring.walk(key):

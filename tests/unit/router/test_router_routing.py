@@ -155,6 +155,28 @@ def test_a_session_over_the_load_bound_goes_to_the_next_on_the_ring() -> None:
         == home
 
 
+def test_a_session_key_gets_one_request_of_slack_over_the_bound() -> None:
+    """A conversation has one turn in flight at a time, so its home stays while its load is
+    within 1.25 x the mean plus one request; without the slack, at two requests per replica,
+    half of a conversation's turns moved (each a cache miss). A shared prefix gets none."""
+    replicas = pool(*((f"r{i}", S) for i in range(4)))
+    home = routed(decide(chat(True, "s:z", cost=2.0), replicas, CONFIG)).replica
+
+    def loaded(home_load: float) -> list[ReplicaState]:
+        rest = iter((2.0, 2.0, 0.0))
+        return [replace(r, load=home_load if r.name == home else next(rest)) for r in replicas]
+
+    # Home 2, others 2, 2, 0: bound 1.25 x (6 + 2) / 4 = 2.5, + 2 of slack; 2 + 2 fits.
+    stays = routed(decide(chat(True, "s:z", cost=2.0), loaded(2.0), CONFIG))
+    assert stays.replica == home and stays.reason is Reason.HASHED
+    # The same key as a prefix: 4 > 2.5, moved on.
+    prefix = routed(decide(chat(True, "s:z", 2.0, KeyKind.PREFIX), loaded(2.0), CONFIG))
+    assert prefix.replica != home and prefix.reason is Reason.BOUNDED
+    # Home 4: 4 + 2 > 1.25 x (8 + 2) / 4 + 2 = 5.125, moved on.
+    moved = routed(decide(chat(True, "s:z", cost=2.0), loaded(4.0), CONFIG))
+    assert moved.replica != home and moved.reason is Reason.BOUNDED
+
+
 def test_bounded_loads_keep_every_replica_near_the_mean() -> None:
     """Hot keys pile up without the bound; with it no replica passes 1.25 x the mean + 1."""
     replicas = pool(*((f"r{i}", B) for i in range(4)))
