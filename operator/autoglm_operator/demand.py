@@ -38,6 +38,11 @@ DEMAND_SPREAD = (0.8, 1.0, 1.2)
 # A move must gain this share of the demand (expected goodput, requests/s): the hysteresis that
 # keeps a split from flapping between two that serve nearly the same.
 MIN_GAIN = 0.02
+# Batching only where it pays: once a split with fewer batching replicas serves within this share
+# of the demand of the best one (off-peak, every split serves everything), replicas go back to
+# streaming, which gives every chat its lowest time to first token. Below MIN_GAIN, so a split
+# that just paid for a move does not flip back at once.
+RELEASE_TOLERANCE = 0.005
 # A mode is saturated (its completions are its capacity) when requests in flight and queued
 # reach this share of its replicas' concurrency caps.
 SATURATED = 0.9
@@ -108,7 +113,8 @@ def best_split(
     batching_cap: int,
 ) -> tuple[Split, Split]:
     """The current split and the best one: the most expected goodput, by MIN_GAIN of the
-    demand more than the current split's to be worth a move (ties: the nearest to current)."""
+    demand more than the current split's to be worth a move (ties: the nearest to current);
+    batching replicas that do not pay (RELEASE_TOLERANCE) go back to streaming."""
     cs, cb = capacity[Mode.STREAMING], capacity[Mode.BATCHING]
     ok_at_cap = cb > 0 and batching_cap / cb <= slo.batch_completion_seconds
     spread = [
@@ -122,6 +128,10 @@ def best_split(
     now = expected(current)
     splits = [expected(k) for k in range(most_batching + 1)]
     top = max(s.goodput for s in splits)
+    paying = [s for s in splits if s.goodput >= top - RELEASE_TOLERANCE * demand.total - 1e-9]
+    fewest = min(paying, key=lambda s: s.batching)
+    if fewest.batching < current:
+        return now, fewest
     if top - now.goodput <= MIN_GAIN * demand.total:
         return now, now
     near = [s for s in splits if s.goodput >= top - 1e-9 * max(1.0, top)]

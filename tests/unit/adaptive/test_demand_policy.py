@@ -46,7 +46,9 @@ def best(chat: float, other: float, current: int, slo: ServiceLevelObjectives | 
     ("chat", "other", "current", "wanted", "why"),
     [
         (2.0, 2.0, 0, 0, "light load fits any split: stay"),
-        (2.0, 2.0, 2, 2, "light load fits any split: stay, whichever it is"),
+        (2.0, 2.0, 2, 0, "light load fits any split: batching that does not pay goes back"),
+        (0.0, 0.0, 1, 0, "no traffic: every replica streaming, ready for the first chat"),
+        (10.0, 10.0, 1, 1, "a mixed peak: the batching replica pays, it stays"),
         (17.0, 17.0, 0, 3, "overload of both: one streaming replica, batch jobs all served"),
         (12.0, 12.0, 0, 2, "a flash crowd of both: two and two"),
         (1.0, 30.0, 0, 3, "batch-heavy: every replica but the floor batching"),
