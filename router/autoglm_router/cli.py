@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no replica above this times the mean in-flight cost (>= 1.0)")
     p.add_argument("--no-spill", dest="spill", action="store_false",
                    help="keep each class in its mode even when every replica there is at its cap")
+    p.add_argument("--no-shed", dest="shed", action="store_false",
+                   help="queue on a replica when every replica is at its cap, instead of "
+                   "answering 429")
     p.add_argument("--streaming-cap", type=_positive(int),
                    default=StreamingProfile().max_concurrency,
                    help="in-flight requests a streaming replica takes before it counts as full")
@@ -100,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def create_app(args: argparse.Namespace, discovery: Discovery | None = None) -> RouterApp:
     config = RoutingConfig(
-        load_factor=args.load_factor, spill=args.spill, virtual_nodes=args.virtual_nodes,
+        load_factor=args.load_factor, spill=args.spill, shed=args.shed,
+        virtual_nodes=args.virtual_nodes,
         caps={Mode.STREAMING: args.streaming_cap, Mode.BATCHING: args.batching_cap},
     )
     settings = ProxySettings(

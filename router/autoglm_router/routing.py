@@ -38,6 +38,7 @@ class RoutingConfig:
     spill: bool = True
     caps: Mapping[Mode, int] = field(default_factory=_default_caps)
     virtual_nodes: int = 100
+    shed: bool = True
 
     def __post_init__(self) -> None:
         if self.load_factor < 1.0:
@@ -75,7 +76,7 @@ def decide(
     config: RoutingConfig,
     exclude: Iterable[str] = (),
 ) -> Route | Refusal:
-    """Rule 1 picks the pool (class, then spill), rules 2-4 pick within it (CHWBL on cost)."""
+    """Rule 1 picks the pool (class, spill, shed), rules 2-4 pick within it (CHWBL on cost)."""
     excluded = set(exclude)
     eligible = [r for r in replicas if r.ready and not r.draining and r.name not in excluded]
     if not eligible:
@@ -90,6 +91,10 @@ def decide(
         others = [r for r in eligible if r not in preferred and has_room(r, config)]
         if others:
             return Route(least_loaded(others).name, Reason.SPILLED, False)
+    if config.shed and not with_room and not any(has_room(r, config) for r in eligible):
+        # Rule 1c: queueing past every cap under sustained overload serves requests after their
+        # deadline at the cost of ones that would have met it (bench/policy_goodput.py).
+        return Refusal(429, "overloaded", "Every replica is at its concurrency cap; retry later.")
     pool = with_room or preferred
     if features.key_kind is KeyKind.NONE or features.key is None:
         return Route(least_loaded(pool).name, Reason.LEAST_LOADED, in_mode)

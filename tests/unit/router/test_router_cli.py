@@ -31,10 +31,10 @@ def test_bad_flags_are_refused(argv: list[str], message: str,
 
 def test_flags_reach_the_routing_config_and_proxy() -> None:
     args = build_parser().parse_args([
-        "--endpoint", "http://a:8000/", "--load-factor", "2", "--no-spill",
+        "--endpoint", "http://a:8000/", "--load-factor", "2", "--no-spill", "--no-shed",
         "--streaming-cap", "4", "--max-body-bytes", "4096", "--prefix-chars", "64"])
     app = create_app(args)
-    assert app.config.load_factor == 2.0 and not app.config.spill
+    assert app.config.load_factor == 2.0 and not app.config.spill and not app.config.shed
     assert app.config.caps[Mode.STREAMING] == 4 and app.config.caps[Mode.BATCHING] == 64
     assert app.settings.max_body_bytes == 4096 and app.settings.prefix_chars == 64
     assert [e.name for e in app.discovery.endpoints()] == ["http://a:8000"]

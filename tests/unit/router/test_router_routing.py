@@ -66,9 +66,6 @@ CLASS_CASES = [
     ("one preferred replica at cap, another not: no spill", chat(True),
      pool(("s1", S), ("s2", S), ("b", B), s1={"inflight": 8, "load": 8.0}),
      "s2", Reason.LEAST_LOADED, True),
-    ("every replica at its cap: stay in the preferred mode", chat(True),
-     pool(("s", S), ("b", B), s={"inflight": 8, "load": 8.0},
-          b={"inflight": 64, "load": 64.0}), "s", Reason.LEAST_LOADED, True),
 ]
 
 
@@ -83,6 +80,43 @@ def test_class_rule(case: str, features: RequestFeatures, replicas: list[Replica
 def test_spill_off_keeps_the_class_in_its_mode() -> None:
     replicas = pool(("s", S), ("b", B), s={"inflight": 8, "load": 8.0})
     assert routed(decide(chat(True), replicas, RoutingConfig(spill=False))).replica == "s"
+
+
+# --- rule 1c: shed when every replica is at its cap -------------------------------------------
+
+FULL = {"s": {"inflight": 8, "load": 8.0}, "b": {"inflight": 64, "load": 64.0}}
+SHED_CASES = [
+    # (case, features, replicas, config, expected: a replica name or 429)
+    ("every replica at its cap: a streamed chat gets 429", chat(True),
+     pool(("s", S), ("b", B), **FULL), CONFIG, 429),
+    ("every replica at its cap: a batch job gets 429", chat(False),
+     pool(("s", S), ("b", B), **FULL), CONFIG, 429),
+    ("every replica at its cap, with a session key: 429", chat(True, "s:a"),
+     pool(("s", S), ("b", B), **FULL), CONFIG, 429),
+    ("single-mode pool, all at cap: 429", chat(True),
+     pool(("b1", B), ("b2", B), b1=FULL["b"], b2=FULL["b"]), CONFIG, 429),
+    ("one replica of the other mode under its cap: spill, no shed", chat(True),
+     pool(("s", S), ("b", B), s=FULL["s"], b={"inflight": 63, "load": 63.0}), CONFIG, "b"),
+    ("a replica of unknown mode has no cap: no shed", chat(True),
+     pool(("s", S), ("x", None), s=FULL["s"], x={"inflight": 500, "load": 500.0}), CONFIG,
+     "x"),
+    ("shedding off: wait in the preferred mode's queue", chat(True),
+     pool(("s", S), ("b", B), **FULL), RoutingConfig(shed=False), "s"),
+    ("spill off, the other mode has room: queue in mode, no shed", chat(True),
+     pool(("s", S), ("b", B), s=FULL["s"]), RoutingConfig(spill=False), "s"),
+]
+
+
+@pytest.mark.parametrize(("case", "features", "replicas", "config", "expected"),
+                         SHED_CASES, ids=[c[0] for c in SHED_CASES])
+def test_shed_rule(case: str, features: RequestFeatures, replicas: list[ReplicaState],
+                   config: RoutingConfig, expected: str | int) -> None:
+    result = decide(features, replicas, config)
+    if isinstance(expected, int):
+        assert isinstance(result, Refusal), result
+        assert (result.status, result.reason) == (expected, "overloaded")
+    else:
+        assert routed(result).replica == expected
 
 
 def test_caps_come_from_the_config() -> None:
