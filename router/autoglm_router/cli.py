@@ -69,6 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no replica above this times the mean in-flight cost (>= 1.0)")
     p.add_argument("--no-spill", dest="spill", action="store_false",
                    help="keep each class in its mode even when every replica there is at its cap")
+    p.add_argument("--no-shed", dest="shed", action="store_false",
+                   help="queue on a replica when every replica is at its cap, instead of "
+                   "answering 429")
+    p.add_argument("--other-overflow", type=float, default=RoutingConfig().other_overflow,
+                   help="non-streamed requests are refused only past (1 + this) x the caps")
     p.add_argument("--streaming-cap", type=_positive(int),
                    default=StreamingProfile().max_concurrency,
                    help="in-flight requests a streaming replica takes before it counts as full")
@@ -99,7 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def create_app(args: argparse.Namespace, discovery: Discovery | None = None) -> RouterApp:
     config = RoutingConfig(
-        load_factor=args.load_factor, spill=args.spill, virtual_nodes=args.virtual_nodes,
+        load_factor=args.load_factor, spill=args.spill, shed=args.shed,
+        other_overflow=args.other_overflow,
+        virtual_nodes=args.virtual_nodes,
         caps={Mode.STREAMING: args.streaming_cap, Mode.BATCHING: args.batching_cap},
     )
     settings = ProxySettings(
@@ -161,6 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.load_factor < 1.0:
         parser.error(f"--load-factor must be at least 1.0, got {args.load_factor}")
+    if not args.other_overflow >= 0.0:
+        parser.error(f"--other-overflow must be at least 0, got {args.other_overflow}")
     problem = check_discovery_flags(args)
     if problem:
         parser.error(problem)

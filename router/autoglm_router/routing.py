@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from autoglm_router.features import KeyKind, RequestFeatures
+from autoglm_router.features import KeyKind, RequestFeatures, TrafficClass
 from autoglm_router.ring import ring_of
 from autoglm_runtime.profiles import BatchingProfile, Mode, StreamingProfile
 
@@ -38,12 +38,18 @@ class RoutingConfig:
     spill: bool = True
     caps: Mapping[Mode, int] = field(default_factory=_default_caps)
     virtual_nodes: int = 100
+    shed: bool = True
+    # Non-streamed work waits for seconds, not for a first token: it is shed only past
+    # (1 + other_overflow) x the caps. 1.0 by measurement (router/README.md, rule 1c).
+    other_overflow: float = 1.0
 
     def __post_init__(self) -> None:
         if self.load_factor < 1.0:
             raise ValueError(f"load_factor must be at least 1.0, got {self.load_factor}")
         if self.virtual_nodes < 1:
             raise ValueError(f"virtual_nodes must be at least 1, got {self.virtual_nodes}")
+        if self.other_overflow < 0.0:
+            raise ValueError(f"other_overflow must be at least 0, got {self.other_overflow}")
         if any(cap < 1 for cap in self.caps.values()):
             raise ValueError("every mode's concurrency cap must be at least 1")
 
@@ -75,7 +81,7 @@ def decide(
     config: RoutingConfig,
     exclude: Iterable[str] = (),
 ) -> Route | Refusal:
-    """Rule 1 picks the pool (class, then spill), rules 2-4 pick within it (CHWBL on cost)."""
+    """Rule 1 picks the pool (class, spill, shed), rules 2-4 pick within it (CHWBL on cost)."""
     excluded = set(exclude)
     eligible = [r for r in replicas if r.ready and not r.draining and r.name not in excluded]
     if not eligible:
@@ -91,6 +97,8 @@ def decide(
         if others:
             return Route(least_loaded(others).name, Reason.SPILLED, False)
     pool = with_room or preferred
+    if config.shed and not with_room and overloaded(features, pool, config):
+        return Refusal(429, "overloaded", "Every replica is at its concurrency cap; retry later.")
     if features.key_kind is KeyKind.NONE or features.key is None:
         return Route(least_loaded(pool).name, Reason.LEAST_LOADED, in_mode)
     # One conversation rarely has two turns in flight: what loads its home is other keys'
@@ -100,11 +108,26 @@ def decide(
     return Route(name, Reason.BOUNDED if bounded else Reason.HASHED, in_mode)
 
 
-def has_room(replica: ReplicaState, config: RoutingConfig) -> bool:
+def has_room(replica: ReplicaState, config: RoutingConfig, scale: float = 1.0) -> bool:
     """Under its mode's concurrency cap; a replica of unknown mode has no known cap."""
     if replica.mode is None:
         return True
-    return replica.inflight < config.caps.get(replica.mode, 1 << 30)
+    return replica.inflight < scale * config.caps.get(replica.mode, 1 << 30)
+
+
+def overloaded(
+    features: RequestFeatures, pool: Sequence[ReplicaState], config: RoutingConfig
+) -> bool:
+    """Rule 1c: no replica the request could go to takes it without a queue past its limit.
+
+    Under sustained overload a queued request is served after its deadline, in the place of
+    one that would have met it; a 429 lets the client back off or go elsewhere. A streamed
+    chat's limit is the cap (queued, it misses its first token); other work may queue up to
+    other_overflow x the cap more.
+    """
+    chat = features.traffic_class is TrafficClass.STREAMED_CHAT
+    scale = 1.0 if chat else 1.0 + config.other_overflow
+    return not any(has_room(r, config, scale) for r in pool)
 
 
 def least_loaded(replicas: Sequence[ReplicaState]) -> ReplicaState:

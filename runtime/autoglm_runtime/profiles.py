@@ -99,13 +99,20 @@ class StreamingProfile(ModeProfile):
 
 
 class BatchingProfile(ModeProfile):
-    """Peaks: many sequences at once, a short micro-batch window, coalesced streaming."""
+    """Peaks: many sequences at once, coalesced streaming; the micro-batch window is off."""
 
     max_concurrency: MaxConcurrency = 64
     max_queue: MaxQueue = 512
     queue_timeout_seconds: QueueTimeoutSeconds = 60
-    batch_window_millis: BatchWindowMillis = 100
-    batch_size: BatchSize = 4
+    # Off by measurement (bench/batching_window.py; runtime/README.md, "Profiles"). vLLM 0.33
+    # batches continuously: each engine step admits every waiting request the token budget
+    # allows, so holding requests only delays them. Off beats every window (25-100 ms, x2-x8)
+    # on goodput in the pool model on all 6 traces x 2 pools (seeds 2-6 and seed 1), e.g.
+    # all-batching steady overload 22.87 vs 20.40 req/s at 100 ms x 4, at equal throughput;
+    # one real sim replica at 5 req/s: chat TTFT p50 0.446 vs 0.493 s at 100 ms x 4, same
+    # throughput. The window stays for servers that batch statically.
+    batch_window_millis: BatchWindowMillis = 0
+    batch_size: BatchSize = 1
     stream_coalesce_chunks: StreamCoalesceChunks = 4
     prioritize_streams: PrioritizeStreams = False
 

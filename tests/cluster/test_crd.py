@@ -447,8 +447,8 @@ def test_example_is_accepted_and_defaulted(cluster: LocalCluster, crd: str, name
     assert stored["modePolicy"] == "Adaptive"
     assert stored["switchStrategy"] == "InPlace"
     assert stored["profiles"]["streaming"]["maxConcurrency"] == 8
-    assert stored["profiles"]["batching"]["batchWindowMillis"] == 100
-    assert stored["profiles"]["batching"]["batchSize"] == 4
+    assert stored["profiles"]["batching"]["batchWindowMillis"] == 0
+    assert stored["profiles"]["batching"]["batchSize"] == 1
     assert stored["adaptive"]["intervalSeconds"] == 15
     assert "apiKeySecretRef" not in stored
     # The apiserver's defaults and the model's are one and the same.

@@ -200,6 +200,25 @@ def test_a_full_streaming_replica_spills_streamed_chats_to_batching(
     assert metric(router.base_url, "autoglm_router_decisions_total", reason="spilled") == 1
 
 
+def test_every_replica_at_its_cap_sheds_with_429(
+    start_router: StartRouter, slow: SimProcess
+) -> None:
+    router = start_router([slow.base_url], "--streaming-cap", "1")
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "long"}], "stream": True,
+            "max_tokens": 300}
+    with httpx.Client(timeout=30) as http, http.stream(
+        "POST", router.base_url + "/v1/chat/completions", json=body
+    ) as response:
+        lines = response.iter_lines()  # kept: dropping the iterator closes the connection
+        assert next(lines).startswith("data:")  # the only replica is now at its cap
+        before = admitted(slow)
+        reply = http.post(router.base_url + "/v1/chat/completions", json={**body, "max_tokens": 4})
+        assert reply.status_code == 429 and reply.headers["retry-after"] == "1"
+        assert admitted(slow) == before  # refused by the router, never queued on the replica
+    assert metric(router.base_url, "autoglm_router_requests_total", traffic_class="streamed_chat",
+                  mode="none", outcome="refused") == 1
+
+
 def test_client_disconnect_cancels_the_upstream_request(
     start_router: StartRouter, slow: SimProcess
 ) -> None:

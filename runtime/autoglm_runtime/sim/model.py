@@ -27,8 +27,9 @@ Solving the equations with the defaults below: streaming TTFT = 0.125 + 0.04 + 0
 up to ~0.35 s when arrivals bunch and prefills queue behind each other. Decode steps of 8
 sequences take 20.3 ms, and the prefill steps of the 7 others (~0.08 s each) stall each response
 once, so E2E ~= 0.29 + 63 x 0.0203 + 7 x 0.08 ~= 2.0 s and X = 8 / 2.0 = 4.0 req/s. Batching: 13
-sequences decode in 22 ms steps, the 100 ms / 4 window adds ~0.05 s, so E2E ~= 1.85 s and
-X = 13 / 1.85 ~= 7.0 req/s. Measured by bench/runtime_calibration.py: every figure within 9%.
+sequences decode in 22 ms steps, so E2E ~= 1.8 s and X = 13 / 1.8 ~= 7.2 req/s (a 100 ms / 4
+micro-batch window, the batching profile's default until it was measured off, adds ~0.05 s).
+Measured by bench/runtime_calibration.py with the window on: every figure within 9%.
 
 Memory: vLLM reserves weights and the KV pool up front; what moves with load is activation and
 vision-encoder memory. The sim reports, summed over the replica's GPUs,

@@ -66,9 +66,6 @@ CLASS_CASES = [
     ("one preferred replica at cap, another not: no spill", chat(True),
      pool(("s1", S), ("s2", S), ("b", B), s1={"inflight": 8, "load": 8.0}),
      "s2", Reason.LEAST_LOADED, True),
-    ("every replica at its cap: stay in the preferred mode", chat(True),
-     pool(("s", S), ("b", B), s={"inflight": 8, "load": 8.0},
-          b={"inflight": 64, "load": 64.0}), "s", Reason.LEAST_LOADED, True),
 ]
 
 
@@ -82,7 +79,52 @@ def test_class_rule(case: str, features: RequestFeatures, replicas: list[Replica
 
 def test_spill_off_keeps_the_class_in_its_mode() -> None:
     replicas = pool(("s", S), ("b", B), s={"inflight": 8, "load": 8.0})
-    assert routed(decide(chat(True), replicas, RoutingConfig(spill=False))).replica == "s"
+    config = RoutingConfig(spill=False, shed=False)
+    assert routed(decide(chat(True), replicas, config)).replica == "s"
+
+
+# --- rule 1c: shed when every replica is at its cap -------------------------------------------
+
+FULL = {"s": {"inflight": 8, "load": 8.0}, "b": {"inflight": 64, "load": 64.0}}
+DOUBLE = {"s": {"inflight": 16, "load": 16.0}, "b": {"inflight": 128, "load": 128.0}}
+SHED_CASES = [
+    # (case, features, replicas, config, expected: a replica name or 429)
+    ("every replica at its cap: a streamed chat gets 429", chat(True),
+     pool(("s", S), ("b", B), **FULL), CONFIG, 429),
+    ("every replica at its cap, with a session key: 429", chat(True, "s:a"),
+     pool(("s", S), ("b", B), **FULL), CONFIG, 429),
+    ("single-mode pool, all at cap: a streamed chat gets 429", chat(True),
+     pool(("b1", B), ("b2", B), b1=FULL["b"], b2=FULL["b"]), CONFIG, 429),
+    ("every replica at its cap: a batch job still queues in its mode", chat(False),
+     pool(("s", S), ("b", B), **FULL), CONFIG, "b"),
+    ("batching replicas at twice their cap: a batch job gets 429", chat(False),
+     pool(("s", S), ("b", B), **DOUBLE), CONFIG, 429),
+    ("batch job: only the replicas of its pool count, not an idle-looking other mode",
+     chat(False), pool(("s", S), ("b", B), s=FULL["s"], b=DOUBLE["b"]), CONFIG, 429),
+    ("other_overflow 0: a batch job is shed at the cap", chat(False),
+     pool(("s", S), ("b", B), **FULL), RoutingConfig(other_overflow=0.0), 429),
+    ("one replica of the other mode under its cap: spill, no shed", chat(True),
+     pool(("s", S), ("b", B), s=FULL["s"], b={"inflight": 63, "load": 63.0}), CONFIG, "b"),
+    ("a replica of unknown mode has no cap: no shed", chat(True),
+     pool(("s", S), ("x", None), s=FULL["s"], x={"inflight": 500, "load": 500.0}), CONFIG,
+     "x"),
+    ("shedding off: wait in the preferred mode's queue", chat(True),
+     pool(("s", S), ("b", B), **FULL), RoutingConfig(shed=False), "s"),
+    ("spill off, its mode full: 429 though the other mode has room", chat(True),
+     pool(("s", S), ("b", B), s=FULL["s"]), RoutingConfig(spill=False), 429),
+]
+
+
+@pytest.mark.parametrize(("case", "features", "replicas", "config", "expected"),
+                         SHED_CASES, ids=[c[0] for c in SHED_CASES])
+def test_shed_rule(case: str, features: RequestFeatures, replicas: list[ReplicaState],
+                   config: RoutingConfig, expected: str | int) -> None:
+    result = decide(features, replicas, config)
+    if isinstance(expected, int):
+        assert isinstance(result, Refusal), result
+        assert (result.status, result.reason) == (expected, "overloaded")
+    else:
+        assert routed(result).replica == expected
 
 
 def test_caps_come_from_the_config() -> None:
@@ -275,3 +317,8 @@ def test_what_is_retried(case: str, failure: Failure, replicas: list[ReplicaStat
 def test_config_rejects_a_load_factor_below_one() -> None:
     with pytest.raises(ValueError, match="load_factor"):
         RoutingConfig(load_factor=0.9)
+
+
+def test_config_rejects_a_negative_other_overflow() -> None:
+    with pytest.raises(ValueError, match="other_overflow"):
+        RoutingConfig(other_overflow=-0.5)

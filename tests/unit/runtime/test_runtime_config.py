@@ -48,7 +48,7 @@ def test_config_file_is_camel_case(tmp_path: Path) -> None:
     assert config.default_max_tokens == 256
     assert config.initial_mode is Mode.BATCHING
     assert config.profiles.batching.max_concurrency == 32
-    assert config.profiles.batching.batch_window_millis == 100  # the profile's default stays
+    assert config.profiles.batching.batch_window_millis == 0  # the profile's default stays
 
 
 def test_label_file_wins_over_initial_mode(tmp_path: Path) -> None:
