@@ -21,7 +21,8 @@ demand sizing (autoglm_operator.demand.best_split, the pure code the operator ru
 that phase's offered demand from the split in force when the phase starts, with the capacity the
 operator holds then (status.adaptiveState.capacity, else the seeds). Measured: the batching
 replicas over time (the pods' mode labels, polled every 0.5 s), the time from the phase change
-to the split reaching the chosen one, and requests sent and failed.
+to the split reaching the chosen one, requests sent and failed, and the streamed chats' time
+to first token p95 (shown beside the scaled SLO, not judged: the sizing is what is judged).
 
 Targets: every phase's split reached within its bound: the demand window, then per step of
 maxFlipsPerStep replicas the direction's stabilization window plus two intervals (the pass that
@@ -59,7 +60,7 @@ from autoglm_operator import demand as dm
 from autoglm_operator import spec as crd
 from autoglm_operator.policy import Capacity
 from autoglm_runtime.profiles import MODE_LABEL, Mode, ModeProfiles
-from loadgen import LoadReport, run_load
+from loadgen import LoadReport, percentile, run_load
 from localcluster import loopback_pod_cidr, running_cluster
 from localprom import LocalPrometheus
 from podrunner import PodRunner
@@ -216,6 +217,7 @@ class PhaseResult:
     held_share: float | None = None  # of the time after reaching it, on it
     sent: int = 0
     failed: int = 0
+    chat_ttft_p95: float | None = None  # seconds, the phase's streamed chats
 
     @property
     def passed(self) -> bool:
@@ -276,6 +278,7 @@ def score(results: list[PhaseResult], watcher: Watcher, chats: LoadReport, jobs:
         sent = chats.window(lo, hi) + jobs.window(lo, hi)
         result.sent = len(sent)
         result.failed = sum(1 for r in sent if r.error is not None)
+        result.chat_ttft_p95 = percentile([r.ttft for r in chats.window(lo, hi) if r.ttft], 0.95)
 
 
 def plot(results: list[PhaseResult], watcher: Watcher, path: Path) -> None:
@@ -312,12 +315,15 @@ def plot(results: list[PhaseResult], watcher: Watcher, path: Path) -> None:
 
 def report(results: list[PhaseResult], chats: LoadReport, jobs: LoadReport) -> list[dict[str, Any]]:
     print(f"\n{'phase':<18}{'chats/s':>8}{'other/s':>8}{'from':>6}{'chosen':>8}{'reached':>9}"
-          f"{'bound':>7}{'held':>6}{'sent':>6}{'failed':>7}")  # fmt: skip
+          f"{'bound':>7}{'held':>6}{'sent':>6}{'failed':>7}{'chat TTFT p95':>15}")  # fmt: skip
     for r in results:
         reached = f"{r.reached_after:.1f}s" if r.reached_after is not None else "never"
         held = f"{100 * r.held_share:.0f}%" if r.held_share is not None else "-"
-        print(f"{r.name:<18}{r.chat:>8}{r.other:>8}{r.from_batching:>6}{r.target:>8}"
-              f"{reached:>9}{r.bound:>6.0f}s{held:>6}{r.sent:>6}{r.failed:>7}")  # fmt: skip
+        ttft = f"{r.chat_ttft_p95:.2f}s" if r.chat_ttft_p95 is not None else "-"
+        print(f"{r.name:<18}{r.chat:>8}{r.other:>8}{r.from_batching:>6}{r.target:>8}{reached:>9}"
+              f"{r.bound:>6.0f}s{held:>6}{r.sent:>6}{r.failed:>7}{ttft:>15}")  # fmt: skip
+    slo = _SLO.chat_time_to_first_token_millis * TIME_FACTOR / 1000
+    print(f"held: share of the phase after reaching the split spent on it; chat TTFT SLO {slo:g}s")
     failures = chats.failures + jobs.failures
     sent = len(chats.results) + len(jobs.results)
     checks = [
