@@ -58,6 +58,7 @@ test: lint checkov test-unit test-images test-cluster test-e2e test-vllm  ## eve
 
 BENCHMARKS := bench/runtime_calibration.py bench/runtime_middleware_overhead.py \
               bench/policy_goodput.py bench/policy_crosscheck.py bench/adaptive_reaction.py \
+              bench/adaptive_mix.py \
               bench/operator_scale.py bench/router_sessions.py bench/router_faults.py
 
 bench: venv binaries  ## benchmarks: tables on stdout, JSON and PNG under out/bench/

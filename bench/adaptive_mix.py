@@ -375,7 +375,6 @@ def run(args: argparse.Namespace) -> int:
         results, chats, jobs = asyncio.run(
             drive(watcher, proxy.url, settings, args.phase_seconds, started)
         )
-        routed = runner.router_requests(NAMESPACE)
     score(results, watcher, chats, jobs, started, wall)
     checks = report(results, chats, jobs)
     elapsed = time.monotonic() - started
@@ -389,7 +388,6 @@ def run(args: argparse.Namespace) -> int:
         "phases": [{**asdict(r), "passed": r.passed} for r in results],
         "batching_over_time": [{"t": round(t - results[0].started, 2), "batching": b,
                                 "serving_pods": n} for t, b, n in watcher.samples],
-        "router_requests": {" ".join(k): v for k, v in routed.items()},
         "errors": [r.error for r in chats.failures + jobs.failures][:20],
         "targets": checks,
         "elapsed_seconds": round(elapsed, 1),
