@@ -12,7 +12,7 @@ is the router, in two classes: streamed chats (64 tokens) and non-streamed reque
 4 replicas, minStreamingReplicas 1. The sims run TIME_FACTOR times slower than the calibrated
 model, so a replica serves 1/TIME_FACTOR of the capacity seeds' figures, and the seeds in
 spec.adaptive.capacity (and the SLOs' times) are scaled the same way: the rates below are the
-seeds' meaning at a CPU-friendly scale (2 shared cores hold ~10 requests/s through the router).
+seeds' meaning at a scale 2 shared cores carry through the router (7.8 requests/s at the peak).
 The demand queries are the operator's own (autoglm_requests_received_total by traffic_class)
 over rate[10s] instead of [1m], so a phase's demand shows within seconds.
 
@@ -27,7 +27,7 @@ to first token p95 (shown beside the scaled SLO, not judged: the sizing is what 
 Targets: every phase's split reached within its bound: the demand window, then per step of
 maxFlipsPerStep replicas the direction's stabilization window plus two intervals (the pass that
 sees it, the pass that flips); 0 failed requests. Writes out/bench/adaptive_mix.json and .png.
-Takes about 7 minutes here (2 shared cores).
+Takes about 6-7 minutes here (2 shared cores).
 """
 
 from __future__ import annotations
