@@ -58,8 +58,8 @@ test: lint checkov test-unit test-images test-cluster test-e2e test-vllm  ## eve
 
 BENCHMARKS := bench/runtime_calibration.py bench/runtime_middleware_overhead.py \
               bench/policy_goodput.py bench/policy_crosscheck.py bench/adaptive_reaction.py \
-              bench/operator_scale.py bench/router_sessions.py bench/router_faults.py \
-              bench/router_overhead.py
+              bench/adaptive_mix.py bench/batching_window.py bench/operator_scale.py \
+              bench/router_sessions.py bench/router_faults.py bench/router_overhead.py
 
 bench: venv binaries  ## benchmarks: tables on stdout, JSON and PNG under out/bench/
 	@failed=""; for b in $(BENCHMARKS); do echo "== $$b"; $(PY) $$b || failed="$$failed $$b"; done; \

@@ -49,18 +49,28 @@ async def one_request(
     model: str,
     max_tokens: int,
     extra_body: dict[str, Any] | None = None,
+    stream: bool = True,
 ) -> RequestResult:
     started = time.monotonic()
     first: float | None = None
     try:
-        stream = await client.chat.completions.create(
+        if not stream:  # a batch job: the whole answer at once, no time to first token
+            await client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": random.choice(PROMPTS)}],
+                max_tokens=max_tokens,
+                stream=False,
+                extra_body=extra_body,
+            )
+            return RequestResult(started, None, time.monotonic() - started)
+        chunks = await client.chat.completions.create(
             model=model,
             messages=[{"role": "user", "content": random.choice(PROMPTS)}],
             max_tokens=max_tokens,
             stream=True,
             extra_body=extra_body,
         )
-        async for chunk in stream:
+        async for chunk in chunks:
             if first is None and chunk.choices and (chunk.choices[0].delta.content or ""):
                 first = time.monotonic()
         done = time.monotonic()
@@ -79,11 +89,13 @@ async def run_load(
     report: LoadReport | None = None,
     extra_body: dict[str, Any] | None = None,
     max_retries: int = 0,
+    stream: bool = True,
 ) -> LoadReport:
     """Send requests for `duration` seconds at `qps_at(elapsed)` spread over `base_urls`
     (a list, or a callable returning the current list, e.g. each ready replica). `extra_body`
     goes into every request, as vLLM's own sampling fields (`min_tokens`, ...). `max_retries` is
-    the client's own (the `openai` default is 2); 0 counts every refused attempt as a failure."""
+    the client's own (the `openai` default is 2); 0 counts every refused attempt as a failure.
+    `stream` False sends non-streamed requests (batch jobs) instead of streamed chats."""
     report = report or LoadReport()
     clients: dict[str, openai.AsyncOpenAI] = {}
     tasks: set[asyncio.Task[None]] = set()
@@ -93,7 +105,7 @@ async def run_load(
     last = start
 
     async def send(url: str) -> None:
-        result = await one_request(clients[url], model, max_tokens, extra_body)
+        result = await one_request(clients[url], model, max_tokens, extra_body, stream)
         result.target = url
         report.results.append(result)
 
