@@ -2,10 +2,11 @@
 
 The local control plane with kwok GPU nodes, the operator as a subprocess, Debian's Prometheus
 scraping a `sim` runtime per pod (the pod runner binds each pod's loopback IP), and a bounded
-load from the official `openai` client. Load rises past the high threshold: replicas flip to
-batching, and status, pod labels, the runtimes and `autoglm_mode` in Prometheus all agree. Load
-falls: they return. No request fails. Prometheus dies: modes hold and the condition says why;
-it returns: the loop resumes.
+load from the official `openai` client. Batch demand (non-streamed requests) rises past what one
+batching replica serves: replicas flip to batching one step at a time up to the streaming floor,
+and status, pod labels, the runtimes and `autoglm_mode` in Prometheus all agree. Load falls to
+a trickle of chats: batching no longer pays and they return. No request fails. Prometheus
+dies: modes hold and the condition says why; it returns: the loop resumes.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ NAME = "phone-9b"
 REPLICAS = 3
 INTERVAL = 5
 HIGH_QPS_PER_REPLICA = 1.5
+# Batch jobs one batching replica serves, as the demand sizing's seed: the test's 9 jobs/s need
+# three, so the split steps up to the floor (2 of 3 batching).
+BATCHING_PER_REPLICA = 3.0
+RECEIVED = 'sum(rate(autoglm_requests_received_total{{$selector,traffic_class="{}"}}[10s]))'
 T = TypeVar("T")
 
 
@@ -58,8 +63,13 @@ def resource(prometheus_url: str) -> dict[str, Any]:
                     "url": prometheus_url,
                     "timeoutSeconds": 2,
                     # Short rate windows: the test runs in minutes, not hours.
-                    "queries": {"qps": "sum(rate(vllm:request_success_total{$selector}[10s]))"},
+                    "queries": {
+                        "qps": "sum(rate(vllm:request_success_total{$selector}[10s]))",
+                        "chatRate": RECEIVED.format("streamed_chat"),
+                        "otherRate": RECEIVED.format("other"),
+                    },
                 },
+                "capacity": {"batchingPerReplicaMilli": int(BATCHING_PER_REPLICA * 1000)},
                 "qpsPerReplicaMilli": {"high": int(HIGH_QPS_PER_REPLICA * 1000), "low": 600},
                 "queueDepthPerReplica": {"high": 2, "low": 1},
                 "toBatchingStabilizationSeconds": 5,
@@ -143,10 +153,15 @@ def test_load_flips_replicas_step_by_step_and_back_and_an_outage_holds_them(
     report = LoadReport()
     timings: dict[str, float] = {}
 
-    async def phase(qps: float, until: Callable[[], bool], timeout: float, label: str) -> None:
-        """Hold `qps` until `until()` (checked every second) or `timeout`."""
+    async def phase(
+        qps: float, until: Callable[[], bool], timeout: float, label: str, stream: bool = True
+    ) -> None:
+        """Hold `qps` (streamed chats, or batch jobs) until `until()` (checked every second)
+        or `timeout`."""
         started = time.monotonic()
-        load = asyncio.create_task(run_load(targets, lambda _: qps, timeout, report=report))
+        load = asyncio.create_task(
+            run_load(targets, lambda _: qps, timeout, report=report, stream=stream)
+        )
         while time.monotonic() - started < timeout:
             if await asyncio.to_thread(until):
                 timings[label] = time.monotonic() - started
@@ -156,12 +171,18 @@ def test_load_flips_replicas_step_by_step_and_back_and_an_outage_holds_them(
         await asyncio.gather(load, return_exceptions=True)
 
     async def scenario() -> None:
-        # High: 9 req/s over 3 replicas is 3 req/s each, twice the 1.5 high threshold. That
-        # moves one replica; the queue building in front of the streaming ones moves the next.
-        await phase(9.0, lambda: batching_count(cluster, namespace) >= 1, 90, "first_flip")
-        await phase(9.0, lambda: batching_count(cluster, namespace) == REPLICAS - 1, 90, "peak")
+        # High: 9 batch jobs/s want three batching replicas; maxFlipsPerStep 1 moves one, then
+        # the next, up to the floor of one streaming replica.
+        def at_least_one() -> bool:
+            return batching_count(cluster, namespace) >= 1
+
+        def at_the_floor() -> bool:
+            return batching_count(cluster, namespace) == REPLICAS - 1
+
+        await phase(9.0, at_least_one, 90, "first_flip", stream=False)
+        await phase(9.0, at_the_floor, 90, "peak", stream=False)
         await asyncio.to_thread(modes_agree, cluster, namespace, pod_runner, prometheus, token)
-        # Low: 0.5 req/s is well under the 0.6 per replica low threshold.
+        # Low: 0.5 chats/s fit any split; batching replicas that no longer pay go back.
         await phase(0.5, lambda: batching_count(cluster, namespace) == 0, 150, "back")
 
     load_started = time.time()
