@@ -101,10 +101,13 @@ def demo_resource(prometheus_url: str, replicas: int) -> dict[str, Any]:
         "intervalSeconds": 5,
         "prometheus": {
             "url": prometheus_url,
-            # A short rate window so the demo reacts within seconds, not minutes.
-            "queries": {"qps": "sum(rate(vllm:request_success_total{$selector}[15s]))"},
+            # Short rate windows so the demo reacts within seconds, not minutes.
+            "queries": {
+                kind: "sum(rate(autoglm_requests_received_total"
+                f'{{$selector,traffic_class="{traffic_class}"}}[15s]))'
+                for kind, traffic_class in (("chatRate", "streamed_chat"), ("otherRate", "other"))
+            },
         },
-        "qpsPerReplicaMilli": {"high": 2000, "low": 800},
         "toBatchingStabilizationSeconds": 10,
         "toStreamingStabilizationSeconds": 30,
         "cooldownSeconds": 20,

@@ -309,6 +309,27 @@ def _env(spec: crd.AutoGLMDeploymentSpec) -> list[dict[str, Any]]:
     return env
 
 
+def restricted_container_security() -> dict[str, Any]:
+    """Pod Security "restricted" for a container: every pod the operator creates runs this way."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def restricted_pod_security() -> dict[str, Any]:
+    """Pod Security "restricted" for a pod: non-root as RUN_AS_USER, the runtime's seccomp."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "runAsGroup": RUN_AS_USER,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
 def _container(spec: crd.AutoGLMDeploymentSpec, mode: Mode | None) -> dict[str, Any]:
     http_probe = {"path": "/health", "port": "http", "scheme": "HTTP"}
     startup_failures = -(-spec.engine.startup_timeout_seconds // STARTUP_PROBE_PERIOD_SECONDS)
@@ -355,13 +376,7 @@ def _container(spec: crd.AutoGLMDeploymentSpec, mode: Mode | None) -> dict[str, 
             "failureThreshold": 4,
         },
         "lifecycle": {"preStop": {"exec": {"command": _prestop_command()}}},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": restricted_container_security(),
     }
 
 
@@ -380,13 +395,7 @@ def pod_template(
         "terminationGracePeriodSeconds": termination_grace_seconds(spec),
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RUN_AS_USER,
-            "runAsGroup": RUN_AS_USER,
-            "fsGroup": RUN_AS_USER,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": {**restricted_pod_security(), "fsGroup": RUN_AS_USER},
         # GPU nodes are commonly tainted with the GPU resource name; the pods belong there.
         "tolerations": [
             {"key": spec.gpu_resource_name, "operator": "Exists", "effect": "NoSchedule"},

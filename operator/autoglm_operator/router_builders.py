@@ -112,13 +112,7 @@ def _container(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
             "failureThreshold": 3,
         },
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_SECONDS)]}}},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": builders.restricted_container_security(),
     }
 
 
@@ -133,12 +127,7 @@ def pod_template(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any
         "containers": [_container(owner, spec)],
         "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE_LIMIT}}],
         "terminationGracePeriodSeconds": termination_grace_seconds(spec),
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": builders.RUN_AS_USER,
-            "runAsGroup": builders.RUN_AS_USER,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": builders.restricted_pod_security(),
         # Replicas on different nodes where there are several: one node's loss leaves a router.
         "topologySpreadConstraints": [
             {

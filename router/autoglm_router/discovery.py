@@ -10,12 +10,12 @@ import asyncio
 import contextlib
 import logging
 import re
-import time
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 import aiohttp
 
+from autoglm_router.poller import Poller
 from autoglm_runtime.profiles import Mode
 
 log = logging.getLogger(__name__)
@@ -71,20 +71,20 @@ def _is_one(value: str) -> bool:
         return False
 
 
-class StaticDiscovery:
+class StaticDiscovery(Poller):
     """A fixed list of base URLs, each polled about every `interval` seconds.
 
     Ready means `/health` answered 200; mode and draining come from the runtime's public
     `/metrics`, so no admin token is needed.
     """
 
+    poll_at_start = True
+    failure = "Polling the endpoints failed"
+
     def __init__(self, urls: list[str], interval: float = 1.0, timeout: float = 2.0) -> None:
         names = [url.rstrip("/") for url in urls]
+        super().__init__(interval, timeout)
         self._state = {name: Endpoint(name) for name in names}
-        self.interval = interval
-        self._timeout = timeout
-        self._client: aiohttp.ClientSession | None = None
-        self._task: asyncio.Task[None] | None = None
         self.polls = 0
 
     def endpoints(self) -> list[Endpoint]:
@@ -98,20 +98,6 @@ class StaticDiscovery:
         if name in self._state:
             self._state[name] = replace(self._state[name], draining=True)
 
-    async def start(self) -> None:
-        self._client = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=self._timeout))
-        await self.poll_once()
-        self._task = asyncio.create_task(self._loop())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._client is not None:
-            await self._client.close()
-
     async def poll_once(self) -> None:
         names = list(self._state)
         results = await asyncio.gather(*(self._probe(name) for name in names))
@@ -124,15 +110,6 @@ class StaticDiscovery:
                          endpoint.mode, endpoint.ready, endpoint.draining)
             self._state[name] = endpoint
         self.polls += 1
-
-    async def _loop(self) -> None:
-        while True:
-            started = time.monotonic()
-            try:
-                await self.poll_once()
-            except Exception:  # one bad poll must not end discovery
-                log.exception("Polling the endpoints failed")
-            await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
 
     async def _probe(self, name: str) -> Endpoint:
         assert self._client is not None

@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 
 import aiohttp
+
+from autoglm_router.poller import Poller
 
 log = logging.getLogger(__name__)
 
@@ -45,33 +46,20 @@ def parse_held_requests(text: str) -> float | None:
     return None
 
 
-class OtherRouters:
+class OtherRouters(Poller):
     """The other routers' requests on each replica, as of the last poll (0 when unknown)."""
+
+    failure = "Reading the replicas' load failed"
 
     def __init__(self, replicas: Callable[[], list[str]], own: Callable[[str], int],
                  interval: float = 1.0, timeout: float = 2.0) -> None:
+        super().__init__(interval, timeout)
         self._replicas = replicas
         self._own = own
-        self.interval = interval
-        self._timeout = timeout
         self._held: dict[str, float] = {}
-        self._client: aiohttp.ClientSession | None = None
-        self._task: asyncio.Task[None] | None = None
 
     def of(self, replica: str) -> float:
         return self._held.get(replica, 0.0)
-
-    async def start(self) -> None:
-        self._client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._timeout))
-        self._task = asyncio.create_task(self._loop())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._client is not None:
-            await self._client.close()
 
     async def poll_once(self) -> None:
         names = self._replicas()
@@ -89,12 +77,3 @@ class OtherRouters:
         # Read as the answer arrives, the nearest this router gets to the replica's moment.
         held = parse_held_requests(text)
         return max(0.0, held - self._own(replica)) if held is not None else 0.0
-
-    async def _loop(self) -> None:
-        while True:
-            started = time.monotonic()
-            try:
-                await self.poll_once()
-            except Exception:  # one bad poll must not end the loop
-                log.exception("Reading the replicas' load failed")
-            await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
