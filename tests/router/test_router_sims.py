@@ -277,9 +277,11 @@ def test_sigterm_answers_the_next_request_on_a_kept_alive_connection_and_closes_
 
 
 def _refuses_connections(router: RouterProcess) -> bool:
+    """No new connection gets an answer: refused, or (one the kernel queued just before the
+    listening socket closed) reset before any response byte."""
     try:
         httpx.get(router.base_url + "/health", timeout=1)
-    except httpx.ConnectError:
+    except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
         return True
     return False
 
