@@ -205,7 +205,10 @@ def test_a_runtime_pod_killed_under_load_finishes_what_it_admitted(
 # -- the operator killed mid-flip -------------------------------------------------------------
 
 COOLDOWN = 40
-FLIP_QPS = 5.0  # 2.5 per replica, above the 1.5 high threshold
+# Batch jobs a second: more than the streaming replicas serve (the seeds below say 1/s each), so
+# the demand sizing wants one batching replica (6/s) at once; none once the load goes.
+FLIP_QPS = 5.0
+RECEIVED = 'sum(rate(autoglm_requests_received_total{{$selector,traffic_class="{}"}}[10s]))'
 
 
 def adaptive_object(prometheus_url: str) -> dict[str, Any]:
@@ -219,8 +222,13 @@ def adaptive_object(prometheus_url: str) -> dict[str, Any]:
             "prometheus": {
                 "url": prometheus_url,
                 "timeoutSeconds": 2,
-                "queries": {"qps": "sum(rate(vllm:request_success_total{$selector}[10s]))"},
+                "queries": {
+                    "qps": "sum(rate(vllm:request_success_total{$selector}[10s]))",
+                    "chatRate": RECEIVED.format("streamed_chat"),
+                    "otherRate": RECEIVED.format("other"),
+                },
             },
+            "capacity": {"streamingPerReplicaMilli": 1000, "batchingPerReplicaMilli": 6000},
             "qpsPerReplicaMilli": {"high": 1500, "low": 600},
             "toBatchingStabilizationSeconds": 0,
             "toStreamingStabilizationSeconds": 0,
@@ -269,7 +277,9 @@ def test_operator_killed_mid_flip_finishes_it_once_and_keeps_the_cooldown(
 
         async def load_until_the_operator_dies() -> float:
             load = asyncio.create_task(
-                run_load([proxy.url + "/v1"], lambda _: FLIP_QPS, 120, report=report)
+                run_load(
+                    [proxy.url + "/v1"], lambda _: FLIP_QPS, 120, report=report, stream=False
+                )
             )
             try:
                 while operator.proc is not None and operator.proc.poll() is None:
