@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -71,11 +72,16 @@ def _is_one(value: str) -> bool:
         return False
 
 
+# Called with (replica, its /metrics text; "" when it did not answer 200) on every scrape.
+MetricsReader = Callable[[str, str], None]
+
+
 class StaticDiscovery(Poller):
     """A fixed list of base URLs, each polled about every `interval` seconds.
 
     Ready means `/health` answered 200; mode and draining come from the runtime's public
-    `/metrics`, so no admin token is needed.
+    `/metrics`, so no admin token is needed. Each `/metrics` text also goes to the
+    `metrics_readers` (the replicas' load), so one scrape per replica per poll serves both.
     """
 
     poll_at_start = True
@@ -85,6 +91,7 @@ class StaticDiscovery(Poller):
         names = [url.rstrip("/") for url in urls]
         super().__init__(interval, timeout)
         self._state = {name: Endpoint(name) for name in names}
+        self.metrics_readers: list[MetricsReader] = []
         self.polls = 0
 
     def endpoints(self) -> list[Endpoint]:
@@ -114,13 +121,28 @@ class StaticDiscovery(Poller):
     async def _probe(self, name: str) -> Endpoint:
         assert self._client is not None
         try:
-            (health, _), (status, text) = await asyncio.gather(
-                self._get(name + "/health"), self._get(name + "/metrics"))
+            (health, _), text = await asyncio.gather(
+                self._get(name + "/health"), self._metrics(name))
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.debug("Probing %s failed: %r", name, exc)
             return Endpoint(name)
-        mode, draining = parse_runtime_metrics(text) if status == 200 else (None, False)
+        mode, draining = parse_runtime_metrics(text)
         return Endpoint(name, mode=mode, ready=health == 200, draining=draining)
+
+    async def _metrics(self, name: str) -> str:
+        """The replica's /metrics text ("" unless 200), passed to the readers as it arrives."""
+        try:
+            status, body = await self._get(name + "/metrics")
+        except (aiohttp.ClientError, TimeoutError):
+            self._tell_readers(name, "")  # nothing known of its load now
+            raise
+        text = body if status == 200 else ""
+        self._tell_readers(name, text)
+        return text
+
+    def _tell_readers(self, name: str, text: str) -> None:
+        for read in self.metrics_readers:
+            read(name, text)
 
     async def _get(self, url: str) -> tuple[int, str]:
         assert self._client is not None

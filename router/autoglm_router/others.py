@@ -47,7 +47,11 @@ def parse_held_requests(text: str) -> float | None:
 
 
 class OtherRouters(Poller):
-    """The other routers' requests on each replica, as of the last poll (0 when unknown)."""
+    """The other routers' requests on each replica, as of the last poll (0 when unknown).
+
+    It polls the replicas' /metrics itself only when started; a discovery that scrapes them
+    anyway (StaticDiscovery) hands each text to `read` instead, so nothing is scraped twice.
+    """
 
     failure = "Reading the replicas' load failed"
 
@@ -61,19 +65,23 @@ class OtherRouters(Poller):
     def of(self, replica: str) -> float:
         return self._held.get(replica, 0.0)
 
+    def read(self, replica: str, text: str) -> None:
+        """Record the other routers' share from a /metrics text just received ("": unknown)."""
+        # Read as the answer arrives, the nearest this router gets to the replica's moment.
+        held = parse_held_requests(text)
+        self._held[replica] = max(0.0, held - self._own(replica)) if held is not None else 0.0
+
     async def poll_once(self) -> None:
         names = self._replicas()
-        found = await asyncio.gather(*(self._others_on(name) for name in names))
-        self._held = {name: value for name, value in zip(names, found, strict=True)}
+        await asyncio.gather(*(self._scrape(name) for name in names))
+        self._held = {name: self._held.get(name, 0.0) for name in names}
 
-    async def _others_on(self, replica: str) -> float:
+    async def _scrape(self, replica: str) -> None:
         assert self._client is not None
         try:
             async with self._client.get(replica + "/metrics") as response:
                 text = await response.text() if response.status == 200 else ""
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.debug("Reading %s's load failed: %r", replica, exc)
-            return 0.0
-        # Read as the answer arrives, the nearest this router gets to the replica's moment.
-        held = parse_held_requests(text)
-        return max(0.0, held - self._own(replica)) if held is not None else 0.0
+            text = ""
+        self.read(replica, text)

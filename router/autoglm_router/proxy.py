@@ -23,7 +23,7 @@ import orjson
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from autoglm_router.discovery import Discovery
+from autoglm_router.discovery import Discovery, StaticDiscovery
 from autoglm_router.features import NEUTRAL, KeyKind, RequestFeatures, request_features
 from autoglm_router.metrics import RouterMetrics, router_metrics
 from autoglm_router.others import OtherRouters
@@ -151,6 +151,12 @@ class RouterApp:
         self.others = OtherRouters(
             lambda: [e.name for e in self.discovery.endpoints()],
             lambda name: self.book.count.get(name, 0), self.settings.load_poll_interval)
+        # A static list's poll scrapes each replica's /metrics already (for the mode): the load
+        # comes from the same scrape. A pod watch scrapes nothing, so the load has its own poll.
+        self._poll_load = True
+        if isinstance(discovery, StaticDiscovery):
+            discovery.metrics_readers.append(self.others.read)
+            self._poll_load = False
         self.sessions = SessionMemory(self.settings.session_memory)
         self.client: aiohttp.ClientSession | None = None
 
@@ -198,7 +204,8 @@ class RouterApp:
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
         )
         await self.discovery.start()
-        await self.others.start()
+        if self._poll_load:
+            await self.others.start()
 
     async def stop(self) -> None:
         await self.others.stop()

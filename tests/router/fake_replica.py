@@ -39,6 +39,7 @@ class FakeReplica:
     seen: list[Seen] = field(default_factory=list)
     flood_sent: int = 0
     held: int = 0  # requests it says it holds (autoglm_requests_inflight), e.g. another router's
+    metrics_reads: int = 0  # GET /metrics requests it answered
     port: int = field(default_factory=free_port)
 
     def __post_init__(self) -> None:
@@ -71,6 +72,7 @@ class FakeReplica:
             await _answer(send, 200, b"{}")
             return
         if scope["path"] == "/metrics":
+            self.metrics_reads += 1
             other = "streaming" if self.mode == "batching" else "batching"
             text = (f'autoglm_mode{{mode="{self.mode}"}} 1.0\n'
                     f'autoglm_mode{{mode="{other}"}} 0.0\nautoglm_draining 0.0\n'

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Iterator
@@ -11,6 +12,11 @@ import httpx
 import pytest
 from fake_replica import FLOOD_CHUNK, FakeReplica
 from router_kit import RouterProcess, StartRouter, metric
+
+from autoglm_router.discovery import Endpoint, StaticDiscovery
+from autoglm_router.proxy import ProxySettings, RouterApp
+from autoglm_router.routing import RoutingConfig
+from autoglm_runtime.profiles import Mode
 
 pytestmark = pytest.mark.timeout(60)
 CHAT = "/v1/chat/completions"
@@ -178,3 +184,57 @@ def test_a_stream_over_the_stream_timeout_is_cut(
             events += line.startswith("data:")
     assert 3 <= events < 30
     assert metric(router.base_url, "autoglm_router_requests_total", outcome="aborted") == 1
+
+
+class _ListedReplicas:
+    """A discovery that scrapes nothing (as the pod watch): the load needs its own poll."""
+
+    def __init__(self, replicas: list[FakeReplica]) -> None:
+        self._endpoints = [Endpoint(r.base_url, Mode.BATCHING, ready=True) for r in replicas]
+
+    def endpoints(self) -> list[Endpoint]:
+        return self._endpoints
+
+    def report_unreachable(self, name: str) -> None:
+        pass
+
+    def report_draining(self, name: str) -> None:
+        pass
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+
+async def test_one_metrics_scrape_per_replica_per_poll_gives_mode_and_load(
+    fakes: list[FakeReplica],
+) -> None:
+    """With --endpoint, the poll that reads each replica's mode from /metrics also reads the
+    other routers' requests from it: one /metrics request per replica per poll, not two."""
+    busy, idle = fakes
+    busy.held = 6
+    discovery = StaticDiscovery([f.base_url for f in fakes], interval=0.1)
+    app = RouterApp(discovery, RoutingConfig(), ProxySettings(load_poll_interval=0.1))
+    await app.start()
+    await asyncio.sleep(1.0)
+    await app.stop()
+    polls = discovery.polls
+    assert polls >= 3
+    for fake in fakes:  # one more at most: a scrape answered as the poll was cancelled
+        assert polls <= fake.metrics_reads <= polls + 1
+    assert {e.mode for e in discovery.endpoints()} == {Mode.BATCHING}
+    assert (app.others.of(busy.base_url), app.others.of(idle.base_url)) == (6.0, 0.0)
+
+
+async def test_a_discovery_that_scrapes_nothing_still_gets_the_load_polled(
+    fakes: list[FakeReplica],
+) -> None:
+    busy, _ = fakes
+    busy.held = 6
+    app = RouterApp(_ListedReplicas(fakes), RoutingConfig(), ProxySettings(load_poll_interval=0.1))
+    await app.start()
+    await asyncio.sleep(0.5)
+    await app.stop()
+    assert app.others.of(busy.base_url) == 6.0 and busy.metrics_reads >= 2
