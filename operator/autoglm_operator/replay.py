@@ -386,7 +386,13 @@ def _rows_from_prometheus(
         # Pods of a Deployment are <deployment>-<pod-template-hash>-<5 chars>.
         regex = args.pod_regex or f"{re.escape(args.name)}-[a-z0-9]+-[a-z0-9]{{5}}"
         rows = reader.read_range(
-            args.namespace, None, start, end, _seconds(args.step), pod_regex=regex
+            args.namespace,
+            None,
+            start,
+            end,
+            _seconds(args.step),
+            deployment=args.name,
+            pod_regex=regex,
         )
     finally:
         reader.close()
