@@ -159,9 +159,15 @@ def learn(
     Saturated (in flight + queued at SATURATED of its caps): what its replicas completed per
     replica is what they can serve; the estimate moves LEARNING_RATE of the way there. Below
     saturation a mode that completed more than the estimate proves the estimate low: it rises
-    to what was delivered. Otherwise (idle, unknown, no replica in that mode, or replicas that
-    received less than OWN_CLASS_SHARE of their own class) nothing is learned. An unknown share
-    (a runtime or trace without it) is taken as unmixed: such a mode learns as before.
+    to what was delivered. Otherwise (idle, unknown, no replica in that mode) nothing is learned.
+
+    A mode whose replicas received less than OWN_CLASS_SHARE of their own class learns nothing,
+    but for one case: it has every ready replica (the model then sizes both classes with its
+    capacity) and is saturated; its estimate may then fall toward what it delivered, never
+    rise. Without that, a seed above what the replicas serve of batch jobs would never be
+    corrected while all of them stream batch load, and the loop would never move; a too-low
+    estimate corrects itself once the mode serves its own class again. An unknown share (a
+    runtime or trace without it) is taken as unmixed: such a mode learns as before.
     """
     learned = dict(capacity)
     for mode, estimate in capacity.items():
@@ -169,11 +175,15 @@ def learn(
         if n <= 0 or done is None or inflight is None:
             continue
         share = own_share.get(mode)
-        if share is not None and share < OWN_CLASS_SHARE:
-            continue  # mixed: its completions are not its own class's capacity
+        mixed = share is not None and share < OWN_CLASS_SHARE
+        alone = all(replicas.get(m, 0) <= 0 for m in Mode if m is not mode)
+        saturated = inflight >= SATURATED * caps[mode] * n
         delivered = done / n
-        if inflight >= SATURATED * caps[mode] * n:
-            estimate += LEARNING_RATE * (delivered - estimate)
+        if mixed and not (alone and saturated):
+            continue  # its completions are not its own class's capacity
+        if saturated:
+            target = min(delivered, estimate) if mixed else delivered
+            estimate += LEARNING_RATE * (target - estimate)
         elif delivered > estimate:
             estimate = delivered
         seed = seeds[mode]

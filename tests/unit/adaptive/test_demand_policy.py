@@ -261,6 +261,29 @@ def test_the_own_class_share_is_a_bound_and_unknown_learns_as_before() -> None:
     assert unknown == {Mode.STREAMING: pytest.approx(4.1 * 1.25), Mode.BATCHING: 11.5 * 1.25}
 
 
+def test_a_saturated_mode_with_every_replica_may_lower_its_estimate_from_a_mix() -> None:
+    # Every replica streams and batch jobs fill them: the model sizes both classes with the
+    # streaming capacity here, and a seed above what they deliver must come down, or a batch
+    # overload would never move a replica. Never up: short jobs must not double it.
+    def alone(delivered: float, share: float, busy: float = 4 * 8.0) -> float:
+        return dm.learn(
+            SEEDS,
+            SEEDS,
+            {Mode.STREAMING: 4 * delivered, Mode.BATCHING: None},
+            {Mode.STREAMING: busy, Mode.BATCHING: None},
+            {Mode.STREAMING: 4, Mode.BATCHING: 0},
+            {Mode.STREAMING: 8, Mode.BATCHING: 64},
+            {Mode.STREAMING: share, Mode.BATCHING: None},
+        )[Mode.STREAMING]
+
+    assert alone(1.9, 0.0) == pytest.approx(4.1 + 0.25 * (1.9 - 4.1))
+    assert alone(8.2, 0.0) == pytest.approx(4.1)
+    assert alone(1.9, 0.0, busy=4 * 4.0) == pytest.approx(4.1), "not saturated: nothing"
+    # With a batching replica beside them the mix is spill: nothing learned either way.
+    mixed = _learn(streaming=0.0, batching=1.0)
+    assert mixed[Mode.STREAMING] == pytest.approx(4.1)
+
+
 def test_spilled_batch_jobs_do_not_raise_the_streaming_capacity() -> None:
     # The live run: 1 of 4 batching, batch jobs spilled onto the 3 streaming replicas, which
     # complete 2 x 4.1 per replica while full. Unchecked, the loop learned that streaming
