@@ -57,6 +57,7 @@ from kubernetes import client, config
 from operator_kit import Operator, wait_for
 
 from autoglm_operator import demand as dm
+from autoglm_operator import prom
 from autoglm_operator import spec as crd
 from autoglm_operator.policy import Capacity
 from autoglm_runtime.profiles import MODE_LABEL, Mode, ModeProfiles
@@ -95,16 +96,15 @@ PHASES = (
 
 
 def adaptive_spec(prometheus_url: str) -> dict[str, Any]:
-    window = f"[{DEMAND_WINDOW_SECONDS}s]"
-    received = 'sum(rate(autoglm_requests_received_total{{$selector,traffic_class="{}"}}{}))'
+    window = f"{DEMAND_WINDOW_SECONDS}s"
     return {
         "intervalSeconds": INTERVAL,
         "prometheus": {
             "url": prometheus_url,
             "timeoutSeconds": 2,
             "queries": {
-                "chatRate": received.format("streamed_chat", window),
-                "otherRate": received.format("other", window),
+                "chatRate": prom.demand_query("streamed_chat", window),
+                "otherRate": prom.demand_query("other", window),
             },
         },
         "capacity": {

@@ -132,7 +132,7 @@ def _high(s: dict[str, float | None], cfg: AdaptiveSettings, n: int) -> bool:
     )
 
 
-def _samples(s: dict[str, float | None], n: int, demand: dict[str, float]) -> pol.Samples:
+def _samples(s: dict[str, float | None], n: int, demand: dict[str, float | None]) -> pol.Samples:
     return pol.Samples(
         qps=s["qps"],
         gpu_memory_percent=s["gpu_memory_percent"],
@@ -146,44 +146,58 @@ def _samples(s: dict[str, float | None], n: int, demand: dict[str, float]) -> po
         batching_completions=demand["batching_completions"],
         streaming_busy=demand["streaming_busy"],
         batching_busy=demand["batching_busy"],
+        streaming_own_share=demand["streaming_own_share"],
+        batching_own_share=demand["batching_own_share"],
     )
 
 
 class DemandMeter:
-    """The demand-sized policy's PromQL (autoglm_operator.prom) on the simulated pool:
-    `rate(autoglm_requests_received_total{traffic_class}[1m])` counts the arrivals of each class
-    in the last minute (every arrival is a valid request the middleware sees first); per mode,
-    `rate(vllm:request_success_total[1m])` per pod summed under the mode each pod runs now, and
-    in flight plus queued (`autoglm_requests_inflight + autoglm_requests_queued`)."""
+    """The demand-sized policy's PromQL (autoglm_operator.prom) on the simulated pool: demand is
+    the router's `rate(autoglm_router_requests_total{traffic_class}[1m])`, every arrival of each
+    class in the last minute whatever became of it (the router counts each request once, shed
+    or served); per mode, `rate(vllm:request_success_total[1m])` per pod summed under the mode
+    each pod runs now, in flight plus queued (`autoglm_requests_inflight +
+    autoglm_requests_queued`), and of `rate(autoglm_requests_received_total[1m])` per pod the
+    share of the mode's own class (None while its replicas received nothing: Prometheus' NaN)."""
 
     def __init__(self, arrivals: Sequence[tuple[float, int, int]]) -> None:
         self.times = [a[0] for a in arrivals]
         self.chats = list(itertools.accumulate(1 if a[1] == CHAT else 0 for a in arrivals))
-        self.history: deque[tuple[float, list[int]]] = deque()
+        # (time, completed per replica, received [chats, others] per replica)
+        self.history: deque[tuple[float, list[int], list[list[int]]]] = deque()
 
     def _chats_before(self, i: int) -> int:
         return self.chats[i - 1] if i > 0 else 0
 
-    def read(self, pool: Pool, now: float) -> dict[str, float]:
+    def read(self, pool: Pool, now: float) -> dict[str, float | None]:
         if not self.history:
-            self.history.append((0.0, [0] * len(pool.replicas)))
+            self.history.append((0.0, [0] * len(pool.replicas), [[0, 0] for _ in pool.replicas]))
         span = min(RATE_WINDOW, now) or 1.0
         lo = bisect.bisect_right(self.times, now - RATE_WINDOW)
         hi = bisect.bisect_right(self.times, now)
         chats = self._chats_before(hi) - self._chats_before(lo)
         done = [r.completed for r in pool.replicas]
-        self.history.append((now, done))
+        received = [list(r.received) for r in pool.replicas]
+        self.history.append((now, done, received))
         while self.history[0][0] < now - RATE_WINDOW:
             self.history.popleft()
-        since, before = self.history[0]
+        since, before, received_before = self.history[0]
         done_span = (now - since) or 1.0
-        out = {"chat_rate": chats / span, "other_rate": (hi - lo - chats) / span}
+        out: dict[str, float | None] = {
+            "chat_rate": chats / span,
+            "other_rate": (hi - lo - chats) / span,
+        }
         for mode in Mode:
             mine = [i for i, r in enumerate(pool.replicas) if r.mode is mode]
             out[f"{mode.value}_completions"] = sum(done[i] - before[i] for i in mine) / done_span
             out[f"{mode.value}_busy"] = float(
                 sum(pool.replicas[i].inflight + pool.replicas[i].queued for i in mine)
             )
+            own = 0 if mode is Mode.STREAMING else 1  # streamed chats, or the rest
+            got = [[after - was for after, was in zip(received[i], received_before[i], strict=True)]
+                   for i in mine]  # fmt: skip
+            total = sum(sum(g) for g in got)
+            out[f"{mode.value}_own_share"] = sum(g[own] for g in got) / total if total else None
         return out
 
 

@@ -141,6 +141,9 @@ class Replica:
         self.step_plan: list[tuple[Req, int]] = []
         self.step_prefill_tokens = 0
         self.completed = 0  # requests finished here (vllm:request_success_total of this pod)
+        # requests its middleware received, admitted or not, by class: [streamed chats, others]
+        # (autoglm_requests_received_total{traffic_class} of this pod)
+        self.received = [0, 0]
         # the router's books: requests it has open here and their summed cost
         self.open = 0
         self.open_cost = 0.0
@@ -337,6 +340,7 @@ class Pool:
         """The replica's middleware takes `req` (admitted or queued); False: queue full (429)."""
         p = replica.profile
         stream = req.kind == CHAT
+        replica.received[0 if stream else 1] += 1
         if len(replica.queue) >= p.max_queue and not (
             replica.inflight < p.max_concurrency and not replica.queue
         ):

@@ -122,8 +122,13 @@ def parse_query_log(lines: Iterable[str]) -> list[LoggedQuery]:
             continue
         promql = str((json.loads(line).get("params") or {}).get("query") or "")
         namespace = _NAMESPACE.search(promql)
-        pods = _PODS.search(promql)
-        names = tuple(sorted(set(pods.group(1).replace("\\", "").split("|")))) if pods else ()
+        # Lists of pod names; a pattern (the router pods' `[a-z0-9]+`) names no pod.
+        names = tuple(sorted({
+            name
+            for pods in _PODS.findall(promql)
+            for name in pods.replace("\\", "").split("|")
+            if "[" not in name
+        }))  # fmt: skip
         queries.append(LoggedQuery(namespace.group(1) if namespace else None, names))
     return queries
 

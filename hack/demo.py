@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from autoglm_operator.prom import demand_query
 from loadgen import LoadReport, percentile, run_load
 from localcluster import LocalCluster, free_port, loopback_pod_cidr, running_cluster
 from localprom import LocalPrometheus
@@ -103,8 +104,7 @@ def demo_resource(prometheus_url: str, replicas: int) -> dict[str, Any]:
             "url": prometheus_url,
             # Short rate windows so the demo reacts within seconds, not minutes.
             "queries": {
-                kind: "sum(rate(autoglm_requests_received_total"
-                f'{{$selector,traffic_class="{traffic_class}"}}[15s]))'
+                kind: demand_query(traffic_class, "15s")
                 for kind, traffic_class in (("chatRate", "streamed_chat"), ("otherRate", "other"))
             },
         },

@@ -1,8 +1,9 @@
-"""Debian's Prometheus on loopback, scraping the runtime pods of the local cluster.
+"""Debian's Prometheus on loopback, scraping the runtime and router pods of the local cluster.
 
 Debian builds Prometheus without Kubernetes service discovery, so targets come from a file the
-pod runner keeps current (file-based discovery), labelled the way a PodMonitor or a `role: pod`
-scrape config labels them: `namespace`, `pod`, plus `autoglm_deployment`. The operator's
+pod runner keeps current (file-based discovery), labelled the way the chart's PodMonitors or
+`role: pod` scrape configs label them: `namespace`, `pod`, plus `autoglm_deployment`, with the
+chart's job names (`autoglm-runtime`, `autoglm-router`). The operator's
 queries scope on `namespace` and `pod`, so they read the same here as on a real cluster.
 """
 

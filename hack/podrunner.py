@@ -222,17 +222,17 @@ class PodRunner:
         self._write_targets()
 
     def _write_targets(self) -> None:
-        """Prometheus file-based discovery: one target per running pod, labelled like a
-        PodMonitor would label it."""
+        """Prometheus file-based discovery: one target per running pod, serving or router,
+        labelled like the chart's PodMonitors (and scrape jobs) label them."""
         if self.targets_file is None:
             return
         with self._lock:
             groups = [
                 {"targets": [f"{pod.ip}:{RUNTIME_PORT}"],
-                 "labels": {"namespace": pod.namespace, "pod": pod.name,
+                 "labels": {"job": "autoglm-router" if pod.router else "autoglm-runtime",
+                            "namespace": pod.namespace, "pod": pod.name,
                             "autoglm_deployment": pod.instance}}
                 for pod in self.pods.values()
-                if not pod.router  # runtime targets only, as the chart's PodMonitor selects
             ]  # fmt: skip
         tmp = self.targets_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(groups))

@@ -86,7 +86,9 @@ class KubeIO:
     async def read_metrics(self, pods: Sequence[str]) -> Reading:
         if self.prometheus is None:
             raise ValueError("adaptive.prometheus.url is not set")
-        return await asyncio.to_thread(self.prometheus.read, self.namespace, pods)
+        return await asyncio.to_thread(
+            self.prometheus.read, self.namespace, pods, deployment=self.name
+        )
 
     async def set_label(self, pod: str, mode: Mode) -> None:
         await asyncio.to_thread(self.executor.label_pod, self.namespace, pod, mode)

@@ -46,6 +46,13 @@ RELEASE_TOLERANCE = 0.005
 # A mode is saturated (its completions are its capacity) when requests in flight and queued
 # reach this share of its replicas' concurrency caps.
 SATURATED = 0.9
+# A mode's completions are its capacity only while its replicas serve their own class (streaming
+# replicas: streamed chats; batching: the rest), which is what the model sizes. Batch jobs spilled
+# onto streaming replicas are short and complete fast: in a live run they drove the learned
+# streaming capacity to twice its seed and the policy chose the wrong split. With at least 90%
+# own class the other class moves the completion rate by at most a tenth of the gap between the
+# two classes' rates, within what LEARNING_RATE averages out.
+OWN_CLASS_SHARE = 0.9
 # How far one saturated measurement moves the learned capacity (an exponential average over
 # about 1 / LEARNING_RATE passes: a minute at the default 15 s interval).
 LEARNING_RATE = 0.25
@@ -145,6 +152,7 @@ def learn(
     busy: Mapping[Mode, float | None],
     replicas: Mapping[Mode, int],
     caps: Mapping[Mode, int],
+    own_share: Mapping[Mode, float | None],
 ) -> dict[Mode, float]:
     """Each mode's capacity per replica after one pass's measurements.
 
@@ -152,15 +160,30 @@ def learn(
     replica is what they can serve; the estimate moves LEARNING_RATE of the way there. Below
     saturation a mode that completed more than the estimate proves the estimate low: it rises
     to what was delivered. Otherwise (idle, unknown, no replica in that mode) nothing is learned.
+
+    A mode whose replicas received less than OWN_CLASS_SHARE of their own class learns nothing,
+    but for one case: it has every ready replica (the model then sizes both classes with its
+    capacity) and is saturated; its estimate may then fall toward what it delivered, never
+    rise. Without that, a seed above what the replicas serve of batch jobs would never be
+    corrected while all of them stream batch load, and the loop would never move; a too-low
+    estimate corrects itself once the mode serves its own class again. An unknown share (a
+    runtime or trace without it) is taken as unmixed: such a mode learns as before.
     """
     learned = dict(capacity)
     for mode, estimate in capacity.items():
         done, inflight, n = completions.get(mode), busy.get(mode), replicas.get(mode, 0)
         if n <= 0 or done is None or inflight is None:
             continue
+        share = own_share.get(mode)
+        mixed = share is not None and share < OWN_CLASS_SHARE
+        alone = all(replicas.get(m, 0) <= 0 for m in Mode if m is not mode)
+        saturated = inflight >= SATURATED * caps[mode] * n
         delivered = done / n
-        if inflight >= SATURATED * caps[mode] * n:
-            estimate += LEARNING_RATE * (delivered - estimate)
+        if mixed and not (alone and saturated):
+            continue  # its completions are not its own class's capacity
+        if saturated:
+            target = min(delivered, estimate) if mixed else delivered
+            estimate += LEARNING_RATE * (target - estimate)
         elif delivered > estimate:
             estimate = delivered
         seed = seeds[mode]

@@ -4,10 +4,12 @@ No I/O here (an import-linter contract forbids kopf, kubernetes and HTTP clients
 loop, the `replay` command and the benchmarks all run this same code.
 
 How it decides, per pass, with per-class demand (`chat_rate` and `other_rate`: requests/s of
-streamed chats and of everything else, from the runtime's autoglm_requests_received_total):
+streamed chats and of everything else, from the router's autoglm_router_requests_total, or the
+runtime's autoglm_requests_received_total without a router):
 - It estimates what one replica of each mode serves within the SLOs (`Capacity`): the CRD's
   seeds (`adaptive.capacity`) until it has measured anything, then what saturated replicas
-  were seen to complete (autoglm_operator.demand.learn), kept in status so a restart keeps it.
+  were seen to complete while they served their own class (autoglm_operator.demand.learn),
+  kept in status so a restart keeps it.
 - It scores every split that `minStreamingReplicas` allows by expected goodput for that
   demand (demand.best_split: the router's routing, spill, and the queue that collapses a class
   nobody can serve) and picks the best; a move must gain 2% of the demand (hysteresis).
@@ -110,13 +112,17 @@ class Samples:
     reporting_replicas: int | None = None
     problem: str | None = None
     # Demand by traffic class (requests/s arriving, admitted or not) and, per mode, requests/s
-    # completed and requests in flight or queued (the learning of each mode's capacity).
+    # completed, requests in flight or queued, and the share of what its replicas received that
+    # was its own class (streaming: streamed chats; batching: the rest): the learning of each
+    # mode's capacity. An unknown share (an older runtime or trace) learns as if unmixed.
     chat_rate: float | None = None
     other_rate: float | None = None
     streaming_completions: float | None = None
     batching_completions: float | None = None
     streaming_busy: float | None = None
     batching_busy: float | None = None
+    streaming_own_share: float | None = None
+    batching_own_share: float | None = None
 
 
 @dataclass(frozen=True)
@@ -458,18 +464,13 @@ def _learned(
         return history.capacity
     ready = [r for r in replicas if r.ready]
     learned = dm.learn(
-        {m: current.of(m) for m in Mode},
-        {m: seeds.of(m) for m in Mode},
-        {
-            Mode.STREAMING: _finite_or_none(samples.streaming_completions),
-            Mode.BATCHING: _finite_or_none(samples.batching_completions),
-        },
-        {
-            Mode.STREAMING: _finite_or_none(samples.streaming_busy),
-            Mode.BATCHING: _finite_or_none(samples.batching_busy),
-        },
-        {m: sum(1 for r in ready if r.effective_mode is m) for m in Mode},
-        caps,
+        capacity={m: current.of(m) for m in Mode},
+        seeds={m: seeds.of(m) for m in Mode},
+        completions=_by_mode(samples.streaming_completions, samples.batching_completions),
+        busy=_by_mode(samples.streaming_busy, samples.batching_busy),
+        replicas={m: sum(1 for r in ready if r.effective_mode is m) for m in Mode},
+        caps=caps,
+        own_share=_by_mode(samples.streaming_own_share, samples.batching_own_share),
     )
     updated = Capacity(learned[Mode.STREAMING], learned[Mode.BATCHING])
     if all(abs(updated.of(m) - current.of(m)) < MIN_CAPACITY_CHANGE * current.of(m) for m in Mode):
@@ -503,6 +504,10 @@ def _unused_thresholds(config: AdaptiveSettings) -> str:
 
 def _finite_or_none(value: float | None) -> float | None:
     return value if _finite(value) else None
+
+
+def _by_mode(streaming: float | None, batching: float | None) -> dict[Mode, float | None]:
+    return {Mode.STREAMING: _finite_or_none(streaming), Mode.BATCHING: _finite_or_none(batching)}
 
 
 def _sized(

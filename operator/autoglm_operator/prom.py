@@ -4,6 +4,9 @@ Every query is scoped by `$selector`, which expands to `namespace="<ns>",pod=~"<
 built from the operator's own list of pods, so two deployments never read each other's metrics.
 (`$exported_selector` is the same on `exported_namespace`/`exported_pod`, the labels
 dcgm-exporter's pod mapping ends up under when Prometheus keeps the exporter's own target labels.)
+`$router_selector` is `namespace="<ns>",pod=~"<name>-router-<hash>-<id>"`: the pods of the
+deployment's router (Deployment `<name>-router`), which the chart's router PodMonitor and its
+plain `autoglm-router` scrape job label with the same `namespace` and `pod` as serving pods.
 
 A read says what it could not get, and why, so MetricsAvailable can carry a precise reason:
 PrometheusUnreachable (connection refused, timeout, 502/503/504), QueryError (Prometheus
@@ -30,6 +33,7 @@ from prometheus_api_client import PrometheusApiClientException, PrometheusConnec
 from urllib3.util.retry import Retry
 
 from autoglm_operator.policy import Samples
+from autoglm_operator.router_builders import router_name
 from autoglm_operator.spec import PrometheusSource, QueryOverrides
 
 QPS = "qps"
@@ -43,19 +47,27 @@ STREAMING_COMPLETIONS = "streaming_completions"
 BATCHING_COMPLETIONS = "batching_completions"
 STREAMING_BUSY = "streaming_busy"
 BATCHING_BUSY = "batching_busy"
-SIGNALS = (
-    QPS,
-    GPU_MEMORY_PERCENT,
-    QUEUE_DEPTH,
-    KV_CACHE_PERCENT,
-    TTFT_P95_SECONDS,
-    CHAT_RATE,
-    OTHER_RATE,
-    STREAMING_COMPLETIONS,
-    BATCHING_COMPLETIONS,
-    STREAMING_BUSY,
-    BATCHING_BUSY,
-)
+STREAMING_OWN_SHARE = "streaming_own_share"
+BATCHING_OWN_SHARE = "batching_own_share"
+# Every signal (each one a policy.Samples field and a QueryOverrides field) and how the series
+# an override may return combine: totals add up; percentages and latency take the worst (the
+# highest); a mode's own-class share takes the lowest (the most mixed, which learns nothing).
+_COMBINE: Mapping[str, Callable[[Sequence[float]], float]] = {
+    QPS: sum,
+    GPU_MEMORY_PERCENT: max,
+    QUEUE_DEPTH: sum,
+    KV_CACHE_PERCENT: max,
+    TTFT_P95_SECONDS: max,
+    CHAT_RATE: sum,
+    OTHER_RATE: sum,
+    STREAMING_COMPLETIONS: sum,
+    BATCHING_COMPLETIONS: sum,
+    STREAMING_BUSY: sum,
+    BATCHING_BUSY: sum,
+    STREAMING_OWN_SHARE: min,
+    BATCHING_OWN_SHARE: min,
+}
+SIGNALS = tuple(_COMBINE)
 REQUIRED = (QPS, QUEUE_DEPTH)
 # Not a signal: which pods Prometheus has fresh samples from, and how fresh (for staleness).
 COVERAGE = "coverage"
@@ -95,10 +107,21 @@ _BASE_QUERIES: Mapping[str, str] = {
 }
 
 
-def _received(traffic_class: str) -> str:
+def demand_query(traffic_class: str, window: str = "1m") -> str:
+    """Requests/s of one traffic class arriving at the deployment.
+
+    The routers' count when they have one: every request a router took, whatever became of it
+    (served, shed with 429, refused), once however many replicas it tried; each router counts
+    its own requests, so the sum over routers is the demand. A client that retries after a 429
+    is counted again, as it is demand again. Without router series (router disabled, a router
+    older than the counter) what the serving pods' middleware received; that misses what a
+    router shed, and counts a request a router retried on a second replica twice.
+    """
     return (
-        "sum(rate(autoglm_requests_received_total"
-        f'{{$selector,traffic_class="{traffic_class}"}}[1m]))'
+        f"sum(rate(autoglm_router_requests_total"
+        f'{{$router_selector,traffic_class="{traffic_class}"}}[{window}]))'
+        " or sum(rate(autoglm_requests_received_total"
+        f'{{$selector,traffic_class="{traffic_class}"}}[{window}]))'
     )
 
 
@@ -110,32 +133,32 @@ def _per_mode(expression: str, mode: str) -> str:
     )
 
 
+def _own_share(mode: str, own_class: str) -> str:
+    # Of what this mode's replicas received, the share that was their own class (NaN, hence no
+    # data, while they received nothing).
+    received = "rate(autoglm_requests_received_total{$selector%s}[1m])"
+    own = received % f',traffic_class="{own_class}"'
+    return f"{_per_mode(own, mode)} / {_per_mode(received % '', mode)}"
+
+
 _COMPLETIONS = "rate(vllm:request_success_total{$selector}[1m])"
 _BUSY = "autoglm_requests_inflight{$selector} + autoglm_requests_queued{$selector}"
 # Demand by traffic class, and per mode what its replicas complete and hold (in flight plus
-# queued in front of them): the demand-sized policy's inputs (policy.Samples).
+# queued in front of them) and how much of what they received was their own class: the
+# demand-sized policy's inputs (policy.Samples).
 DEFAULT_QUERIES: Mapping[str, str] = {
     **_BASE_QUERIES,
-    CHAT_RATE: _received("streamed_chat"),
-    OTHER_RATE: _received("other"),
+    CHAT_RATE: demand_query("streamed_chat"),
+    OTHER_RATE: demand_query("other"),
     STREAMING_COMPLETIONS: _per_mode(_COMPLETIONS, "streaming"),
     BATCHING_COMPLETIONS: _per_mode(_COMPLETIONS, "batching"),
     STREAMING_BUSY: _per_mode(_BUSY, "streaming"),
     BATCHING_BUSY: _per_mode(_BUSY, "batching"),
+    STREAMING_OWN_SHARE: _own_share("streaming", "streamed_chat"),
+    BATCHING_OWN_SHARE: _own_share("batching", "other"),
 }
 COVERAGE_QUERY = "max by (pod) (timestamp(vllm:num_requests_waiting{$selector}))"
 COVERAGE_RANGE_QUERY = "count(vllm:num_requests_waiting{$selector})"
-# Totals add up across series an override may return; percentages and latency take the worst.
-_SUMMED = {
-    QPS,
-    QUEUE_DEPTH,
-    CHAT_RATE,
-    OTHER_RATE,
-    STREAMING_COMPLETIONS,
-    BATCHING_COMPLETIONS,
-    STREAMING_BUSY,
-    BATCHING_BUSY,
-}
 
 
 class Availability(StrEnum):
@@ -213,11 +236,30 @@ def pod_selector(namespace: str, pods: Iterable[str], *, prefix: str = "") -> st
     )
 
 
-def render(template: str, namespace: str, pods: Iterable[str]) -> str:
+def router_pod_regex(deployment: str) -> str:
+    """The pods of Deployment `<deployment>-router`: `<deployment>-router-<hash>-<5 chars>`.
+    Another AutoGLMDeployment's router or serving pods never match (the parts after the name
+    have no dash), and serving pods do not export the router's metrics."""
+    return f"{_regex_literal(router_name(deployment))}-[a-z0-9]+-[a-z0-9]{{5}}"
+
+
+def router_selector(namespace: str, deployment: str) -> str:
+    """Label matchers for the router pods of one deployment."""
+    if not deployment:
+        raise ValueError("a router selector needs the deployment's name")
+    return (
+        f'namespace="{_promql_string(namespace)}",'
+        f'pod=~"{_promql_string(router_pod_regex(deployment))}"'
+    )
+
+
+def render(template: str, namespace: str, pods: Iterable[str], deployment: str) -> str:
     names = list(pods)
-    return template.replace(
-        "$exported_selector", pod_selector(namespace, names, prefix="exported_")
-    ).replace("$selector", pod_selector(namespace, names))
+    return (
+        template.replace("$exported_selector", pod_selector(namespace, names, prefix="exported_"))
+        .replace("$router_selector", router_selector(namespace, deployment))
+        .replace("$selector", pod_selector(namespace, names))
+    )
 
 
 def queries_for(overrides: QueryOverrides | None) -> dict[str, str]:
@@ -289,7 +331,7 @@ def _vector_values(result: Any) -> list[tuple[dict[str, str], float, float]]:
 
 
 def _combine(name: str, values: Sequence[float]) -> float:
-    return sum(values) if name in _SUMMED else max(values)
+    return _COMBINE[name](values)
 
 
 class PrometheusReader:
@@ -339,14 +381,16 @@ class PrometheusReader:
         self.observer(name, seconds, None)
         return values, QueryOutcome(name, promql, None, None, "", seconds)
 
-    def read(self, namespace: str, pods: Sequence[str]) -> Reading:
-        """One round: coverage first (it fails fast when Prometheus is down), then each signal."""
+    def read(self, namespace: str, pods: Sequence[str], *, deployment: str) -> Reading:
+        """One round for the serving `pods` (and the router pods) of `deployment`: coverage
+        first (it fails fast when Prometheus is down), then each signal."""
         started = self.clock()
         if not pods:
             return Reading(None, Availability.NO_PODS, "the deployment has no pods to read")
         outcomes: dict[str, QueryOutcome] = {}
 
-        coverage_series, outcome = self._query(COVERAGE, render(COVERAGE_QUERY, namespace, pods))
+        coverage = render(COVERAGE_QUERY, namespace, pods, deployment)
+        coverage_series, outcome = self._query(COVERAGE, coverage)
         outcomes[COVERAGE] = outcome
         if outcome.failure is Availability.UNREACHABLE:
             return Reading(
@@ -360,7 +404,7 @@ class PrometheusReader:
 
         values: dict[str, float | None] = {}
         for name in SIGNALS:
-            values[name], outcomes[name] = self._signal(name, namespace, pods)
+            values[name], outcomes[name] = self._signal(name, namespace, pods, deployment)
             if outcomes[name].failure is Availability.UNREACHABLE:
                 break  # Prometheus went away mid-round: the rest would only time out too.
 
@@ -369,10 +413,11 @@ class PrometheusReader:
         return Reading(samples, availability, message, outcomes, self.clock() - started)
 
     def _signal(
-        self, name: str, namespace: str, pods: Sequence[str]
+        self, name: str, namespace: str, pods: Sequence[str], deployment: str
     ) -> tuple[float | None, QueryOutcome]:
         """One signal's value (its series combined), or why there is none."""
-        series, outcome = self._query(name, render(self.queries[name], namespace, pods))
+        promql = render(self.queries[name], namespace, pods, deployment)
+        series, outcome = self._query(name, promql)
         if series is None:
             return None, outcome
         finite = [v for _, _, v in series if math.isfinite(v)]
@@ -461,20 +506,25 @@ class PrometheusReader:
         end: datetime,
         step_seconds: int,
         *,
+        deployment: str,
         pod_regex: str | None = None,
     ) -> list[tuple[float, Samples]]:
         """Samples at every step of a past window, for `replay`. Failures raise: it is a CLI."""
 
         def scoped(template: str) -> str:
             if pods:
-                return render(template, namespace, pods)
+                return render(template, namespace, pods, deployment)
             assert pod_regex is not None, "pods or pod_regex"
             regex = f'namespace="{_promql_string(namespace)}",pod=~"{_promql_string(pod_regex)}"'
             exported = (
                 f'exported_namespace="{_promql_string(namespace)}",'
                 f'exported_pod=~"{_promql_string(pod_regex)}"'
             )
-            return template.replace("$exported_selector", exported).replace("$selector", regex)
+            return (
+                template.replace("$exported_selector", exported)
+                .replace("$router_selector", router_selector(namespace, deployment))
+                .replace("$selector", regex)
+            )
 
         columns: dict[str, dict[float, float]] = {}
         for name, template in [*self.queries.items(), (COVERAGE, COVERAGE_RANGE_QUERY)]:
@@ -493,25 +543,9 @@ class PrometheusReader:
         rows = []
         for t in stamps:
             coverage = columns[COVERAGE].get(t)
-            rows.append(
-                (
-                    t,
-                    Samples(
-                        qps=columns[QPS].get(t),
-                        gpu_memory_percent=columns[GPU_MEMORY_PERCENT].get(t),
-                        queue_depth=columns[QUEUE_DEPTH].get(t),
-                        kv_cache_percent=columns[KV_CACHE_PERCENT].get(t),
-                        ttft_p95_seconds=columns[TTFT_P95_SECONDS].get(t),
-                        reporting_replicas=int(coverage) if coverage is not None else None,
-                        chat_rate=columns[CHAT_RATE].get(t),
-                        other_rate=columns[OTHER_RATE].get(t),
-                        streaming_completions=columns[STREAMING_COMPLETIONS].get(t),
-                        batching_completions=columns[BATCHING_COMPLETIONS].get(t),
-                        streaming_busy=columns[STREAMING_BUSY].get(t),
-                        batching_busy=columns[BATCHING_BUSY].get(t),
-                    ),
-                )
-            )
+            signals: dict[str, Any] = {name: columns[name].get(t) for name in SIGNALS}
+            reporting = int(coverage) if coverage is not None else None
+            rows.append((t, Samples(**signals, reporting_replicas=reporting)))
         return rows
 
 
@@ -531,18 +565,5 @@ def _samples(
             reporting_replicas=reporting,
             problem=f"{availability.value}: {message}",
         )
-    return Samples(
-        qps=values.get(QPS),
-        gpu_memory_percent=values.get(GPU_MEMORY_PERCENT),
-        queue_depth=values.get(QUEUE_DEPTH),
-        kv_cache_percent=values.get(KV_CACHE_PERCENT),
-        ttft_p95_seconds=values.get(TTFT_P95_SECONDS),
-        reporting_replicas=reporting,
-        problem=None,
-        chat_rate=values.get(CHAT_RATE),
-        other_rate=values.get(OTHER_RATE),
-        streaming_completions=values.get(STREAMING_COMPLETIONS),
-        batching_completions=values.get(BATCHING_COMPLETIONS),
-        streaming_busy=values.get(STREAMING_BUSY),
-        batching_busy=values.get(BATCHING_BUSY),
-    )
+    signals: dict[str, Any] = {name: values.get(name) for name in SIGNALS}  # Samples' fields
+    return Samples(**signals, reporting_replicas=reporting, problem=None)

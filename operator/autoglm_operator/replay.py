@@ -9,7 +9,10 @@ deployment's total requests per second), `vram_percent` (or `gpu_memory_percent`
 (total waiting requests), `ttft_p95` (seconds), `kv_cache_percent`, `replicas_reporting`, and
 for sizing by demand `chat_rate` and `other_rate` (requests/s arriving per traffic class) with,
 optionally, `streaming_completions`/`batching_completions` (requests/s each mode completed) and
-`streaming_busy`/`batching_busy` (requests in flight and queued per mode) for learning capacity.
+`streaming_busy`/`batching_busy` (requests in flight and queued per mode) for learning capacity,
+and `streaming_own_share`/`batching_own_share` (the share of what each mode's replicas received
+that was their own class: a mode below 0.9 learns nothing). Without the shares (every trace
+written before them) each mode learns as if it had served only its own class.
 A trace without both rates (every trace written before them) is decided by the threshold rules.
 An empty cell or `NaN` is missing data, which the policy treats as it does live: it holds.
 
@@ -55,6 +58,8 @@ _COLUMNS = {
     "batching_completions": "batching_completions",
     "streaming_busy": "streaming_busy",
     "batching_busy": "batching_busy",
+    "streaming_own_share": "streaming_own_share",
+    "batching_own_share": "batching_own_share",
 }
 
 
@@ -381,7 +386,13 @@ def _rows_from_prometheus(
         # Pods of a Deployment are <deployment>-<pod-template-hash>-<5 chars>.
         regex = args.pod_regex or f"{re.escape(args.name)}-[a-z0-9]+-[a-z0-9]{{5}}"
         rows = reader.read_range(
-            args.namespace, None, start, end, _seconds(args.step), pod_regex=regex
+            args.namespace,
+            None,
+            start,
+            end,
+            _seconds(args.step),
+            deployment=args.name,
+            pod_regex=regex,
         )
     finally:
         reader.close()

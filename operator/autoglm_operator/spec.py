@@ -267,7 +267,7 @@ class EngineOptions(CamelModel):
 
 
 class QueryOverrides(CamelModel):
-    """PromQL replacing a default query. `$selector` expands to this deployment's label matchers."""
+    """PromQL replacing a default query. `$selector`, `$router_selector`: its pods, its routers'."""
 
     qps: str | None = None
     gpu_memory_percent: str | None = None
@@ -280,6 +280,8 @@ class QueryOverrides(CamelModel):
     batching_completions: str | None = None
     streaming_busy: str | None = None
     batching_busy: str | None = None
+    streaming_own_share: str | None = None
+    batching_own_share: str | None = None
 
 
 class PrometheusSource(CamelModel):

@@ -138,6 +138,7 @@ class _Call:
     modes: dict[str, str] = field(default_factory=dict)
     status: int = 0  # the status relayed
     delivered: bool = False  # the client has every byte that matters (see _relay)
+    counted: bool = False  # in autoglm_router_requests_total, which counts each request once
 
 
 class RouterApp:
@@ -424,6 +425,11 @@ class RouterApp:
         return "none"
 
     def _count(self, call: _Call, route: Route | None, outcome: str) -> None:
+        # Once: a client that leaves while its answer (a refusal, a held 429) is being written
+        # must not count a second time as client_gone (the operator reads this as demand).
+        if call.counted:
+            return
+        call.counted = True
         mode = call.modes.get(route.replica, "none") if route is not None else "none"
         self.metrics.requests.labels(call.features.traffic_class.value, mode, outcome).inc()
 

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import pytest
 from operator_kit import Operator, admin_token, pod_modes, runtime_state
 
+from autoglm_operator.prom import demand_query
 from loadgen import LoadReport, run_load
 from localcluster import LocalCluster
 from localprom import LocalPrometheus
@@ -35,7 +36,6 @@ HIGH_QPS_PER_REPLICA = 1.5
 # Batch jobs one batching replica serves, as the demand sizing's seed: the test's 9 jobs/s need
 # three, so the split steps up to the floor (2 of 3 batching).
 BATCHING_PER_REPLICA = 3.0
-RECEIVED = 'sum(rate(autoglm_requests_received_total{{$selector,traffic_class="{}"}}[10s]))'
 T = TypeVar("T")
 
 
@@ -65,8 +65,8 @@ def resource(prometheus_url: str) -> dict[str, Any]:
                     # Short rate windows: the test runs in minutes, not hours.
                     "queries": {
                         "qps": "sum(rate(vllm:request_success_total{$selector}[10s]))",
-                        "chatRate": RECEIVED.format("streamed_chat"),
-                        "otherRate": RECEIVED.format("other"),
+                        "chatRate": demand_query("streamed_chat", "10s"),
+                        "otherRate": demand_query("other", "10s"),
                     },
                 },
                 "capacity": {"batchingPerReplicaMilli": int(BATCHING_PER_REPLICA * 1000)},

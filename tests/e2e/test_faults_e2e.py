@@ -51,6 +51,7 @@ from operator_kit import (
 )
 
 from autoglm_operator.policy import parse_iso
+from autoglm_operator.prom import demand_query
 from loadgen import LoadReport, run_load
 from localcluster import LocalCluster
 from localprom import LocalPrometheus
@@ -208,7 +209,6 @@ COOLDOWN = 40
 # Batch jobs a second: more than the streaming replicas serve (the seeds below say 1/s each), so
 # the demand sizing wants one batching replica (6/s) at once; none once the load goes.
 FLIP_QPS = 5.0
-RECEIVED = 'sum(rate(autoglm_requests_received_total{{$selector,traffic_class="{}"}}[10s]))'
 
 
 def adaptive_object(prometheus_url: str) -> dict[str, Any]:
@@ -224,8 +224,8 @@ def adaptive_object(prometheus_url: str) -> dict[str, Any]:
                 "timeoutSeconds": 2,
                 "queries": {
                     "qps": "sum(rate(vllm:request_success_total{$selector}[10s]))",
-                    "chatRate": RECEIVED.format("streamed_chat"),
-                    "otherRate": RECEIVED.format("other"),
+                    "chatRate": demand_query("streamed_chat", "10s"),
+                    "otherRate": demand_query("other", "10s"),
                 },
             },
             "capacity": {"streamingPerReplicaMilli": 1000, "batchingPerReplicaMilli": 6000},

@@ -90,6 +90,8 @@ def test_a_429_goes_elsewhere_only_when_another_replica_has_room(
     free.behavior = "queue_full"
     reply = post(router)
     assert reply.status_code == 429 and reply.headers["retry-after"] == "7"
+    # Each request counted once, retried or not: the operator reads this counter as demand.
+    assert metric(router.base_url, "autoglm_router_requests_total") == 13
 
 
 def test_requests_avoid_a_replica_that_other_routers_keep_busy(

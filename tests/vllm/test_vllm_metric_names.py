@@ -102,7 +102,7 @@ def operator_queries() -> Iterator[str]:
     overrides = crd.QueryOverrides().model_dump()
     templates += [value for value in overrides.values() if value]  # spec defaults, if any
     for template in templates:
-        yield prom.render(template, "ns", ["agd-0", "agd-1"])
+        yield prom.render(template, "ns", ["agd-0", "agd-1"], "agd")
 
 
 QUERIES = {"operator": operator_queries, "dashboard": dashboard_queries,

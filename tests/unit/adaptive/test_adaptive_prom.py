@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import fields
 from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
@@ -19,12 +20,15 @@ from autoglm_operator.spec import PrometheusSource, QueryOverrides
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "prometheus"
 URL = "http://prometheus.test:9090"
+NAME = "phone-9b"
 PODS = ["phone-9b-7d9f8c6b5-abcde", "phone-9b-7d9f8c6b5-fghij"]
 
 # Which canned answer a query gets, by fragments of its PromQL (first match of all wins).
 ROUTES: tuple[tuple[str, str | tuple[str, ...]], ...] = (
     ("coverage", "timestamp("),
     ("coverage", "count(vllm:num_requests_waiting"),
+    ("streaming_own_share", ("requests_received", 'mode="streaming"')),
+    ("batching_own_share", ("requests_received", 'mode="batching"')),
     ("chat_rate", 'traffic_class="streamed_chat"'),
     ("other_rate", 'traffic_class="other"'),
     ("streaming_completions", ("request_success", 'mode="streaming"', "sum(sum by")),
@@ -103,6 +107,8 @@ HEALTHY: dict[str, Answer] = {
     "batching_completions": vector(9.5),
     "streaming_busy": vector(7.0),
     "batching_busy": vector(60.0),
+    "streaming_own_share": vector(0.5),
+    "batching_own_share": vector(1.0),
 }
 
 
@@ -149,14 +155,71 @@ def test_two_deployments_never_match_each_others_pods() -> None:
 
 def test_every_default_query_is_scoped_and_overrides_replace_defaults() -> None:
     for name, template in prom.DEFAULT_QUERIES.items():
-        rendered = prom.render(template, "prod", PODS)
+        rendered = prom.render(template, "prod", PODS, "phone-9b")
         assert "$" not in rendered, name
         assert rendered.count('namespace="prod"') == template.count("selector"), name
     chosen = prom.queries_for(QueryOverrides(qps="sum(my_rps{$selector})"))
     assert chosen["qps"] == "sum(my_rps{$selector})"
     assert chosen["queue_depth"] == prom.DEFAULT_QUERIES["queue_depth"]
     assert "DCGM_FI_DEV_FB_USED" in prom.DEFAULT_QUERIES["gpu_memory_percent"]
-    assert "exported_pod" in prom.render(prom.DEFAULT_QUERIES["gpu_memory_percent"], "ns", ["p"])
+    gpu = prom.render(prom.DEFAULT_QUERIES["gpu_memory_percent"], "ns", ["p"], "d")
+    assert "exported_pod" in gpu
+
+
+def test_every_signal_is_a_samples_field_an_override_and_a_default_query() -> None:
+    # One list of signals: a new one needs its Samples field, its override and its default.
+    samples = {f.name for f in fields(pol.Samples)}
+    assert set(prom.SIGNALS) <= samples
+    assert set(prom.SIGNALS) == set(QueryOverrides.model_fields)
+    assert set(prom.SIGNALS) == set(prom.DEFAULT_QUERIES)
+
+
+def _pattern(rendered: str, label: str = "pod") -> str:
+    regex = re.search(label + r'=~"([^"]*)"', rendered)
+    assert regex is not None
+    return regex.group(1).replace("\\\\", "\\")
+
+
+def test_demand_is_the_routers_count_with_the_serving_pods_count_as_fallback() -> None:
+    chat = prom.render(prom.DEFAULT_QUERIES["chat_rate"], "prod", PODS, NAME)
+    router, fallback = chat.split(" or ")
+    # Every request the routers took (any outcome, any mode: shed and refused ones too).
+    assert router.startswith("sum(rate(autoglm_router_requests_total{")
+    assert 'traffic_class="streamed_chat"' in router
+    assert "outcome" not in router and "mode" not in router
+    assert fallback == (
+        'sum(rate(autoglm_requests_received_total{namespace="prod",'
+        'pod=~"phone-9b-7d9f8c6b5-abcde|phone-9b-7d9f8c6b5-fghij",'
+        'traffic_class="streamed_chat"}[1m]))'
+    )
+    assert 'traffic_class="other"' in prom.DEFAULT_QUERIES["other_rate"].split(" or ")[0]
+    # The router pods of this deployment, not its serving pods nor a neighbour's routers.
+    assert 'namespace="prod"' in router
+    pattern = _pattern(router)
+    assert re.fullmatch(pattern, "phone-9b-router-5c8b7d9f4-klmno")
+    for other in [
+        *PODS,
+        "phone-9b-batch-router-5c8b7d9f4-klmno",
+        "xphone-9b-router-5c8b-klmno",
+        "phone-9b-router-5c8b7d9f4-klmno-x",
+        "phone-9b-router-router-5c8b-klmno",
+    ]:
+        assert not re.fullmatch(pattern, other), other
+    assert prom.demand_query("other", "15s").count("[15s]") == 2
+
+
+def test_own_class_shares_divide_each_modes_received_requests() -> None:
+    share = prom.DEFAULT_QUERIES["streaming_own_share"]
+    own, everything = share.split(" / ")
+    assert 'traffic_class="streamed_chat"' in own and 'mode="streaming"' in own
+    assert "traffic_class" not in everything and 'mode="streaming"' in everything
+    batching = prom.DEFAULT_QUERIES["batching_own_share"]
+    assert 'traffic_class="other"' in batching and 'mode="batching"' in batching
+
+
+def test_a_router_selector_needs_the_deployment() -> None:
+    with pytest.raises(ValueError, match="deployment"):
+        prom.render(prom.DEFAULT_QUERIES["chat_rate"], "prod", PODS, "")
 
 
 # -- reading ---------------------------------------------------------------------------------
@@ -164,7 +227,7 @@ def test_every_default_query_is_scoped_and_overrides_replace_defaults() -> None:
 
 def test_a_healthy_round_returns_samples_and_measures_each_query() -> None:
     reader, fake, observed = reader_for(HEALTHY)
-    reading = reader.read("prod", PODS)
+    reading = reader.read("prod", PODS, deployment=NAME)
 
     assert reading.availability is Availability.OK and reading.available
     assert reading.samples == pol.Samples(
@@ -180,14 +243,17 @@ def test_a_healthy_round_returns_samples_and_measures_each_query() -> None:
         batching_completions=9.5,
         streaming_busy=7.0,
         batching_busy=60.0,
+        streaming_own_share=0.5,
+        batching_own_share=1.0,
     )
-    assert reading.message == "12 queries answered; no data for ttft_p95_seconds"
-    assert len(fake.queries) == 12 and next(o[0] for o in observed) == "coverage"
+    assert reading.message == "14 queries answered; no data for ttft_p95_seconds"
+    assert len(fake.queries) == 14 and next(o[0] for o in observed) == "coverage"
     assert all(o[2] is None and o[1] >= 0 for o in observed)
     selector = prom.pod_selector("prod", PODS)
     assert all(selector in q for q in fake.queries)
     assert all(p["timeout"] == ["3s"] for p in fake.params), "Prometheus aborts slow queries"
-    assert reader.read("prod", PODS).message == reading.message, "stable text: no status churn"
+    again = reader.read("prod", PODS, deployment=NAME)
+    assert again.message == reading.message, "stable text: no status churn"
 
 
 def test_per_series_answers_sum_totals_and_take_the_worst_percentage() -> None:
@@ -195,15 +261,24 @@ def test_per_series_answers_sum_totals_and_take_the_worst_percentage() -> None:
         qps=fixture("vector_qps_per_pod.json"), gpu_memory_percent=fixture("vector_per_gpu.json")
     )
     reader, _, _ = reader_for(answers)
-    samples = reader.read("prod", PODS).samples
+    samples = reader.read("prod", PODS, deployment=NAME).samples
     assert samples is not None
     assert samples.qps == 7.75
     assert samples.gpu_memory_percent == 93.5, "NaN series ignored, the fullest GPU counts"
 
 
+def test_per_series_own_class_shares_take_the_most_mixed() -> None:
+    shares = zip(PODS, ("0.6", "1"), strict=True)
+    series = [{"metric": {"pod": p}, "value": [1700000000.0, v]} for p, v in shares]
+    body = {"status": "success", "data": {"resultType": "vector", "result": series}}
+    reader, _, _ = reader_for(with_answers(streaming_own_share=(200, json.dumps(body))))
+    samples = reader.read("prod", PODS, deployment=NAME).samples
+    assert samples is not None and samples.streaming_own_share == 0.6
+
+
 def test_a_scalar_answer_is_read_too() -> None:
     reader, _, _ = reader_for(with_answers(qps=fixture("scalar_time.json")))
-    samples = reader.read("prod", PODS).samples
+    samples = reader.read("prod", PODS, deployment=NAME).samples
     assert samples is not None and samples.qps == 3.5
 
 
@@ -216,7 +291,7 @@ def test_a_scalar_answer_is_read_too() -> None:
 )
 def test_unreachable_prometheus_fails_fast_and_holds(error: Exception, detail: str) -> None:
     reader, fake, observed = reader_for(dict.fromkeys(HEALTHY, error))
-    reading = reader.read("prod", PODS)
+    reading = reader.read("prod", PODS, deployment=NAME)
     assert reading.availability is Availability.UNREACHABLE and not reading.available
     assert detail in reading.message and URL in reading.message
     assert len(fake.queries) == 1, "one timeout per round, not one per query"
@@ -235,7 +310,7 @@ def test_unreachable_prometheus_fails_fast_and_holds(error: Exception, detail: s
 
 def test_prometheus_going_away_mid_round_stops_the_round() -> None:
     reader, fake, _ = reader_for(with_answers(qps=requests.ConnectionError("reset")))
-    reading = reader.read("prod", PODS)
+    reading = reader.read("prod", PODS, deployment=NAME)
     assert reading.availability is Availability.UNREACHABLE
     assert len(fake.queries) == 2
 
@@ -243,12 +318,12 @@ def test_prometheus_going_away_mid_round_stops_the_round() -> None:
 @pytest.mark.parametrize("status", [502, 503, 504])
 def test_gateway_and_unavailable_answers_count_as_unreachable(status: int) -> None:
     reader, _, _ = reader_for(dict.fromkeys(HEALTHY, fixture("error_unavailable.json", status)))
-    assert reader.read("prod", PODS).availability is Availability.UNREACHABLE
+    assert reader.read("prod", PODS, deployment=NAME).availability is Availability.UNREACHABLE
 
 
 def test_a_rejected_query_is_a_query_error_with_prometheus_reason() -> None:
     reader, _, observed = reader_for(with_answers(qps=fixture("error_bad_data.json", 400)))
-    reading = reader.read("prod", PODS)
+    reading = reader.read("prod", PODS, deployment=NAME)
     assert reading.availability is Availability.QUERY_ERROR
     assert "HTTP 400" in reading.message and "parse error" in reading.message
     assert ("qps", Availability.QUERY_ERROR) in [(o[0], o[2]) for o in observed]
@@ -257,7 +332,7 @@ def test_a_rejected_query_is_a_query_error_with_prometheus_reason() -> None:
 
 def test_an_answer_that_is_not_prometheus_is_a_query_error() -> None:
     reader, _, _ = reader_for(dict.fromkeys(HEALTHY, fixture("not_prometheus.html")))
-    reading = reader.read("prod", PODS)
+    reading = reader.read("prod", PODS, deployment=NAME)
     assert reading.availability is Availability.QUERY_ERROR
     assert "not a Prometheus API answer" in reading.message
 
@@ -265,7 +340,7 @@ def test_an_answer_that_is_not_prometheus_is_a_query_error() -> None:
 @pytest.mark.parametrize("answer", ["vector_empty.json", "vector_ttft_nan.json"])
 def test_empty_or_nan_required_signal_is_no_data(answer: str) -> None:
     reader, _, _ = reader_for(with_answers(queue_depth=fixture(answer)))
-    reading = reader.read("prod", PODS)
+    reading = reader.read("prod", PODS, deployment=NAME)
     assert reading.availability is Availability.NO_DATA
     assert reading.samples is not None and reading.samples.queue_depth is None
     assert reading.samples.qps is None, "required values withheld as a whole"
@@ -273,11 +348,11 @@ def test_empty_or_nan_required_signal_is_no_data(answer: str) -> None:
 
 def test_stale_samples_hold_and_partially_stale_pods_shrink_the_divisor() -> None:
     reader, _, _ = reader_for(with_answers(coverage=fixture("coverage_stale.json")))
-    reading = reader.read("prod", PODS)
+    reading = reader.read("prod", PODS, deployment=NAME)
     assert reading.availability is Availability.STALE
     assert "the newest sample is over 3 min old (limit 90s)" in reading.message
     reader, _, _ = reader_for(with_answers(coverage=fixture("coverage_one_fresh_one_stale.json")))
-    reading = reader.read("prod", PODS)
+    reading = reader.read("prod", PODS, deployment=NAME)
     assert reading.availability is Availability.OK
     assert reading.samples is not None and reading.samples.reporting_replicas == 1
 
@@ -287,26 +362,26 @@ def test_optional_signal_failures_do_not_block() -> None:
         with_answers(gpu_memory_percent=fixture("error_bad_data.json", 422)),
         QueryOverrides(gpu_memory_percent="100 * max(my_gpu_memory{$selector}"),
     )
-    reading = reader.read("prod", PODS)
+    reading = reader.read("prod", PODS, deployment=NAME)
     assert reading.availability is Availability.PARTIAL and reading.available
     assert "gpu_memory_percent" in reading.message
     assert reading.samples is not None and reading.samples.qps == 12.5
     reader, _, _ = reader_for(with_answers(gpu_memory_percent=fixture("vector_empty.json")))
-    reading = reader.read("prod", PODS)
+    reading = reader.read("prod", PODS, deployment=NAME)
     assert reading.availability is Availability.OK
     assert reading.samples is not None and reading.samples.gpu_memory_percent is None
 
 
 def test_no_coverage_series_falls_back_to_ready_pods() -> None:
     reader, _, _ = reader_for(with_answers(coverage=fixture("vector_empty.json")))
-    reading = reader.read("prod", PODS)
+    reading = reader.read("prod", PODS, deployment=NAME)
     assert reading.available
     assert reading.samples is not None and reading.samples.reporting_replicas is None
 
 
 def test_no_pods_queries_nothing() -> None:
     reader, fake, _ = reader_for(HEALTHY)
-    reading = reader.read("prod", [])
+    reading = reader.read("prod", [], deployment=NAME)
     assert reading.availability is Availability.NO_PODS and fake.queries == []
 
 
@@ -337,7 +412,7 @@ def test_read_range_aligns_signals_by_timestamp() -> None:
     start = datetime.fromtimestamp(1_700_000_000, tz=UTC)
     end = datetime.fromtimestamp(1_700_000_060, tz=UTC)
     rows = reader.read_range(
-        "prod", None, start, end, 30, pod_regex="phone-9b-[a-z0-9]+-[a-z0-9]{5}"
+        "prod", None, start, end, 30, deployment=NAME, pod_regex="phone-9b-[a-z0-9]+-[a-z0-9]{5}"
     )
     assert [t for t, _ in rows] == [1_700_000_000, 1_700_000_030, 1_700_000_060]
     assert [s.qps for _, s in rows] == [2.0, None, 14.0]

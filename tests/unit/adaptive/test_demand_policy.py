@@ -3,6 +3,8 @@ windows, cooldown and maxFlipsPerStep it keeps (policy.decide with per-class dem
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from autoglm_operator import demand as dm
@@ -225,6 +227,97 @@ def test_idle_modes_and_recent_flips_teach_nothing() -> None:
     recent = pol.LoopState(last_flips={"pod-0": (T0 - 30, Mode.BATCHING)})
     d = pol.decide(saturated, fleet(3), recent, config(), ModePolicy.ADAPTIVE, T0)
     assert d.state.capacity is None  # the [1m] rates still count pod-0 under its old mode
+
+
+def _learn(**share: float | None) -> dict[Mode, float]:
+    """Both modes saturated, each completing twice its seed per replica (2 of 4 batching)."""
+    return dm.learn(
+        SEEDS,
+        SEEDS,
+        {Mode.STREAMING: 2 * 4.1 * 2, Mode.BATCHING: 2 * 11.5 * 2},
+        {Mode.STREAMING: 2 * 8.0, Mode.BATCHING: 2 * 64.0},
+        {Mode.STREAMING: 2, Mode.BATCHING: 2},
+        {Mode.STREAMING: 8, Mode.BATCHING: 64},
+        {Mode.STREAMING: share.get("streaming"), Mode.BATCHING: share.get("batching")},
+    )
+
+
+def test_a_mode_that_served_the_other_class_learns_nothing() -> None:
+    # Streaming replicas whose completions are a third short batch jobs: twice the seed, but
+    # not what they serve of chats. The batching replicas served their own class: they learn.
+    mixed = _learn(streaming=2 / 3, batching=0.97)
+    assert mixed[Mode.STREAMING] == pytest.approx(4.1)
+    assert mixed[Mode.BATCHING] == pytest.approx(11.5 + 0.25 * 11.5)
+    chats_spilled = _learn(streaming=1.0, batching=0.5)
+    assert chats_spilled[Mode.BATCHING] == pytest.approx(11.5)
+    assert chats_spilled[Mode.STREAMING] == pytest.approx(4.1 + 0.25 * 4.1)
+
+
+def test_the_own_class_share_is_a_bound_and_unknown_learns_as_before() -> None:
+    at_bound = _learn(streaming=dm.OWN_CLASS_SHARE, batching=dm.OWN_CLASS_SHARE - 0.001)
+    assert at_bound[Mode.STREAMING] == pytest.approx(4.1 * 1.25)
+    assert at_bound[Mode.BATCHING] == pytest.approx(11.5)
+    unknown = _learn()  # a runtime without the counter, a trace without the columns
+    assert unknown == {Mode.STREAMING: pytest.approx(4.1 * 1.25), Mode.BATCHING: 11.5 * 1.25}
+
+
+def test_a_saturated_mode_with_every_replica_may_lower_its_estimate_from_a_mix() -> None:
+    # Every replica streams and batch jobs fill them: the model sizes both classes with the
+    # streaming capacity here, and a seed above what they deliver must come down, or a batch
+    # overload would never move a replica. Never up: short jobs must not double it.
+    def alone(delivered: float, share: float, busy: float = 4 * 8.0) -> float:
+        return dm.learn(
+            SEEDS,
+            SEEDS,
+            {Mode.STREAMING: 4 * delivered, Mode.BATCHING: None},
+            {Mode.STREAMING: busy, Mode.BATCHING: None},
+            {Mode.STREAMING: 4, Mode.BATCHING: 0},
+            {Mode.STREAMING: 8, Mode.BATCHING: 64},
+            {Mode.STREAMING: share, Mode.BATCHING: None},
+        )[Mode.STREAMING]
+
+    assert alone(1.9, 0.0) == pytest.approx(4.1 + 0.25 * (1.9 - 4.1))
+    assert alone(8.2, 0.0) == pytest.approx(4.1)
+    assert alone(1.9, 0.0, busy=4 * 4.0) == pytest.approx(4.1), "not saturated: nothing"
+    # With a batching replica beside them the mix is spill: nothing learned either way.
+    mixed = _learn(streaming=0.0, batching=1.0)
+    assert mixed[Mode.STREAMING] == pytest.approx(4.1)
+
+
+def test_spilled_batch_jobs_do_not_raise_the_streaming_capacity() -> None:
+    # The live run: 1 of 4 batching, batch jobs spilled onto the 3 streaming replicas, which
+    # complete 2 x 4.1 per replica while full. Unchecked, the loop learned that streaming
+    # serves twice its seed and sized the split for it.
+    spilled = demand(
+        12.0,
+        30.0,
+        streaming_completions=3 * 8.2,
+        streaming_busy=3 * 8.0,
+        streaming_own_share=0.45,
+    )
+    d = pol.decide(spilled, fleet(1), pol.LoopState(), config(), ModePolicy.ADAPTIVE, T0)
+    assert d.state.capacity is None
+    assert "(seeds)" in d.message
+    own = replace(spilled, streaming_own_share=0.95)
+    d = pol.decide(own, fleet(1), pol.LoopState(), config(), ModePolicy.ADAPTIVE, T0)
+    assert d.state.capacity is not None
+    assert d.state.capacity.streaming == pytest.approx(4.1 + 0.25 * (8.2 - 4.1))
+
+
+def test_replay_reads_the_own_class_shares() -> None:
+    import io
+
+    header = "timestamp,qps,queue,chat_rate,other_rate,streaming_completions,streaming_busy"
+    rows = "0,42,0,12,30,24.6,24"
+    mixed = simulate(
+        read_trace(io.StringIO(f"{header},streaming_own_share\n{rows},0.45\n")), 4, config()
+    )
+    assert mixed[0].samples.streaming_own_share == 0.45
+    assert mixed[0].decision.state.capacity is None
+    old = simulate(read_trace(io.StringIO(f"{header}\n{rows}\n")), 4, config())
+    assert old[0].samples.streaming_own_share is None
+    capacity = old[0].decision.state.capacity
+    assert capacity is not None and capacity.streaming > 4.1  # unknown share: learned as before
 
 
 def test_learned_capacity_survives_a_restart_through_status() -> None:

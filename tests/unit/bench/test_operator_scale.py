@@ -99,7 +99,7 @@ def _log_line(promql: str) -> str:
 def test_query_log_attributes_every_default_query_to_its_deployment() -> None:
     pods = ["agd-007-5d8f9c7b4-abcde", "agd-007-5d8f9c7b4-fghij", "agd-007-5d8f9c7b4-klmno"]
     templates = [prom.COVERAGE_QUERY, *prom.DEFAULT_QUERIES.values()]
-    lines = [_log_line(prom.render(t, "scale-3", pods)) for t in templates] + [""]
+    lines = [_log_line(prom.render(t, "scale-3", pods, "agd-007")) for t in templates] + [""]
     logged = stats.parse_query_log(lines)
     assert len(logged) == len(templates)
     assert {q.owner for q in logged} == {("scale-3", "agd-007")}

@@ -113,6 +113,24 @@ def test_demand_meter_reads_what_the_default_promql_would() -> None:
     assert 0 < (read["streaming_completions"] + read["batching_completions"]) * 59.5 <= done
     busy = pool.replicas[1].inflight + pool.replicas[1].queued
     assert read["batching_busy"] == busy
+    # Each class reached its own mode: every mode received only its own class.
+    assert read["streaming_own_share"] == read["batching_own_share"] == 1.0
+
+
+def test_demand_meter_shares_show_a_mode_serving_the_other_class() -> None:
+    # No batching replica: batch jobs go to the streaming replicas, whose received requests
+    # are then a third batch jobs; the batching mode received nothing (NaN in Prometheus).
+    arrivals = [(float(t), CHAT if t % 3 else BATCH, 0) for t in range(120)]
+    pool = Pool([Mode.STREAMING, Mode.STREAMING], arrivals, workload=bench.WORKLOAD)
+    meter = bench.DemandMeter(arrivals)
+    meter.read(pool, 60.0)
+    pool.run_until(119.5)
+    read = meter.read(pool, 119.5)
+    # The first read saw the pool before it ran: the window holds every arrival up to 119.5.
+    received = [a for a in arrivals if a[0] <= 119.5]
+    chats = sum(a[1] == CHAT for a in received)
+    assert read["streaming_own_share"] == pytest.approx(chats / len(received))
+    assert read["batching_own_share"] is None
 
 
 def test_traces_are_deterministic() -> None:

@@ -560,9 +560,14 @@ def test_operator_default_queries_find_the_scraped_pods(prometheus: str) -> None
     from autoglm_operator.prom import render as render_query
 
     for name, template in DEFAULT_QUERIES.items():
-        body = _query(render_query(template, NAMESPACE, PODS), prometheus)
+        body = _query(render_query(template, NAMESPACE, PODS, DEPLOYMENT), prometheus)
         assert body["status"] == "success", f"{name}: {body.get('error')}"
         assert body["data"]["result"], f"{name}: no data for {template}"
+    # Demand comes from the router pod the chart's router scrape labels, not the fallback.
+    routers = DEFAULT_QUERIES["chat_rate"].split(" or ")[0]
+    assert "autoglm_router_requests_total" in routers
+    body = _query(render_query(routers, NAMESPACE, PODS, DEPLOYMENT), prometheus)
+    assert body["data"]["result"], "the router selector misses the scraped router pod"
 
 
 def test_mode_per_replica_shows_each_pods_mode(prometheus: str) -> None:

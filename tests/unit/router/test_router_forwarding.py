@@ -149,3 +149,27 @@ async def test_a_request_is_counted_under_the_mode_it_was_routed_to() -> None:
     await asyncio.wait_for(app(SCOPE, client_messages(), _ignore), 2)
     counted = app.metrics.requests.labels("streamed_chat", "streaming", "upstream_error")
     assert counted._value.get() == 1
+
+
+class NoReplica(OneReplica):
+    def endpoints(self) -> list[Endpoint]:
+        return []
+
+
+async def test_a_refused_request_whose_client_leaves_mid_answer_is_counted_once() -> None:
+    # The operator reads this counter as demand: one request, one count, whatever its end.
+    app = RouterApp(NoReplica(), RoutingConfig())
+    leaves = asyncio.Event()
+
+    async def slow_client(message: MutableMapping[str, Any]) -> None:
+        leaves.set()  # the client hangs up while the refusal is on its way
+        await asyncio.Event().wait()
+
+    await asyncio.wait_for(app(SCOPE, client_messages(leaves), slow_client), 2)
+    counts = {
+        (s.labels["mode"], s.labels["outcome"]): s.value
+        for family in app.metrics.requests.collect()
+        for s in family.samples
+        if s.name.endswith("_total")
+    }
+    assert counts == {("none", "refused"): 1.0}
