@@ -122,11 +122,6 @@ class ServiceProxy:
 
     # -- the endpoints ---------------------------------------------------------------------------
 
-    @property
-    def selector(self) -> str:
-        with self._lock:
-            return ",".join(f"{k}={v}" for k, v in sorted(self._selector.items()))
-
     def _watch_pods(self) -> None:
         def listed(pods: list[Any]) -> None:
             with self._lock:
