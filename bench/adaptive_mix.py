@@ -251,10 +251,19 @@ def runtime_mode(url: str) -> str | None:
 
 def pin_split(cluster: LocalCluster, runner: PodRunner, batching: int) -> None:
     """Label `batching` serving pods batching (the rest streaming) while the loop is paused,
-    and wait until the operator's repair has moved their runtimes there too."""
+    and wait until the operator's repair has moved their runtimes there too. First the operator
+    labels each new pod with the initial mode: a label set before that would be overwritten."""
     core = client.CoreV1Api(config.new_client_from_config(config_file=cluster.kubeconfig))
-    pods = sorted(p.metadata.name for p in core.list_namespaced_pod(
-        NAMESPACE, label_selector=builders.serving_pod_selector(NAME)).items)  # fmt: skip
+
+    def labelled() -> dict[str, str | None]:
+        found = core.list_namespaced_pod(
+            NAMESPACE, label_selector=builders.serving_pod_selector(NAME)).items  # fmt: skip
+        return {p.metadata.name: (p.metadata.labels or {}).get(MODE_LABEL) for p in found}
+
+    wait_for("the operator's initial mode labels",
+             lambda: len(labelled()) == REPLICAS and None not in labelled().values(),
+             timeout=60)  # fmt: skip
+    pods = sorted(labelled())
     wanted = {pod: Mode.BATCHING if i < batching else Mode.STREAMING for i, pod in enumerate(pods)}
     for pod, mode in wanted.items():
         labels = {"metadata": {"labels": {MODE_LABEL: mode.value}}}
