@@ -52,7 +52,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -179,7 +179,35 @@ def _get(url: str, token: str | None = None) -> tuple[int, bytes]:
         return 0, b""
 
 
-class Recorder:
+class Poller:
+    """Calls `poll` every `every` seconds in a daemon thread, from entering the context to
+    leaving it; a failed poll is reported and the next one tries again."""
+
+    def __init__(self, name: str, every: float) -> None:
+        self.every = every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def poll(self) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                self.poll()
+            except Exception as error:  # the next poll tries again; say why meanwhile
+                progress(f"{self._thread.name}: {type(error).__name__}: {error}")
+
+
+class Recorder(Poller):
     """Polls what the bench times, in a thread: every runtime's mode, switch count and switch
     time (admin endpoint) and whether it serves (/health), every POLL_SECONDS; the deployment's
     decision records (status) every second."""
@@ -201,16 +229,8 @@ class Recorder:
         self._served: set[str] = set()
         self._token: str | None = None
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="recorder", daemon=True)
-
-    def __enter__(self) -> Recorder:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
+        self._last_status = 0.0
+        super().__init__("recorder", POLL_SECONDS)
 
     def serving(self) -> dict[str, int]:
         """How many runtimes serve in each mode now."""
@@ -228,23 +248,18 @@ class Recorder:
         conditions = self.status.get("conditions") or []
         return any(c["type"] == "MetricsAvailable" and c["status"] == "True" for c in conditions)
 
-    def _run(self) -> None:
-        last_status = 0.0
-        while not self._stop.wait(POLL_SECONDS):
-            try:
-                if self._token is None:
-                    self._token = self._admin_token()
-                urls = self.runner.runtime_urls(self.namespace)
-                for pod, url in urls.items():
-                    self._poll_runtime(pod, url)
-                with self._lock:
-                    self._urls = urls
-                    self._runtimes = {p: v for p, v in self._runtimes.items() if p in urls}
-                if time.monotonic() - last_status >= 1.0:
-                    last_status = time.monotonic()
-                    self.refresh_status()
-            except Exception as error:  # the next poll tries again; say why meanwhile
-                progress(f"recorder: {type(error).__name__}: {error}")
+    def poll(self) -> None:
+        if self._token is None:
+            self._token = self._admin_token()
+        urls = self.runner.runtime_urls(self.namespace)
+        for pod, url in urls.items():
+            self._poll_runtime(pod, url)
+        with self._lock:
+            self._urls = urls
+            self._runtimes = {p: v for p, v in self._runtimes.items() if p in urls}
+        if time.monotonic() - self._last_status >= 1.0:
+            self._last_status = time.monotonic()
+            self.refresh_status()
 
     def _admin_token(self) -> str | None:
         secret = builders.admin_secret_name(self.name)

@@ -709,12 +709,17 @@ def _mean(xs: Sequence[float]) -> float:
     return sum(xs) / len(xs) if xs else math.nan
 
 
+def is_tie(value: float, other: float) -> bool:
+    """Equal up to float rounding: printed as a tie, never as one beating the other."""
+    return math.isclose(value, other, rel_tol=1e-9, abs_tol=1e-12)
+
+
 class Verdicts(list[dict]):
     """The targets' verdicts, printed as they are given."""
 
     def add(self, target: str, value: float, bar: float, detail: str, beats: bool = False) -> None:
         """value >= bar: PASS, FAIL or TIE; a tie meets an "at least" target, never a "beats"."""
-        if math.isclose(value, bar, rel_tol=1e-9, abs_tol=1e-12):
+        if is_tie(value, bar):
             result, met = "TIE", not beats
         else:
             result, met = ("PASS", True) if value > bar else ("FAIL", False)

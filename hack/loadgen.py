@@ -22,6 +22,9 @@ PROMPTS = [
     "Describe what is on this screen and which button starts a new chat.",
 ]
 
+WAIT_SECONDS = 180  # for the requests in flight once the last one is sent
+UNFINISHED = f"unfinished: still open {WAIT_SECONDS} s after the load ended"
+
 
 @dataclass
 class RequestResult:
@@ -30,6 +33,7 @@ class RequestResult:
     latency: float | None
     error: str | None = None
     target: str = ""
+    output_tokens: int | None = None  # the server's usage count, where it was asked for
 
 
 @dataclass
@@ -50,31 +54,39 @@ async def one_request(
     max_tokens: int,
     extra_body: dict[str, Any] | None = None,
     stream: bool = True,
+    usage: bool = False,
 ) -> RequestResult:
+    """One request; `usage` asks a stream for its token counts (stream_options.include_usage)."""
     started = time.monotonic()
     first: float | None = None
+    tokens: int | None = None
     try:
         if not stream:  # a batch job: the whole answer at once, no time to first token
-            await client.chat.completions.create(
+            answer = await client.chat.completions.create(
                 model=model,
                 messages=[{"role": "user", "content": random.choice(PROMPTS)}],
                 max_tokens=max_tokens,
                 stream=False,
                 extra_body=extra_body,
             )
-            return RequestResult(started, None, time.monotonic() - started)
+            tokens = answer.usage.completion_tokens if answer.usage else None
+            return RequestResult(started, None, time.monotonic() - started, output_tokens=tokens)
         chunks = await client.chat.completions.create(
             model=model,
             messages=[{"role": "user", "content": random.choice(PROMPTS)}],
             max_tokens=max_tokens,
             stream=True,
             extra_body=extra_body,
+            stream_options={"include_usage": True} if usage else openai.omit,
         )
         async for chunk in chunks:
             if first is None and chunk.choices and (chunk.choices[0].delta.content or ""):
                 first = time.monotonic()
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
         done = time.monotonic()
-        return RequestResult(started, (first or done) - started, done - started)
+        return RequestResult(started, (first or done) - started, done - started,
+                             output_tokens=tokens)  # fmt: skip
     except Exception as exc:  # a failed request is data, not a crash
         return RequestResult(started, None, None, error=f"{type(exc).__name__}: {exc}")
 
@@ -90,12 +102,15 @@ async def run_load(
     extra_body: dict[str, Any] | None = None,
     max_retries: int = 0,
     stream: bool = True,
+    usage: bool = False,
 ) -> LoadReport:
     """Send requests for `duration` seconds at `qps_at(elapsed)` spread over `base_urls`
     (a list, or a callable returning the current list, e.g. each ready replica). `extra_body`
     goes into every request, as vLLM's own sampling fields (`min_tokens`, ...). `max_retries` is
     the client's own (the `openai` default is 2); 0 counts every refused attempt as a failure.
-    `stream` False sends non-streamed requests (batch jobs) instead of streamed chats."""
+    `stream` False sends non-streamed requests (batch jobs) instead of streamed chats; `usage`
+    asks streams for their token counts. A request still open WAIT_SECONDS after the last one
+    was sent is recorded as a failure ("unfinished"), not dropped."""
     report = report or LoadReport()
     clients: dict[str, openai.AsyncOpenAI] = {}
     tasks: set[asyncio.Task[None]] = set()
@@ -105,7 +120,12 @@ async def run_load(
     last = start
 
     async def send(url: str) -> None:
-        result = await one_request(clients[url], model, max_tokens, extra_body, stream)
+        started = time.monotonic()
+        try:
+            result = await one_request(clients[url], model, max_tokens, extra_body, stream, usage)
+        except asyncio.CancelledError:
+            report.results.append(RequestResult(started, None, None, UNFINISHED, url))
+            raise
         result.target = url
         report.results.append(result)
 
@@ -126,7 +146,10 @@ async def run_load(
             credit -= 1
         await asyncio.sleep(0.02)
     if tasks:
-        await asyncio.wait(tasks, timeout=180)
+        _, pending = await asyncio.wait(tasks, timeout=WAIT_SECONDS)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
     for c in clients.values():
         await c.close()
     return report

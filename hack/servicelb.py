@@ -7,7 +7,9 @@ kwok reports a pod Ready without probing anything, so the proxy also runs the co
 readinessProbe itself, as the kubelet would, before the pod counts as ready.
 
 Like kube-proxy it balances connections, not requests: a new connection goes to the next ready
-endpoint, and an established connection stays with its pod until either side closes it.
+endpoint, and an established connection stays with its pod until either side closes it. Like
+the endpoint controller it follows the Service: when its selector changes (the operator moves
+Service `<name>` onto the router pods once one is ready), the endpoints follow at once.
 
     with ServiceProxy(cluster, "demo", "phone-9b") as proxy:
         openai.OpenAI(base_url=proxy.url + "/v1", api_key="EMPTY")
@@ -55,7 +57,10 @@ class ServiceProxy:
         self.core = client.CoreV1Api(api_client)
         self.stats = ProxyStats()
         self.port = 0
-        self._candidates: dict[str, Endpoint] = {}  # Ready per the API, not terminating
+        self._pods: dict[str, Any] = {}  # every pod of the namespace, as last seen
+        self._selector: dict[str, str] = {}
+        self.target_port: int | str = 0
+        self._candidates: dict[str, Endpoint] = {}  # selected, Ready per the API, not terminating
         self._probed: set[str] = set()  # candidates whose readinessProbe passed last time
         self._next = 0
         self._lock = threading.Lock()
@@ -78,16 +83,15 @@ class ServiceProxy:
     # -- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> ServiceProxy:
-        svc = self.core.read_namespaced_service(self.service, self.namespace)
-        self.selector = ",".join(f"{k}={v}" for k, v in sorted(svc.spec.selector.items()))
-        self.target_port = svc.spec.ports[0].target_port
+        self._follow(self.core.read_namespaced_service(self.service, self.namespace))
         self._threads.append(_daemon(self._loop.run_forever, "servicelb"))
         self._server = asyncio.run_coroutine_threadsafe(
             asyncio.start_server(self._handle, "127.0.0.1", 0), self._loop
         ).result(timeout=10)
         self.port = int(self._server.sockets[0].getsockname()[1])
-        # Not joined on stop: it sees the stop flag when its watch call returns (30 s at most).
-        _daemon(self._watch_forever, "servicelb-watch")
+        # Not joined on stop: they see the stop flag when their watch call returns (30 s at most).
+        _daemon(self._watch_pods, "servicelb-pods")
+        _daemon(self._watch_service, "servicelb-service")
         self._threads.append(_daemon(self._probe_forever, "servicelb-probe"))
         log(f"servicelb: {self.namespace}/{self.service} on {self.url}")
         return self
@@ -118,33 +122,70 @@ class ServiceProxy:
 
     # -- the endpoints ---------------------------------------------------------------------------
 
-    def _watch_forever(self) -> None:
+    def _watch_pods(self) -> None:
+        def listed(pods: list[Any]) -> None:
+            with self._lock:
+                self._pods = {pod.metadata.name: pod for pod in pods}
+            self._reselect()
+
+        def changed(kind: str, pod: Any) -> None:
+            with self._lock:
+                if kind == "DELETED":
+                    self._pods.pop(pod.metadata.name, None)
+                else:
+                    self._pods[pod.metadata.name] = pod
+            self._set(pod.metadata.name, None if kind == "DELETED" else self._endpoint(pod))
+
+        self._list_and_watch(self.core.list_namespaced_pod, {}, listed, changed)
+
+    def _watch_service(self) -> None:
+        def listed(services: list[Any]) -> None:
+            for svc in services:
+                self._follow(svc)
+
+        def changed(kind: str, svc: Any) -> None:
+            if kind != "DELETED":
+                self._follow(svc)
+
+        by_name = {"field_selector": f"metadata.name={self.service}"}
+        self._list_and_watch(self.core.list_namespaced_service, by_name, listed, changed)
+
+    def _list_and_watch(self, list_fn: Any, filters: dict[str, str],
+                        listed: Any, changed: Any) -> None:  # fmt: skip
+        """A list, then a watch from its resourceVersion, again after each watch ends."""
         while not self._stop.is_set():
             try:
-                listing = self.core.list_namespaced_pod(
-                    self.namespace, label_selector=self.selector
-                )
-                listed = {pod.metadata.name for pod in listing.items}
-                with self._lock:
-                    vanished = [name for name in self._candidates if name not in listed]
-                for name in vanished:
-                    self._set(name, None)
-                for pod in listing.items:
-                    self._set(pod.metadata.name, self._endpoint(pod))
+                listing = list_fn(self.namespace, **filters)
+                listed(listing.items)
                 stream = watch.Watch().stream(
-                    self.core.list_namespaced_pod, self.namespace, label_selector=self.selector,
+                    list_fn, self.namespace, **filters,
                     resource_version=listing.metadata.resource_version, timeout_seconds=30,
                 )  # fmt: skip
                 for event in stream:
                     if self._stop.is_set():
                         return
-                    pod = event["object"]
-                    gone = event["type"] == "DELETED"
-                    self._set(pod.metadata.name, None if gone else self._endpoint(pod))
+                    changed(event["type"], event["object"])
             except Exception as exc:  # the apiserver may restart under us: list again
                 if not self._stop.is_set():
                     log(f"servicelb: watch failed ({exc}); retrying")
                     time.sleep(1)
+
+    def _follow(self, svc: Any) -> None:
+        """The Service's selector and target port; a change re-selects the endpoints."""
+        selector, port = dict(svc.spec.selector or {}), svc.spec.ports[0].target_port
+        with self._lock:
+            if (selector, port) == (self._selector, self.target_port):
+                return
+            self._selector, self.target_port = selector, port
+        self._reselect()
+
+    def _reselect(self) -> None:
+        with self._lock:
+            pods = list(self._pods.values())
+            names = set(self._pods) | set(self._candidates)
+        endpoints = {pod.metadata.name: self._endpoint(pod) for pod in pods}
+        for name in names:
+            self._set(name, endpoints.get(name))
 
     def _set(self, pod: str, endpoint: Endpoint | None) -> None:
         with self._lock:
@@ -159,10 +200,15 @@ class ServiceProxy:
 
     def _endpoint(self, pod: Any) -> Endpoint | None:
         """The pod's endpoint if the EndpointSlice controller would list it as ready."""
+        with self._lock:
+            selector, target_port = self._selector, self.target_port
+        labels = pod.metadata.labels or {}
+        if not selector or any(labels.get(k) != v for k, v in selector.items()):
+            return None
         ready = any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
         if pod.metadata.deletion_timestamp is not None or not pod.status.pod_ip or not ready:
             return None
-        port = self._port(pod, self.target_port)
+        port = self._port(pod, target_port)
         if port is None:
             return None
         probe = pod.spec.containers[0].readiness_probe

@@ -2,17 +2,33 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 
-from adaptive_mix import PHASES, adaptive_spec, bound_seconds, chosen_split
+from adaptive_mix import (
+    BATCH_SLO,
+    CHAT_TPOT_SLO,
+    CHAT_TTFT_SLO,
+    PHASES,
+    adaptive_spec,
+    bound_seconds,
+    chosen_split,
+    fixed_split,
+    met_slo,
+    side_by_side,
+)
 
 from autoglm_operator import spec as crd
 from autoglm_operator.policy import Capacity
 from autoglm_runtime.metrics import TRAFFIC_CLASSES
+from loadgen import RequestResult
 
 
 def settings() -> crd.AdaptiveSettings:
@@ -44,3 +60,50 @@ def test_the_demand_queries_read_what_the_runtime_exports() -> None:
         assert "autoglm_requests_received_total{$selector," in query
         assert re.search(r'traffic_class="(\w+)"', query).group(1) == traffic_class  # type: ignore[union-attr]
         assert traffic_class in TRAFFIC_CLASSES
+
+
+def chat(ttft: float, per_token: float, tokens: int | None = 64) -> RequestResult:
+    later = (tokens or 64) - 1
+    return RequestResult(0.0, ttft, ttft + per_token * later, output_tokens=tokens)
+
+
+def test_a_chat_counts_only_when_it_meets_both_scaled_slos() -> None:
+    # The spec's defaults (0.5 s, 0.1 s per token) at time factor 4: 2 s and 0.4 s.
+    assert (CHAT_TTFT_SLO, CHAT_TPOT_SLO) == (2.0, 0.4)
+    assert met_slo(chat(1.9, 0.39), streamed=True)
+    assert not met_slo(chat(2.1, 0.1), streamed=True)  # first token late
+    assert not met_slo(chat(0.5, 0.41), streamed=True)  # later tokens too slow
+    # The server's own count decides the time per token: 5 s over 10 tokens is 0.56 s each.
+    assert not met_slo(RequestResult(0.0, 0.5, 5.5, output_tokens=10), streamed=True)
+    assert met_slo(RequestResult(0.0, 0.5, 5.5, output_tokens=64), streamed=True)
+
+
+def test_a_batch_job_counts_when_it_completes_in_time_and_a_failure_never() -> None:
+    assert BATCH_SLO == 120
+    assert met_slo(RequestResult(0.0, None, 119.0), streamed=False)
+    assert not met_slo(RequestResult(0.0, None, 121.0), streamed=False)
+    assert not met_slo(RequestResult(0.0, None, None, error="APIStatusError: 429"), streamed=False)
+    assert not met_slo(RequestResult(0.0, 0.1, 0.2, error="unfinished"), streamed=True)
+
+
+def run(policy: str, met: list[int]) -> dict[str, Any]:
+    phases = [{"name": p.name, "seconds": 75.0, "chats_met": m, "jobs_met": 0, "sent": 100}
+              for p, m in zip(PHASES, met, strict=True)]  # fmt: skip
+    return {"policy": policy, "phases": phases}
+
+
+def test_side_by_side_names_the_higher_goodput_and_prints_equal_ones_as_ties() -> None:
+    rows = side_by_side([run("adaptive", [30, 80, 90, 70]), run("fixed 2", [30, 85, 60, 70])])
+    assert [r["higher"] for r in rows] == ["tie", "fixed 2", "adaptive", "tie", "adaptive"]
+    assert rows[-1]["phase"] == "total"
+    assert rows[-1]["met"] == {"adaptive": 270, "fixed 2": 245}
+    assert rows[-1]["goodput"]["adaptive"] == 270 / 300
+
+
+def test_a_pinned_split_pauses_the_loop_within_what_min_streaming_allows() -> None:
+    assert adaptive_spec("http://p", fixed=2)["paused"] is True
+    assert adaptive_spec("http://p")["paused"] is False
+    assert fixed_split("3") == 3
+    for bad in ("4", "-1"):
+        with pytest.raises(argparse.ArgumentTypeError, match="between 0 and 3"):
+            fixed_split(bad)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,26 @@ def test_verdicts_pass_only_when_every_target_holds() -> None:
     assert failed(missing, [], 0)[0].startswith("all 2 flips")
     assert failed(good, [Decision(50.0, 1, 0, applied=True)], 0)[0].startswith("all 2 flips")
     assert failed(good, [], 3) == ["no request failed across the InPlace flips"]
+
+
+def test_a_poller_polls_until_left_and_goes_on_after_a_failed_poll() -> None:
+    from adaptive_reaction import Poller
+
+    class Counting(Poller):
+        def __init__(self) -> None:
+            self.polls = 0
+            super().__init__("counting", 0.01)
+
+        def poll(self) -> None:
+            self.polls += 1
+            if self.polls == 1:
+                raise RuntimeError("the apiserver is restarting")
+
+    with Counting() as poller:
+        deadline = time.monotonic() + 5
+        while poller.polls < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    left_at = poller.polls
+    time.sleep(0.05)
+    assert left_at >= 3
+    assert poller.polls == left_at

@@ -1,0 +1,44 @@
+"""hack/servicelb.py's ServiceProxy follows its Service, as kube-proxy does: when the selector
+changes (the operator moves Service `<name>` onto the router pods once one is ready), new
+connections go to the newly selected pods, not to the ones selected when the proxy started."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from operator_kit import wait_for
+from test_router_pod_watch import serving_pod
+
+from localcluster import LocalCluster
+from servicelb import ServiceProxy
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
+
+ROLE = "example.com/role"
+
+
+def pod(name: str, role: str) -> dict[str, Any]:
+    manifest = serving_pod(name, "streaming")
+    manifest["metadata"]["labels"][ROLE] = role
+    return manifest
+
+
+def service(role: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "front"},
+        "spec": {"selector": {ROLE: role}, "ports": [{"port": 80, "targetPort": "http"}]},
+    }  # fmt: skip
+
+
+def test_endpoints_follow_a_selector_change(cluster: LocalCluster, namespace: str) -> None:
+    cluster.apply(pod("serving", "serving"), namespace=namespace)
+    cluster.apply(pod("router", "router"), namespace=namespace)
+    cluster.apply(service("serving"), namespace=namespace)
+    with ServiceProxy(cluster, namespace, "front") as proxy:
+        wait_for("the serving pod as the endpoint",
+                 lambda: [e.pod for e in proxy.endpoints()] == ["serving"], timeout=30)  # fmt: skip
+        cluster.apply(service("router"), namespace=namespace)
+        wait_for("the router pod as the endpoint",
+                 lambda: [e.pod for e in proxy.endpoints()] == ["router"], timeout=10)  # fmt: skip
+        assert proxy.endpoints()[0].address.endswith(":8000")
