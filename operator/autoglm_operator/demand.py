@@ -12,14 +12,19 @@ chat demand `c`, other demand `b` and per-replica capacities `Cs`, `Cb`:
 - A chat counts when a streaming replica serves it; a chat spilled to a batching replica
   misses its time to first token (micro-batch window, coalesced events: ~1.8 s at load).
 - A batch job counts wherever it is served, unless the batching replicas run at their
-  concurrency cap for longer than the batch completion SLO (cap / Cb seconds per request).
-- Demand that neither its own mode nor the other's free room can absorb queues: the queue
-  grows for as long as the demand lasts, and with first-come-first-served every request in it
-  waits too long. That class's goodput collapses to nothing (the model's one cliff: in the
-  simulated pool one batching replica too few turns 20 req/s of goodput into 0.5).
-- With no batching replica (k = 0), the streaming replicas serve both classes, chats first
-  (the streaming profile's priority); with no streaming replica, chats miss and batch jobs
-  share the batching replicas with them.
+  concurrency cap and a job behind the queue the router allows them waits past the batch
+  completion SLO (`OTHER_QUEUE_CAPS` x cap / Cb seconds).
+- Demand beyond what its own mode and the other's free room serve does not queue: the router
+  sheds it (its rule 1c: a streamed chat is answered 429 at the cap, other work once its pool's
+  queue reaches twice the cap). So under overload each mode serves its capacity, in time, and
+  refuses the rest: a class gets at most its replicas' capacity, never less than that because
+  of the excess. (Before the router shed, an unbounded queue made every request of an
+  overloaded class late, and this model had a cliff there: it then picked 3 batching replicas
+  of 4 on steady overload where 2 serve 6% more, bench/policy_goodput.py seed 1.)
+- With no batching replica (k = 0), the streaming replicas serve both classes up to their
+  capacity: which class gets it under overload does not change the count (batch jobs queue
+  where chats are shed, so they take more of it); with no streaming replica, chats miss and
+  batch jobs share the batching replicas with them.
 """
 
 from __future__ import annotations
@@ -52,6 +57,10 @@ LEARNING_RATE = 0.25
 # Learned capacity stays within this factor of the seed either way: a replica that served
 # nothing for a minute (stuck, draining) must not teach the loop that a mode serves nothing.
 CAPACITY_RANGE = 4.0
+# The router queues non-streamed work on a full pool up to this many times the cap before it
+# sheds (autoglm_router.routing.RoutingConfig.other_overflow 1.0, the default the operator
+# deploys): a job at the back waits this many caps' worth of completions.
+OTHER_QUEUE_CAPS = 2.0
 
 
 @dataclass(frozen=True)
@@ -87,21 +96,18 @@ def expected_goodput(
     s = (replicas - batching) * streaming_capacity
     bb = batching * batching_capacity
     if batching == 0:
-        chats = c if c <= s else 0.0
-        return chats + (b if c + b <= s else 0.0)
+        return min(c + b, s)
     if batching == replicas:
-        return b if b + c <= bb or (batch_ok_at_cap and b <= bb) else 0.0
+        return min(b, bb) if b + c <= bb or batch_ok_at_cap else 0.0
+    chats = min(c, s)  # the rest spill to batching room (and miss) or are shed
     free_s, free_b = s - c, bb - b
-    # Chats beyond the streaming replicas spill to free batching room (and miss), else queue.
-    chats = c if free_s >= 0 else (s if -free_s <= max(free_b, 0.0) else 0.0)
     if free_b >= 0:
         # Batch jobs fit their own replicas; chats spilled there may fill them to the cap.
         spilled = min(max(-free_s, 0.0), free_b)
-        jobs = b if free_b - spilled > 0 or batch_ok_at_cap else 0.0
-    else:
-        jobs = b if -free_b <= max(free_s, 0.0) else 0.0
-    return chats + jobs
-
+        return chats + (b if free_b - spilled > 0 or batch_ok_at_cap else 0.0)
+    # Jobs past the batching replicas take free streaming room; the rest queue on the
+    # batching replicas up to the router's limit and are shed beyond it.
+    return chats + (bb if batch_ok_at_cap else 0.0) + min(-free_b, max(free_s, 0.0))
 
 def best_split(
     current: int,
@@ -116,7 +122,7 @@ def best_split(
     demand more than the current split's to be worth a move (ties: the nearest to current);
     batching replicas that do not pay (RELEASE_TOLERANCE) go back to streaming."""
     cs, cb = capacity[Mode.STREAMING], capacity[Mode.BATCHING]
-    ok_at_cap = cb > 0 and batching_cap / cb <= slo.batch_completion_seconds
+    ok_at_cap = cb > 0 and OTHER_QUEUE_CAPS * batching_cap / cb <= slo.batch_completion_seconds
     spread = [
         Demand(demand.chat * x, demand.other * y) for x in DEMAND_SPREAD for y in DEMAND_SPREAD
     ]

@@ -9,8 +9,8 @@ streamed chats and of everything else, from the runtime's autoglm_requests_recei
   seeds (`adaptive.capacity`) until it has measured anything, then what saturated replicas
   were seen to complete (autoglm_operator.demand.learn), kept in status so a restart keeps it.
 - It scores every split that `minStreamingReplicas` allows by expected goodput for that
-  demand (demand.best_split: the router's routing, spill, and the queue that collapses a class
-  nobody can serve) and picks the best; a move must gain 2% of the demand (hysteresis).
+  demand (demand.best_split: the router's routing, spill, and its shedding of what no replica
+  has room for) and picks the best; a move must gain 2% of the demand (hysteresis).
 - The chosen split must stay wanted for the window of its direction
   (`toBatchingStabilizationSeconds` or `toStreamingStabilizationSeconds`), shortened by the
   gain: the full window for a small one, none for a split that serves twice the current.
