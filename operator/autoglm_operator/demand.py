@@ -12,8 +12,7 @@ chat demand `c`, other demand `b` and per-replica capacities `Cs`, `Cb`:
 - A chat counts when a streaming replica serves it; a chat spilled to a batching replica
   misses its time to first token (micro-batch window, coalesced events: ~1.8 s at load).
 - A batch job counts wherever it is served, unless the batching replicas run at their
-  concurrency cap and a job behind the queue the router allows them waits past the batch
-  completion SLO (`OTHER_QUEUE_CAPS` x cap / Cb seconds).
+  concurrency cap for longer than the batch completion SLO (cap / Cb seconds per request).
 - Demand beyond what its own mode and the other's free room serve does not queue: the router
   sheds it (its rule 1c: a streamed chat is answered 429 at the cap, other work once its pool's
   queue reaches twice the cap). So under overload each mode serves its capacity, in time, and
@@ -57,10 +56,6 @@ LEARNING_RATE = 0.25
 # Learned capacity stays within this factor of the seed either way: a replica that served
 # nothing for a minute (stuck, draining) must not teach the loop that a mode serves nothing.
 CAPACITY_RANGE = 4.0
-# The router queues non-streamed work on a full pool up to this many times the cap before it
-# sheds (autoglm_router.routing.RoutingConfig.other_overflow 1.0, the default the operator
-# deploys): a job at the back waits this many caps' worth of completions.
-OTHER_QUEUE_CAPS = 2.0
 
 
 @dataclass(frozen=True)
@@ -122,7 +117,7 @@ def best_split(
     demand more than the current split's to be worth a move (ties: the nearest to current);
     batching replicas that do not pay (RELEASE_TOLERANCE) go back to streaming."""
     cs, cb = capacity[Mode.STREAMING], capacity[Mode.BATCHING]
-    ok_at_cap = cb > 0 and OTHER_QUEUE_CAPS * batching_cap / cb <= slo.batch_completion_seconds
+    ok_at_cap = cb > 0 and batching_cap / cb <= slo.batch_completion_seconds
     spread = [
         Demand(demand.chat * x, demand.other * y) for x in DEMAND_SPREAD for y in DEMAND_SPREAD
     ]

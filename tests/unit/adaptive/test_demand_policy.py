@@ -100,18 +100,6 @@ def test_overload_is_shed_not_queued_so_each_mode_serves_its_capacity() -> None:
     assert best(17.0, 17.0, 3) == 2  # measured best fixed split on steady overload: 2 batching
 
 
-def test_a_batch_deadline_the_routers_queue_outlasts_counts_queued_jobs_lost() -> None:
-    # Batch overload on 3 batching replicas: jobs queue to twice the cap (128 at 11.5/s: 11 s)
-    # before the router sheds them. Within an 8 s deadline a job at the back misses, though
-    # one cap's worth (5.6 s) would have fit.
-    flood = dm.Demand(2.0, 40.0)
-    loose = ServiceLevelObjectives()
-    eight = ServiceLevelObjectives(batch_completion_seconds=8)
-    now_loose, _ = dm.best_split(3, 4, 3, flood, SEEDS, loose, 64)
-    now_eight, _ = dm.best_split(3, 4, 3, flood, SEEDS, eight, 64)
-    assert now_eight.goodput < now_loose.goodput
-
-
 # -- decide: cold start, windows, cooldown, flips per step -----------------------------------
 
 
