@@ -18,8 +18,9 @@ Memory is `autoglm_runtime.sim.model.MemoryModel` (what the sim reports as autog
 Routing is the router's own `autoglm_router.routing.decide` (`routing="router"`): each request's
 features as `autoglm_router.features` would read them (a streamed chat or other, no session or
 prefix key since the sim models no prefix cache, cost from its prompt), the pool state from the
-replicas (mode, the requests the router has open on each and their summed cost, the modes' caps;
-no replica is draining, flips are in place), and one retry elsewhere on a full queue as the proxy
+replicas (mode, the requests the router has open on each and their summed cost, how many it
+sent each within the last `fresh_seconds` (rule 1d), the modes' caps; no replica is draining,
+flips are in place), and one retry elsewhere on a full queue as the proxy
 does (`routing.retry_route`). `routing="random"` sends each request to a uniformly random replica:
 what clients get from the plain Service with the router off.
 
@@ -147,13 +148,18 @@ class Replica:
         # the router's books: requests it has open here and their summed cost
         self.open = 0
         self.open_cost = 0.0
+        self.sent: deque[float] = deque()  # when the router sent requests here, newest last
         self._state: routing.ReplicaState | None = None  # rebuilt when the books change
 
-    def router_state(self) -> routing.ReplicaState:
+    def router_state(self, now: float, fresh_seconds: float) -> routing.ReplicaState:
         """What the router knows of this replica (autoglm_router.routing.ReplicaState)."""
+        while self.sent and self.sent[0] <= now - fresh_seconds:
+            self.sent.popleft()
+            self._state = None
         if self._state is None:
             self._state = routing.ReplicaState(
-                self.name, self.mode, inflight=self.open, load=self.open_cost
+                self.name, self.mode, inflight=self.open, load=self.open_cost,
+                fresh=len(self.sent),
             )
         return self._state
 
@@ -308,7 +314,8 @@ class Pool:
                 req.cost,
             )
             self._features[(req.kind, req.cost)] = features
-        states = [r.router_state() for r in self.replicas]
+        fresh = self.route_config.fresh_seconds
+        states = [r.router_state(self.now, fresh) for r in self.replicas]
         if tried:
             names = [self.replicas[i].name for i in tried]
             route = routing.retry_route(
@@ -351,6 +358,8 @@ class Pool:
         req.visible = max(1, (p.stream_coalesce_chunks if stream else 1) - 1)
         req.replica = replica.index
         replica.book(req, +1)
+        if self.routing == "router":
+            replica.sent.append(t)
         if replica.inflight < p.max_concurrency and not replica.queue:
             replica.inflight += 1
             self._admitted(replica, req, t)

@@ -13,13 +13,17 @@ chat demand `c`, other demand `b` and per-replica capacities `Cs`, `Cb`:
   misses its time to first token (micro-batch window, coalesced events: ~1.8 s at load).
 - A batch job counts wherever it is served, unless the batching replicas run at their
   concurrency cap for longer than the batch completion SLO (cap / Cb seconds per request).
-- Demand that neither its own mode nor the other's free room can absorb queues: the queue
-  grows for as long as the demand lasts, and with first-come-first-served every request in it
-  waits too long. That class's goodput collapses to nothing (the model's one cliff: in the
-  simulated pool one batching replica too few turns 20 req/s of goodput into 0.5).
-- With no batching replica (k = 0), the streaming replicas serve both classes, chats first
-  (the streaming profile's priority); with no streaming replica, chats miss and batch jobs
-  share the batching replicas with them.
+- Demand beyond what its own mode and the other's free room serve does not queue: the router
+  sheds it (its rule 1c: a streamed chat is answered 429 at the cap, other work once its pool's
+  queue reaches twice the cap). So under overload each mode serves its capacity, in time, and
+  refuses the rest: a class gets at most its replicas' capacity, never less than that because
+  of the excess. (Before the router shed, an unbounded queue made every request of an
+  overloaded class late, and this model had a cliff there: it then picked 3 batching replicas
+  of 4 on steady overload where 2 serve 6% more, bench/policy_goodput.py seed 1.)
+- With no batching replica (k = 0), the streaming replicas serve both classes up to their
+  capacity: which class gets it under overload does not change the count (batch jobs queue
+  where chats are shed, so they take more of it); with no streaming replica, chats miss and
+  batch jobs share the batching replicas with them.
 """
 
 from __future__ import annotations
@@ -94,21 +98,18 @@ def expected_goodput(
     s = (replicas - batching) * streaming_capacity
     bb = batching * batching_capacity
     if batching == 0:
-        chats = c if c <= s else 0.0
-        return chats + (b if c + b <= s else 0.0)
+        return min(c + b, s)
     if batching == replicas:
-        return b if b + c <= bb or (batch_ok_at_cap and b <= bb) else 0.0
+        return min(b, bb) if b + c <= bb or batch_ok_at_cap else 0.0
+    chats = min(c, s)  # the rest spill to batching room (and miss) or are shed
     free_s, free_b = s - c, bb - b
-    # Chats beyond the streaming replicas spill to free batching room (and miss), else queue.
-    chats = c if free_s >= 0 else (s if -free_s <= max(free_b, 0.0) else 0.0)
     if free_b >= 0:
         # Batch jobs fit their own replicas; chats spilled there may fill them to the cap.
         spilled = min(max(-free_s, 0.0), free_b)
-        jobs = b if free_b - spilled > 0 or batch_ok_at_cap else 0.0
-    else:
-        jobs = b if -free_b <= max(free_s, 0.0) else 0.0
-    return chats + jobs
-
+        return chats + (b if free_b - spilled > 0 or batch_ok_at_cap else 0.0)
+    # Jobs past the batching replicas take free streaming room; the rest queue on the
+    # batching replicas up to the router's limit and are shed beyond it.
+    return chats + (bb if batch_ok_at_cap else 0.0) + min(-free_b, max(free_s, 0.0))
 
 def best_split(
     current: int,

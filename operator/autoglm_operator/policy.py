@@ -11,8 +11,8 @@ runtime's autoglm_requests_received_total without a router):
   were seen to complete while they served their own class (autoglm_operator.demand.learn),
   kept in status so a restart keeps it.
 - It scores every split that `minStreamingReplicas` allows by expected goodput for that
-  demand (demand.best_split: the router's routing, spill, and the queue that collapses a class
-  nobody can serve) and picks the best; a move must gain 2% of the demand (hysteresis).
+  demand (demand.best_split: the router's routing, spill, and its shedding of what no replica
+  has room for) and picks the best; a move must gain 2% of the demand (hysteresis).
 - The chosen split must stay wanted for the window of its direction
   (`toBatchingStabilizationSeconds` or `toStreamingStabilizationSeconds`), shortened by the
   gain: the full window for a small one, none for a split that serves twice the current.

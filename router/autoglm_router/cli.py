@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "answering 429")
     p.add_argument("--other-overflow", type=float, default=RoutingConfig().other_overflow,
                    help="non-streamed requests are refused only past (1 + this) x the caps")
+    p.add_argument("--fresh-seconds", type=float, default=RoutingConfig().fresh_seconds,
+                   help="with no streaming replica, a streamed chat goes to the replica sent "
+                   "the fewest requests within this many seconds (the chat TTFT target)")
     p.add_argument("--streaming-cap", type=_positive(int),
                    default=StreamingProfile().max_concurrency,
                    help="in-flight requests a streaming replica takes before it counts as full")
@@ -105,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
 def create_app(args: argparse.Namespace, discovery: Discovery | None = None) -> RouterApp:
     config = RoutingConfig(
         load_factor=args.load_factor, spill=args.spill, shed=args.shed,
-        other_overflow=args.other_overflow,
+        other_overflow=args.other_overflow, fresh_seconds=args.fresh_seconds,
         virtual_nodes=args.virtual_nodes,
         caps={Mode.STREAMING: args.streaming_cap, Mode.BATCHING: args.batching_cap},
     )
@@ -170,6 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--load-factor must be at least 1.0, got {args.load_factor}")
     if not args.other_overflow >= 0.0:
         parser.error(f"--other-overflow must be at least 0, got {args.other_overflow}")
+    if not args.fresh_seconds > 0.0:
+        parser.error(f"--fresh-seconds must be above 0, got {args.fresh_seconds}")
     problem = check_discovery_flags(args)
     if problem:
         parser.error(problem)

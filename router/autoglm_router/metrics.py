@@ -15,7 +15,7 @@ OUTCOMES = ("ok", "client_error", "upstream_error", "refused", "unreachable", "c
             "aborted")
 PLACEMENTS = ("hit", "moved", "new")
 RETRY_REASONS = ("connect_error", "draining", "queue_full")
-DECISION_REASONS = ("hashed", "bounded", "least_loaded", "spilled")
+DECISION_REASONS = ("hashed", "bounded", "least_loaded", "least_fresh", "spilled")
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,9 @@ def router_metrics() -> RouterMetrics:
     decisions = Counter(
         "autoglm_router_decisions",
         "Routing decisions by reason: hashed (the key's home), bounded (moved on by the load "
-        "bound), least_loaded (no key), spilled (every preferred replica at its cap).",
+        "bound), least_loaded (no key), least_fresh (a chat with no streaming replica: the "
+        "fewest requests sent within the last fresh_seconds), spilled (every preferred replica "
+        "at its cap).",
         ["reason"], registry=registry,
     )
     for reason in DECISION_REASONS:

@@ -13,7 +13,7 @@ import json
 import logging
 import time
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,15 +67,30 @@ class ProxySettings:
 
 
 class LoadBook:
-    """The router's own in-flight requests and their cost, per replica."""
+    """The router's own in-flight requests and their cost, per replica, and when it sent the
+    recent ones (rule 1d)."""
 
-    def __init__(self, metrics: RouterMetrics) -> None:
+    def __init__(self, metrics: RouterMetrics, clock: Callable[[], float] = time.monotonic
+                 ) -> None:  # fmt: skip
         self.count: dict[str, int] = {}
         self.cost: dict[str, float] = {}
+        self._sent: dict[str, deque[float]] = {}
+        self._clock = clock
         self._gauge = metrics.inflight
+
+    def fresh(self, replica: str, seconds: float) -> int:
+        """Requests sent to `replica` within the last `seconds`."""
+        sent = self._sent.get(replica)
+        if not sent:
+            return 0
+        horizon = self._clock() - seconds
+        while sent and sent[0] <= horizon:
+            sent.popleft()
+        return len(sent)
 
     @contextlib.contextmanager
     def open(self, replica: str, cost: float) -> Iterator[None]:
+        self._sent.setdefault(replica, deque()).append(self._clock())
         self.count[replica] = self.count.get(replica, 0) + 1
         self.cost[replica] = self.cost.get(replica, 0.0) + cost
         self._gauge.labels(replica).set(self.count[replica])
@@ -226,6 +241,7 @@ class RouterApp:
                 endpoint.name, endpoint.mode, endpoint.ready, endpoint.draining,
                 self.book.count.get(endpoint.name, 0) + round(others),
                 self.book.cost.get(endpoint.name, 0.0) + others * unit_cost,
+                self.book.fresh(endpoint.name, self.config.fresh_seconds),
             ))
         return states
 

@@ -23,6 +23,9 @@ class ReplicaState:
     draining: bool = False
     inflight: int = 0  # requests this router has open on it
     load: float = 0.0  # their summed cost (see RequestFeatures.cost)
+    # Requests this router sent it within RoutingConfig.fresh_seconds: the prefill work a chat
+    # sent now would wait behind before its first token.
+    fresh: int = 0
 
 
 def _default_caps() -> dict[Mode, int]:
@@ -42,12 +45,17 @@ class RoutingConfig:
     # Non-streamed work waits for seconds, not for a first token: it is shed only past
     # (1 + other_overflow) x the caps. 1.0 by measurement (router/README.md, rule 1c).
     other_overflow: float = 1.0
+    # How far back a replica's recent requests count as work ahead of a chat's first token
+    # (rule 1d): the spec's default chat time-to-first-token target, 0.5 s.
+    fresh_seconds: float = 0.5
 
     def __post_init__(self) -> None:
         if self.load_factor < 1.0:
             raise ValueError(f"load_factor must be at least 1.0, got {self.load_factor}")
         if self.virtual_nodes < 1:
             raise ValueError(f"virtual_nodes must be at least 1, got {self.virtual_nodes}")
+        if not self.fresh_seconds > 0.0:
+            raise ValueError(f"fresh_seconds must be above 0, got {self.fresh_seconds}")
         if self.other_overflow < 0.0:
             raise ValueError(f"other_overflow must be at least 0, got {self.other_overflow}")
         if any(cap < 1 for cap in self.caps.values()):
@@ -58,6 +66,7 @@ class Reason(StrEnum):
     HASHED = "hashed"  # the key's home on the ring
     BOUNDED = "bounded"  # the home was over the load bound; the next one on the ring
     LEAST_LOADED = "least_loaded"  # no key to hash
+    LEAST_FRESH = "least_fresh"  # a chat with no streaming replica: the fewest recent requests
     SPILLED = "spilled"  # every preferred replica at its cap
 
 
@@ -100,6 +109,8 @@ def decide(
     if config.shed and not with_room and overloaded(features, pool, config):
         return Refusal(429, "overloaded", "Every replica is at its concurrency cap; retry later.")
     if features.key_kind is KeyKind.NONE or features.key is None:
+        if features.traffic_class is TrafficClass.STREAMED_CHAT and not in_mode:
+            return Route(least_fresh(pool).name, Reason.LEAST_FRESH, in_mode)
         return Route(least_loaded(pool).name, Reason.LEAST_LOADED, in_mode)
     # One conversation rarely has two turns in flight: what loads its home is other keys'
     # work, so a session gets one request of slack; a shared prefix can burst, so it gets none.
@@ -132,6 +143,14 @@ def overloaded(
 
 def least_loaded(replicas: Sequence[ReplicaState]) -> ReplicaState:
     return min(replicas, key=lambda r: (r.load, r.inflight, r.name))
+
+
+def least_fresh(replicas: Sequence[ReplicaState]) -> ReplicaState:
+    """Rule 1d: with no streaming replica, a chat's first token waits behind the prefills that
+    reached its replica just before it (chunked prefill shares each engine step among them), not
+    behind the requests decoding there: the replica sent the fewest requests within
+    fresh_seconds takes it; ties, the least loaded."""
+    return min(replicas, key=lambda r: (r.fresh, r.load, r.inflight, r.name))
 
 
 def bounded_hash(

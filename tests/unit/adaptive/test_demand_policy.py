@@ -51,10 +51,10 @@ def best(chat: float, other: float, current: int, slo: ServiceLevelObjectives | 
         (2.0, 2.0, 2, 0, "light load fits any split: batching that does not pay goes back"),
         (0.0, 0.0, 1, 0, "no traffic: every replica streaming, ready for the first chat"),
         (10.0, 10.0, 1, 1, "a mixed peak: the batching replica pays, it stays"),
-        (17.0, 17.0, 0, 3, "overload of both: one streaming replica, batch jobs all served"),
-        (12.0, 12.0, 0, 2, "a flash crowd of both: two and two"),
+        (17.0, 17.0, 0, 2, "overload of both: two and two, each mode sheds what it cannot serve"),
+        (12.0, 12.0, 0, 1, "a flash crowd of both: chats fill three streaming replicas"),
         (1.0, 30.0, 0, 3, "batch-heavy: every replica but the floor batching"),
-        (14.0, 0.5, 2, 1, "a chat crowd on a batch pool: give replicas back to chats"),
+        (14.0, 0.5, 2, 0, "a chat crowd on a batch pool: give every replica back to chats"),
         (10.0, 10.0, 3, 1, "chats beyond one streaming replica: return two"),
         (6.0, 6.0, 0, 0, "both fit the streaming replicas with room: no batching needed"),
     ],
@@ -84,13 +84,22 @@ def test_a_batch_deadline_shorter_than_a_full_batching_replica_counts_its_jobs_l
     assert now_tight.goodput < now_loose.goodput  # the SLO decides what the split is worth
 
 
-def test_the_collapse_the_model_knows() -> None:
-    # Steady overload, one batching replica: batch jobs overflow a full pool and queue, and
-    # chats overflow the streaming replicas with nowhere to spill: nothing is served in time.
-    assert dm.expected_goodput(1, 4, dm.Demand(17.0, 17.0), 4.1, 11.5, True) == 0.0
-    assert dm.expected_goodput(3, 4, dm.Demand(17.0, 17.0), 4.1, 11.5, True) == pytest.approx(
-        4.1 + 17.0
+def test_overload_is_shed_not_queued_so_each_mode_serves_its_capacity() -> None:
+    # Steady overload (17 + 17 req/s): the router answers chats past the streaming replicas'
+    # caps with 429 and sheds batch jobs past twice the batching caps, so no queue makes a
+    # whole class late: each mode serves what its replicas can, in time.
+    overload = dm.Demand(17.0, 17.0)
+    assert dm.expected_goodput(1, 4, overload, 4.1, 11.5, True) == pytest.approx(12.3 + 11.5)
+    assert dm.expected_goodput(2, 4, overload, 4.1, 11.5, True) == pytest.approx(8.2 + 17.0)
+    assert dm.expected_goodput(3, 4, overload, 4.1, 11.5, True) == pytest.approx(4.1 + 17.0)
+    assert dm.expected_goodput(0, 4, overload, 4.1, 11.5, True) == pytest.approx(16.4)
+    # Batch jobs past the batching replicas take free streaming room first.
+    jobs_heavy = dm.Demand(2.0, 20.0)
+    assert dm.expected_goodput(1, 4, jobs_heavy, 4.1, 11.5, True) == pytest.approx(2.0 + 20.0)
+    assert dm.expected_goodput(1, 4, dm.Demand(2.0, 30.0), 4.1, 11.5, True) == pytest.approx(
+        2.0 + 11.5 + 10.3
     )
+    assert best(17.0, 17.0, 3) == 2  # measured best fixed split on steady overload: 2 batching
 
 
 # -- decide: cold start, windows, cooldown, flips per step -----------------------------------
@@ -106,14 +115,14 @@ def test_cold_start_uses_the_seeds_and_says_so() -> None:
 
 
 def test_overload_flips_at_once_up_to_max_flips_per_step() -> None:
-    # From all streaming, 17+17 req/s: the best split (3 batching) serves over twice the
-    # current one, so no window applies; maxFlipsPerStep 2 moves two now, the third once the
-    # (shorter: a smaller gain) window has passed.
+    # From all streaming, 4 chats/s and 40 jobs/s: the best split (3 batching) serves over
+    # twice the current one, so no window applies; maxFlipsPerStep 2 moves two now, the third
+    # once the (shorter: a smaller gain) window has passed.
     cfg = config(maxFlipsPerStep=2)
-    first = pol.decide(demand(17.0, 17.0), fleet(0), pol.LoopState(), cfg, ModePolicy.ADAPTIVE, T0)
+    first = pol.decide(demand(4.0, 40.0), fleet(0), pol.LoopState(), cfg, ModePolicy.ADAPTIVE, T0)
     assert first.reason == pol.DEMAND_NEEDS_BATCHING
     assert [f.to_mode for f in first.flips] == [Mode.BATCHING] * 2
-    steps = simulate([(T0 + 15 * i, demand(17.0, 17.0)) for i in range(4)], 4, cfg)
+    steps = simulate([(T0 + 15 * i, demand(4.0, 40.0)) for i in range(4)], 4, cfg)
     assert [s.batching for s in steps] == [2, 2, 3, 3]
 
 
@@ -131,9 +140,9 @@ def test_a_small_gain_waits_the_full_window_and_cooldown_holds() -> None:
 
 
 def test_returning_replicas_waits_the_to_streaming_window_then_flips_the_oldest() -> None:
-    # 3 batching; the demand becomes chat-heavy (10 + 10): 1 batching serves 18.67/s, the
-    # current split 14.10/s. A gain of 1.32x shortens the 300 s to-streaming window to
-    # 300 x (2 - 1.32) = 203 s; then one step returns both replicas the best split frees,
+    # 3 batching; the demand becomes chat-heavy (10 + 10): 1 batching serves 19.98/s, the
+    # current split 14.10/s. A gain of 1.42x shortens the 300 s to-streaming window to
+    # 300 x (2 - 1.42) = 175 s; then one step returns both replicas the best split frees,
     # the ones that flipped longest ago (never) first: not pod-0, which flipped a minute ago.
     state = pol.LoopState(last_flips={"pod-0": (T0 - 60, Mode.BATCHING)})
     waited = []
@@ -142,10 +151,10 @@ def test_returning_replicas_waits_the_to_streaming_window_then_flips_the_oldest(
         state = d.state
         if d.flips:
             break
-        assert d.reason == pol.STABILIZING and "of 203s before a flip" in d.message
+        assert d.reason == pol.STABILIZING and "of 175s before a flip" in d.message
         waited.append(15 * i)
     assert d.reason == pol.DEMAND_NEEDS_STREAMING
-    assert max(waited) == 195  # the first pass past 203 s flips
+    assert max(waited) == 165  # the first pass past 175 s flips
     assert [(f.pod, f.to_mode) for f in d.flips] == [
         ("pod-1", Mode.STREAMING),
         ("pod-2", Mode.STREAMING),
@@ -190,12 +199,15 @@ def test_old_and_new_replay_traces() -> None:
     import io
 
     old = "timestamp,qps,queue\n0,40,0\n15,40,0\n30,40,0\n"
-    new = "timestamp,qps,queue,chat_rate,other_rate\n0,34,0,17,17\n15,34,0,17,17\n"
+    new = "timestamp,qps,queue,chat_rate,other_rate\n" + "".join(
+        f"{t},34,0,17,17\n" for t in (0, 15, 30)
+    )
     old_steps = simulate(read_trace(io.StringIO(old)), 4, config())
     new_steps = simulate(read_trace(io.StringIO(new)), 4, config())
     assert old_steps[0].decision.reason == pol.QPS_ABOVE_HIGH  # the threshold rules
-    assert new_steps[0].decision.reason == pol.DEMAND_NEEDS_BATCHING
-    assert new_steps[-1].batching == 3
+    assert new_steps[0].decision.message.startswith("demand 17.00 chats/s")  # sized by demand
+    assert new_steps[-1].decision.reason == pol.DEMAND_NEEDS_BATCHING
+    assert new_steps[-1].batching == 2
 
 
 # -- learned capacity --------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from autoglm_runtime.profiles import Mode
     (["--endpoint", "http://a:8000", "--load-factor", "0.9"], "--load-factor must be at least"),
     (["--endpoint", "http://a:8000", "--streaming-cap", "0"], "must be above 0"),
     (["--endpoint", "http://a:8000", "--other-overflow", "-1"], "--other-overflow must be at"),
+    (["--endpoint", "http://a:8000", "--fresh-seconds", "0"], "--fresh-seconds must be above"),
     (["--endpoint", "http://a:8000", "--endpoint", "http://a:8000/"], "once"),
 ])
 def test_bad_flags_are_refused(argv: list[str], message: str,
@@ -33,11 +34,11 @@ def test_bad_flags_are_refused(argv: list[str], message: str,
 def test_flags_reach_the_routing_config_and_proxy() -> None:
     args = build_parser().parse_args([
         "--endpoint", "http://a:8000/", "--load-factor", "2", "--no-spill", "--no-shed",
-        "--other-overflow", "0.5",
+        "--other-overflow", "0.5", "--fresh-seconds", "0.25",
         "--streaming-cap", "4", "--max-body-bytes", "4096", "--prefix-chars", "64"])
     app = create_app(args)
     assert app.config.load_factor == 2.0 and not app.config.spill and not app.config.shed
-    assert app.config.other_overflow == 0.5
+    assert app.config.other_overflow == 0.5 and app.config.fresh_seconds == 0.25
     assert app.config.caps[Mode.STREAMING] == 4 and app.config.caps[Mode.BATCHING] == 64
     assert app.settings.max_body_bytes == 4096 and app.settings.prefix_chars == 64
     assert [e.name for e in app.discovery.endpoints()] == ["http://a:8000"]

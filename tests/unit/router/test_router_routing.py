@@ -8,6 +8,8 @@ from dataclasses import replace
 import pytest
 
 from autoglm_router.features import KeyKind, RequestFeatures, TrafficClass
+from autoglm_router.metrics import router_metrics
+from autoglm_router.proxy import LoadBook
 from autoglm_router.routing import (
     Failure,
     Reason,
@@ -49,13 +51,13 @@ CLASS_CASES = [
     ("non-streamed chat goes to the batching replica", chat(False),
      pool(("s", S), ("b", B)), "b", Reason.LEAST_LOADED, True),
     ("no streaming replica: streamed chats use all", chat(True),
-     pool(("b1", B), ("b2", B), b1={"load": 2.0, "inflight": 2}), "b2", Reason.LEAST_LOADED,
+     pool(("b1", B), ("b2", B), b1={"load": 2.0, "inflight": 2}), "b2", Reason.LEAST_FRESH,
      False),
     ("no batching replica: the rest use all", chat(False),
      pool(("s1", S), ("s2", S), s2={"load": 1.0, "inflight": 1}), "s1", Reason.LEAST_LOADED,
      False),
     ("unknown mode counts in 'all' only", chat(True),
-     pool(("x", None), ("b", B), b={"load": 5.0, "inflight": 5}), "x", Reason.LEAST_LOADED,
+     pool(("x", None), ("b", B), b={"load": 5.0, "inflight": 5}), "x", Reason.LEAST_FRESH,
      False),
     ("streaming replica at its cap: spill to the least-loaded other", chat(True),
      pool(("s", S), ("b1", B), ("b2", B), s={"inflight": 8, "load": 8.0},
@@ -247,6 +249,57 @@ def test_prefix_keys_use_the_same_ring() -> None:
     assert as_prefix.replica == as_session and as_prefix.reason is Reason.HASHED
 
 
+# --- rule 1d: with no streaming replica, chats go where the least prefill is ahead -----------
+
+def test_no_streaming_replica_a_chat_goes_to_the_replica_sent_the_fewest_recent_requests() -> None:
+    # b1 holds more requests, but they are decoding; b2 was just sent four whose prefill a new
+    # chat's first token would wait behind.
+    replicas = pool(("b1", B), ("b2", B), b1={"inflight": 10, "load": 20.0, "fresh": 1},
+                    b2={"inflight": 4, "load": 8.0, "fresh": 4})
+    route = routed(decide(chat(True), replicas, CONFIG))
+    assert (route.replica, route.reason) == ("b1", Reason.LEAST_FRESH)
+    # Other work still goes to the least-loaded replica.
+    assert routed(decide(chat(False), replicas, CONFIG)).replica == "b2"
+
+
+def test_least_fresh_ties_go_to_the_least_loaded() -> None:
+    replicas = pool(("b1", B), ("b2", B), b1={"inflight": 3, "load": 6.0, "fresh": 2},
+                    b2={"inflight": 2, "load": 4.0, "fresh": 2})
+    assert routed(decide(chat(True), replicas, CONFIG)).replica == "b2"
+
+
+def test_with_a_streaming_replica_chats_ignore_recent_requests() -> None:
+    # A streaming replica serves chats first with few sequences: rule 1 as before, and spill
+    # from a full one goes to the least-loaded other replica.
+    replicas = pool(("s", S), ("b", B), s={"inflight": 3, "load": 3.0, "fresh": 3})
+    assert routed(decide(chat(True), replicas, CONFIG)).replica == "s"
+    full = pool(("s", S), ("b1", B), ("b2", B), s={"inflight": 8, "load": 8.0},
+                b1={"inflight": 1, "load": 1.0, "fresh": 5}, b2={"inflight": 6, "load": 6.0})
+    route = routed(decide(chat(True), full, CONFIG))
+    assert (route.replica, route.reason) == ("b1", Reason.SPILLED)
+
+
+def test_a_keyed_chat_keeps_its_home_with_no_streaming_replica() -> None:
+    replicas = pool(*((f"b{i}", B) for i in range(4)))
+    home = routed(decide(chat(True, "conv-1"), replicas, CONFIG)).replica
+    busy = [replace(r, fresh=3) if r.name == home else r for r in replicas]
+    assert routed(decide(chat(True, "conv-1"), busy, CONFIG)).replica == home
+
+
+def test_the_book_counts_requests_sent_within_the_window() -> None:
+    now = [100.0]
+    book = LoadBook(router_metrics(), clock=lambda: now[0])
+    for _ in range(3):
+        with book.open("r", 1.0):
+            pass
+    now[0] = 100.4
+    with book.open("r", 1.0):
+        assert book.fresh("r", 0.5) == 4  # the open one counts from when it was sent
+    now[0] = 100.6
+    assert book.fresh("r", 0.5) == 1  # the first three are older than 0.5 s
+    assert book.fresh("other", 0.5) == 0
+
+
 # --- rule 4: load is weighed by cost --------------------------------------------------------
 
 def test_least_loaded_weighs_cost_not_count() -> None:
@@ -317,6 +370,11 @@ def test_what_is_retried(case: str, failure: Failure, replicas: list[ReplicaStat
 def test_config_rejects_a_load_factor_below_one() -> None:
     with pytest.raises(ValueError, match="load_factor"):
         RoutingConfig(load_factor=0.9)
+
+
+def test_config_rejects_a_fresh_window_of_zero() -> None:
+    with pytest.raises(ValueError, match="fresh_seconds"):
+        RoutingConfig(fresh_seconds=0.0)
 
 
 def test_config_rejects_a_negative_other_overflow() -> None:
