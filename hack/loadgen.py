@@ -110,7 +110,8 @@ async def run_load(
     the client's own (the `openai` default is 2); 0 counts every refused attempt as a failure.
     `stream` False sends non-streamed requests (batch jobs) instead of streamed chats; `usage`
     asks streams for their token counts. A request still open WAIT_SECONDS after the last one
-    was sent is recorded as a failure ("unfinished"), not dropped."""
+    was sent is recorded as a failure ("unfinished"), not dropped; requests the caller cuts by
+    cancelling the load are not recorded."""
     report = report or LoadReport()
     clients: dict[str, openai.AsyncOpenAI] = {}
     tasks: set[asyncio.Task[None]] = set()
@@ -118,13 +119,15 @@ async def run_load(
     sent = 0
     credit = 0.0
     last = start
+    waited_out = False  # set once the wait for the last requests is over
 
     async def send(url: str) -> None:
         started = time.monotonic()
         try:
             result = await one_request(clients[url], model, max_tokens, extra_body, stream, usage)
         except asyncio.CancelledError:
-            report.results.append(RequestResult(started, None, None, UNFINISHED, url))
+            if waited_out:
+                report.results.append(RequestResult(started, None, None, UNFINISHED, url))
             raise
         result.target = url
         report.results.append(result)
@@ -147,6 +150,7 @@ async def run_load(
         await asyncio.sleep(0.02)
     if tasks:
         _, pending = await asyncio.wait(tasks, timeout=WAIT_SECONDS)
+        waited_out = True
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
