@@ -111,6 +111,7 @@ def expected_goodput(
     # batching replicas up to the router's limit and are shed beyond it.
     return chats + (bb if batch_ok_at_cap else 0.0) + min(-free_b, max(free_s, 0.0))
 
+
 def best_split(
     current: int,
     replicas: int,
