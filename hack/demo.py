@@ -4,8 +4,9 @@ A real control plane with two fake 8-GPU nodes (kwok), the chart installed with 
 operator running under the chart's ServiceAccount, Debian's Prometheus, a `sim` runtime for
 each serving pod and an `autoglm-router` for each router pod. Traffic goes to Service
 `<name>`, as clients' would: through the router, which sends each request to a replica of the
-right mode. It ramps up and back down; the adaptive loop moves replicas to batching at the peak
-and back to streaming after it, and this script shows it as it happens. At the end it prints
+right mode. Streamed chats all along, with a peak of batch jobs (non-streamed requests) on top:
+the adaptive loop sizes the split by each class's demand, moves a replica to batching for the
+peak and back to streaming after it, and this script shows it as it happens. At the end it prints
 where the requests went and writes a PNG of load, TTFT and modes over time. Ctrl-C stops
 everything it started.
 """
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,15 +72,26 @@ class Timeline:
     decisions: list[dict[str, Any]] = field(default_factory=list)
 
 
-def traffic(scale: float) -> list[Phase]:
-    """Quiet, a peak, quiet again: long enough for the loop's windows at demo settings."""
-    return [
+def traffic(scale: float) -> tuple[list[Phase], list[Phase]]:
+    """Streamed chats and batch jobs per second: quiet, a peak, quiet again, long enough for the
+    loop's windows at demo settings. At the peak, 6 chats/s and 8 jobs/s on 3 replicas: all
+    streaming serves 12.3 req/s (3 x the 4.1/s seed), so demand sizing moves one replica to
+    batching (8.2 chats/s and 11.5 jobs/s of room); chats alone would fit the streaming ones."""
+    chats = [
         Phase(30 * scale, 1.0),
-        Phase(45 * scale, 12.0, ramp=True),
-        Phase(120 * scale, 12.0),
+        Phase(45 * scale, 6.0, ramp=True),
+        Phase(120 * scale, 6.0),
         Phase(135 * scale, 0.5, ramp=True),
         Phase(270 * scale, 0.5),
     ]
+    jobs = [
+        Phase(30 * scale, 0.0),
+        Phase(45 * scale, 8.0, ramp=True),
+        Phase(120 * scale, 8.0),
+        Phase(135 * scale, 0.0, ramp=True),
+        Phase(270 * scale, 0.0),
+    ]
+    return chats, jobs
 
 
 def qps_at(phases: list[Phase], t: float) -> float:
@@ -214,7 +227,8 @@ def pod_modes(cluster: LocalCluster) -> dict[str, str]:
 
 
 async def watch_and_show(
-    cluster: LocalCluster, runner: PodRunner, phases: list[Phase], report: LoadReport,
+    cluster: LocalCluster, runner: PodRunner, offered: Callable[[float], float],
+    report: LoadReport,
     timeline: Timeline, started: float, duration: float,
 ) -> None:  # fmt: skip
     seen_decision = None
@@ -229,7 +243,7 @@ async def watch_and_show(
         ttfts = [r.ttft for r in served if r.ttft is not None]
         sample = Sample(
             t=t,
-            offered_qps=qps_at(phases, t),
+            offered_qps=offered(t),
             served_qps=len(served) / 10.0,
             ttft_p95=percentile(ttfts, 0.95),
             batching=sum(1 for m in modes.values() if m == "batching"),
@@ -296,8 +310,8 @@ def helm(cluster: LocalCluster, *args: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="autoglm-demo-"))
-    phases = traffic(args.time_scale)
-    duration = phases[-1].until
+    chats, jobs = traffic(args.time_scale)
+    duration = chats[-1].until
     with contextlib.ExitStack() as stack:
         step("Starting the control plane (etcd, kube-apiserver, controllers, kwok GPU nodes)")
         cluster = stack.enter_context(
@@ -328,17 +342,21 @@ def run(args: argparse.Namespace) -> int:
         proxy = stack.enter_context(ServiceProxy(cluster, DEMO_NAMESPACE, NAME))
         wait_for_routers(proxy)
         step(f"Driving traffic for {duration:.0f}s through Service {NAME} (the router): quiet, "
-             "a peak of 12 req/s, quiet again")  # fmt: skip
+             "a peak of 6 streamed chats/s and 8 batch jobs/s, quiet again")  # fmt: skip
         targets = [proxy.url + "/v1"]
 
         report = LoadReport()
         timeline = Timeline()
 
+        def offered(t: float) -> float:
+            return qps_at(chats, t) + qps_at(jobs, t)
+
         async def drive() -> None:
             started = time.monotonic()
             await asyncio.gather(
-                run_load(targets, lambda t: qps_at(phases, t), duration, report=report),
-                watch_and_show(cluster, runner, phases, report, timeline, started, duration),
+                run_load(targets, lambda t: qps_at(chats, t), duration, report=report),
+                run_load(targets, lambda t: qps_at(jobs, t), duration, report=report, stream=False),
+                watch_and_show(cluster, runner, offered, report, timeline, started, duration),
             )
 
         asyncio.run(drive())
