@@ -8,9 +8,13 @@ carry `session_id` (body) and `X-Session-ID` (header), and follow each other aft
 think time. `--concurrent` conversations run at once (the stated load), `--conversations` in all.
 
 The same trace (same seed) goes through, each time on 4 fresh `autoglm-runtime sim` replicas
-(prefix caching on, `--time-factor` small so a run takes seconds):
-- `autoglm-router` (consistent hashing with bounded loads on the session, `--load-factor`
-  1.25, its default), and `autoglm-router-lf2`, the same with `--load-factor 2`;
+(prefix caching on, in real time by default: about 70 s a run):
+- `autoglm-router` (rule 2: a new conversation placed by consistent hashing with bounded
+  loads, `--load-factor` 1.25, its default; its later turns kept where it was placed), and
+  `autoglm-router-lf2`, the same with `--load-factor 2`;
+- `autoglm-router-2x`: two autoglm-router processes, each turn sent to one of them at random,
+  as a Service does when every turn opens a new connection (the worst case for rule 2: a
+  router knows only the placements it made itself);
 - `random`: the client picks a replica at random for every turn;
 - `oracle`, the hindsight oracle: every turn of a conversation goes to one replica, chosen when
   the conversation starts as the replica with the fewest turns still to come among its open
@@ -61,8 +65,9 @@ REPO = Path(__file__).resolve().parent.parent
 OUT_DIR = REPO / "out" / "bench"
 MODEL = "autoglm-phone-9b"
 REPLICAS = 4
-ROUTERS = ("autoglm-router", "autoglm-router-lf2", "random", "oracle", "vllm-router")
-COLORS = ("tab:blue", "tab:cyan", "tab:grey", "tab:green", "tab:orange")
+ROUTERS = ("autoglm-router", "autoglm-router-lf2", "autoglm-router-2x", "random", "oracle",
+           "vllm-router")
+COLORS = ("tab:blue", "tab:cyan", "tab:purple", "tab:grey", "tab:green", "tab:orange")
 MAX_TOKENS = 48  # one action: the agent's answers are short
 THINK_SECONDS = 1.0  # the phone acts on the answer before the next turn (sim seconds)
 SHARED_SYSTEM = (
@@ -156,15 +161,14 @@ class Oracle:
         return pick
 
 
-def policy(name: str, urls: list[str], front: str | None, seed: int
+def policy(name: str, urls: list[str], fronts: list[str], seed: int
            ) -> Callable[[Conversation], Picker]:  # fmt: skip
+    """How each turn picks its URL: a replica (random, oracle) or a router in front."""
     if name == "oracle":
         return Oracle(urls).start
-    if name == "random":
-        rng = random.Random(seed)
-        return lambda conv: lambda: rng.choice(urls)
-    assert front is not None
-    return lambda conv: lambda: front
+    rng = random.Random(seed)
+    choices = fronts or urls
+    return lambda conv: lambda: rng.choice(choices)
 
 
 # --- the client -------------------------------------------------------------------------------
@@ -303,29 +307,34 @@ def run_one(name: str, trace: list[Conversation], seed: int, args: argparse.Name
             folder: Path) -> RunResult:  # fmt: skip
     """One router on fresh sims (cold caches), the whole trace."""
     sims = start_sims(folder, args.time_factor)
-    front: ServerProcess | None = None
+    fronts: list[ServerProcess] = []
     try:
         urls = [sim.base_url for sim in sims]
         if name.startswith("autoglm-router"):
             factor = "2" if name.endswith("lf2") else "1.25"
-            front = AutoglmRouter(*urls, "--load-factor", factor, log_path=folder / "router.log")
-            front.start(timeout=30)
+            for i in range(2 if name.endswith("2x") else 1):
+                fronts.append(AutoglmRouter(*urls, "--load-factor", factor,
+                                            log_path=folder / f"router{i}.log"))
+                fronts[-1].start(timeout=30)
         elif name == "vllm-router":
-            front = VllmRouter(*urls, log_path=folder / "vllm-router.log", wait_healthy=False)
-            front.start(timeout=60)
+            fronts.append(VllmRouter(*urls, log_path=folder / "vllm-router.log",
+                                     wait_healthy=False))
+            fronts[-1].start(timeout=60)
             time.sleep(2.0)  # its workers' first health check
         for url in urls:
             warm_up(url)
         before = [scrape(url) for url in urls]
-        start = policy(name, urls, front.base_url if front else None, seed)
+        start = policy(name, urls, [front.base_url for front in fronts], seed)
         result = asyncio.run(drive(trace, seed, start, args.time_factor, args.concurrent))
-        if isinstance(front, AutoglmRouter):
-            result.placements = router_placements(front.base_url)
+        for front in fronts:
+            if isinstance(front, AutoglmRouter):
+                for key, count in router_placements(front.base_url).items():
+                    result.placements[key] = result.placements.get(key, 0.0) + count
         result.replicas = [{key: value - old[key] for key, value in scrape(url).items()}
                            for url, old in zip(urls, before, strict=True)]  # fmt: skip
         return result
     finally:
-        if front is not None:
+        for front in fronts:
             front.stop()
         for sim in sims:
             sim.stop()
@@ -511,8 +520,9 @@ def main(args: argparse.Namespace) -> int:
                 f"{k}={v:.3f}" for k, v in figures[name].items()), flush=True)  # fmt: skip
         per_seed.append(figures)
     mean = mean_over_seeds(per_seed)
-    checks = {who: check(mean, who)
-              for who in ("autoglm-router", "autoglm-router-lf2", "vllm-router") if who in mean}
+    judged: list[str] = ["autoglm-router", "autoglm-router-lf2", "autoglm-router-2x",
+                         "vllm-router"]  # fmt: skip
+    checks = {who: check(mean, who) for who in judged if who in mean}
     ceil = ceiling(make_trace(args.seeds[0], args.conversations), args.seeds[0], args.concurrent)
     report(mean, checks, ceil, args)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
@@ -534,7 +544,9 @@ if __name__ == "__main__":
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--conversations", type=int, default=48)
     parser.add_argument("--concurrent", type=int, default=16)
-    parser.add_argument("--time-factor", type=float, default=0.2)
+    # Real time: at 0.2 the four sims' engine loops ran five times as many steps a second and,
+    # on two cores, their own CPU contention moved TTFT more than routing does (a few %).
+    parser.add_argument("--time-factor", type=float, default=1.0)
     parser.add_argument("--routers", nargs="+", choices=ROUTERS, default=list(ROUTERS),
                         help="a subset to run (random and oracle are always run: the targets "
                         "are judged against them)")

@@ -236,11 +236,26 @@ def pod_selector(namespace: str, pods: Iterable[str], *, prefix: str = "") -> st
     )
 
 
+# Kubernetes names a pod from its ReplicaSet's name plus "-", cut to 63 - 5 characters, then
+# 5 random ones (apiserver's SimpleNameGenerator); the pod-template-hash has 1-10 characters.
+_GENERATED_BASE_MAX = 58
+
+
 def router_pod_regex(deployment: str) -> str:
-    """The pods of Deployment `<deployment>-router`: `<deployment>-router-<hash>-<5 chars>`.
-    Another AutoGLMDeployment's router or serving pods never match (the parts after the name
-    have no dash), and serving pods do not export the router's metrics."""
-    return f"{_regex_literal(router_name(deployment))}-[a-z0-9]+-[a-z0-9]{{5}}"
+    """The pods of Deployment `<deployment>-router`: `<deployment>-router-<hash>-<5 chars>`,
+    or that name cut short where it passes 58 characters before the random part (names from
+    about 40 characters on). Another AutoGLMDeployment's router or serving pods never match
+    (the parts after the name have no dash), and serving pods do not export the router's
+    metrics."""
+    prefix = router_name(deployment) + "-"
+    if len(prefix) >= _GENERATED_BASE_MAX:
+        return f"{_regex_literal(prefix[:_GENERATED_BASE_MAX])}[a-z0-9]{{5}}"
+    # Room left for the hash and its dash before the cut: a cut hash may lose the dash.
+    room = _GENERATED_BASE_MAX - len(prefix)
+    full = "[a-z0-9]{1,10}-"
+    if room >= 11:
+        return f"{_regex_literal(prefix)}{full}[a-z0-9]{{5}}"
+    return f"{_regex_literal(prefix)}({full}|[a-z0-9]{{{room}}})[a-z0-9]{{5}}"
 
 
 def router_selector(namespace: str, deployment: str) -> str:

@@ -43,6 +43,9 @@ class RequestFeatures:
     key: str | None
     key_kind: KeyKind
     cost: float  # 1 + estimated prefill tokens / TOKENS_PER_LOAD_UNIT
+    # A chat whose history holds no answer yet: a conversation's first turn, with no cache
+    # anywhere to lose (completions cannot tell, so they are never new).
+    new_conversation: bool = False
 
 
 NEUTRAL = RequestFeatures(TrafficClass.OTHER, None, KeyKind.NONE, 1.0)
@@ -63,7 +66,8 @@ def request_features(
     cost = 1.0 + (chars / CHARS_PER_TOKEN + images * IMAGE_PREFILL_TOKENS) / TOKENS_PER_LOAD_UNIT
     session = session_key(body, headers)
     if session is not None:
-        return RequestFeatures(traffic_class, session, KeyKind.SESSION, cost)
+        return RequestFeatures(traffic_class, session, KeyKind.SESSION, cost,
+                               path == CHAT_PATH and not _has_answer(body.get("messages")))
     prefix = prefix_key(path, body, prefix_chars)
     kind = KeyKind.PREFIX if prefix is not None else KeyKind.NONE
     return RequestFeatures(traffic_class, prefix, kind, cost)
@@ -116,6 +120,11 @@ def _chat_head(messages: Any) -> str:
         if role not in ("system", "developer"):
             break
     return "".join(parts)
+
+
+def _has_answer(messages: Any) -> bool:
+    return isinstance(messages, list) and any(
+        isinstance(m, dict) and m.get("role") in ("assistant", "tool") for m in messages)
 
 
 def _prompt_parts(path: str, body: Mapping[str, Any]) -> tuple[list[str], int]:

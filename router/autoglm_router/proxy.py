@@ -103,13 +103,19 @@ class LoadBook:
 
 
 class SessionMemory:
-    """Where each (class, session) went last, bounded (LRU), for the placement metric only."""
+    """Where this router sent each (class, session) last, bounded (LRU): rule 2 keeps the
+    session there, and the placement metric counts hits and moves."""
 
     def __init__(self, size: int) -> None:
         self._last: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._size = size
 
+    def last(self, features: RequestFeatures) -> str | None:
+        key = session_of(features)
+        return self._last.get(key) if key is not None else None
+
     def place(self, key: tuple[str, str], replica: str) -> str:
+        """Remember where the session went; "new", "hit" (the same replica) or "moved"."""
         previous = self._last.pop(key, None)
         self._last[key] = replica
         if len(self._last) > self._size:
@@ -117,6 +123,12 @@ class SessionMemory:
         if previous is None:
             return "new"
         return "hit" if previous == replica else "moved"
+
+
+def session_of(features: RequestFeatures) -> tuple[str, str] | None:
+    if features.key_kind is not KeyKind.SESSION or features.key is None:
+        return None
+    return features.traffic_class.value, features.key
 
 
 class _BodyTooLarge(Exception):
@@ -314,7 +326,8 @@ class RouterApp:
         return _Call(scope["method"], target, forwarded, body, features, request_id, arrival)
 
     async def _forward(self, call: _Call, send: Send) -> None:
-        route = decide(call.features, self.pool(), self.config)
+        route = decide(call.features, self.pool(), self.config,
+                       placed=self.sessions.last(call.features))
         if isinstance(route, Refusal):
             self._count(call, None, "refused")
             await _respond(send, route.status, _error(route.message, route.status),
@@ -385,10 +398,9 @@ class RouterApp:
     async def _relay(self, call: _Call, route: Route, upstream: aiohttp.ClientResponse,
                      sent: float,
                      send: Send) -> None:
-        if call.features.key_kind is KeyKind.SESSION and call.features.key is not None:
-            placement = self.sessions.place(
-                (call.features.traffic_class.value, call.features.key), route.replica)
-            self.metrics.placements.labels(placement).inc()
+        session = session_of(call.features)
+        if session is not None:
+            self.metrics.placements.labels(self.sessions.place(session, route.replica)).inc()
         await send({"type": "http.response.start", "status": upstream.status,
                     "headers": _downstream_headers(upstream, call.request_id)})
         call.route, call.status = route, upstream.status

@@ -64,6 +64,7 @@ class RoutingConfig:
 
 class Reason(StrEnum):
     HASHED = "hashed"  # the key's home on the ring
+    PLACED = "placed"  # where this router sent the session's last turn (rule 2)
     BOUNDED = "bounded"  # the home was over the load bound; the next one on the ring
     LEAST_LOADED = "least_loaded"  # no key to hash
     LEAST_FRESH = "least_fresh"  # a chat with no streaming replica: the fewest recent requests
@@ -89,8 +90,12 @@ def decide(
     replicas: Sequence[ReplicaState],
     config: RoutingConfig,
     exclude: Iterable[str] = (),
+    placed: str | None = None,
 ) -> Route | Refusal:
-    """Rule 1 picks the pool (class, spill, shed), rules 2-4 pick within it (CHWBL on cost)."""
+    """Rule 1 picks the pool (class, spill, shed), rules 2-4 pick within it (CHWBL on cost).
+
+    `placed` is where this router sent the session's last turn of this class, if it knows.
+    """
     excluded = set(exclude)
     eligible = [r for r in replicas if r.ready and not r.draining and r.name not in excluded]
     if not eligible:
@@ -112,9 +117,33 @@ def decide(
         if features.traffic_class is TrafficClass.STREAMED_CHAT and not in_mode:
             return Route(least_fresh(pool).name, Reason.LEAST_FRESH, in_mode)
         return Route(least_loaded(pool).name, Reason.LEAST_LOADED, in_mode)
-    # One conversation rarely has two turns in flight: what loads its home is other keys'
-    # work, so a session gets one request of slack; a shared prefix can burst, so it gets none.
-    slack = features.cost if features.key_kind is KeyKind.SESSION else 0.0
+    if features.key_kind is KeyKind.PREFIX:
+        # A shared prefix can burst: the strict bound spreads it at once.
+        name, bounded = bounded_hash(features.key, features.cost, pool, config)
+        return Route(name, Reason.BOUNDED if bounded else Reason.HASHED, in_mode)
+    return session_route(features, pool, config, placed, in_mode)
+
+
+def session_route(
+    features: RequestFeatures, pool: Sequence[ReplicaState], config: RoutingConfig,
+    placed: str | None, in_mode: bool,
+) -> Route:
+    """Rule 2: a conversation stays where its cache is; a new one goes where the load is low.
+
+    One conversation rarely has two turns in flight, so what loads its replica is other
+    conversations' work: a known session gets one request of slack over the load bound (the
+    paper's ceil(), in cost units); without it, at two requests per replica, the bound moved
+    half of all later turns off their cache. A new conversation (no answer in its history yet)
+    has no cache to lose, so it takes the strict bound: placed by load, it stays there.
+    """
+    assert features.key is not None
+    slack = features.cost
+    home = next((r for r in pool if r.name == placed), None)
+    if home is not None and home.load + features.cost <= load_bound(features.cost, pool,
+                                                                     config) + slack + 1e-9:
+        return Route(home.name, Reason.PLACED, in_mode)
+    if features.new_conversation and home is None:
+        slack = 0.0
     name, bounded = bounded_hash(features.key, features.cost, pool, config, slack)
     return Route(name, Reason.BOUNDED if bounded else Reason.HASHED, in_mode)
 
@@ -153,6 +182,16 @@ def least_fresh(replicas: Sequence[ReplicaState]) -> ReplicaState:
     return min(replicas, key=lambda r: (r.fresh, r.load, r.inflight, r.name))
 
 
+def load_bound(cost: float, pool: Sequence[ReplicaState], config: RoutingConfig) -> float:
+    """The most load a replica may hold with a new request of `cost`: load_factor x the pool's
+    mean with it, never below the least-loaded replica's load with it (the CHWBL paper's
+    ceil(), in cost units), so some replica always fits and a burst on one key spreads at once
+    even when the pool is nearly idle."""
+    total = sum(r.load for r in pool)
+    lightest = min(r.load for r in pool)
+    return max(config.load_factor * (total + cost) / len(pool), lightest + cost)
+
+
 def bounded_hash(
     key: str, cost: float, pool: Sequence[ReplicaState], config: RoutingConfig,
     slack: float = 0.0,
@@ -160,18 +199,11 @@ def bounded_hash(
     """Consistent hashing with bounded loads (KubeAI's chwbl, on cost instead of count).
 
     Walk the ring from the key's point; take the first replica whose load with this request
-    stays within load_factor x the pool's mean load with this request. The bound never drops
-    below the least-loaded replica's load with this request (the paper's ceil(), in cost
-    units), so some replica always fits and a burst on one key spreads at once even when the
-    pool is nearly idle. `slack` raises the bound (a session key: one request, the paper's
-    ceil() in cost units; without it, at the two requests per replica of
-    bench/router_sessions.py, the bound moved half of all later turns off their home, each a
-    cache miss). Returns (replica, whether the bound moved it off its home).
+    stays within load_bound() + `slack`. Returns (replica, whether the bound moved it off its
+    home).
     """
     by_name = {r.name: r for r in pool}
-    total = sum(r.load for r in pool)
-    lightest = min(r.load for r in pool)
-    bound = max(config.load_factor * (total + cost) / len(pool), lightest + cost) + slack
+    bound = load_bound(cost, pool, config) + slack
     ring = ring_of(frozenset(by_name), config.virtual_nodes)
     home: str | None = None
     for name in ring.walk(key):

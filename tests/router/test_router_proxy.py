@@ -107,6 +107,31 @@ def test_requests_avoid_a_replica_that_other_routers_keep_busy(
     assert (len(fakes[0].seen), len(fakes[1].seen)) == (0, 20)
 
 
+def test_a_conversation_stays_where_its_first_turn_was_placed(
+    start_router: StartRouter, fakes: list[FakeReplica]
+) -> None:
+    """Rule 2: first turns avoid the replica other routers keep busy; once it is idle again
+    the ring would send about half of them there, but each conversation's later turn goes
+    where its cache is."""
+    fakes[0].held = 6
+    router = start_router([f.base_url for f in fakes], "--poll-interval", "0.2")
+    time.sleep(0.6)  # a few polls of the replicas' load
+    firsts = [{"messages": [{"role": "user", "content": "open settings"}], "session_id": f"s{i}"}
+              for i in range(20)]  # fmt: skip
+    for body in firsts:
+        assert post(router, body).status_code == 200
+    assert (len(fakes[0].seen), len(fakes[1].seen)) == (0, 20)
+    fakes[0].held = 0
+    time.sleep(0.6)
+    for body in firsts:
+        history = [*body["messages"], {"role": "assistant", "content": "Launch(settings)"},
+                   {"role": "user", "content": "next"}]  # type: ignore[misc]
+        assert post(router, {**body, "messages": history}).status_code == 200
+    assert (len(fakes[0].seen), len(fakes[1].seen)) == (0, 40)
+    assert metric(router.base_url, "autoglm_router_session_placements_total",
+                  placement="hit") == 20  # fmt: skip
+
+
 def test_nothing_is_retried_after_the_first_byte(
     start_router: StartRouter, fakes: list[FakeReplica]
 ) -> None:

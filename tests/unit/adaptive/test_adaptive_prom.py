@@ -208,6 +208,19 @@ def test_demand_is_the_routers_count_with_the_serving_pods_count_as_fallback() -
     assert prom.demand_query("other", "15s").count("[15s]") == 2
 
 
+@pytest.mark.parametrize("length", [8, 36, 40, 44, 45, 50, 53])
+def test_router_pods_of_long_names_match_as_kubernetes_cuts_them(length: int) -> None:
+    """The apiserver cuts `<rs name>-` to 58 characters before the 5 random ones."""
+    name = ("phone-" * 10)[: length - 1] + "x"
+    pattern = prom.router_pod_regex(name)
+    for pod_template_hash in ("7", "5c8b7d9f4", "5c8b7d9f4z"):
+        pod = f"{name}-router-{pod_template_hash}-"[:58] + "klmno"
+        assert re.fullmatch(pattern, pod), (pod, pattern)
+    # A neighbour whose name starts with this one: its routers and serving pods do not match.
+    for other in (f"{name}-b-router-5c8b-klmno"[:58 + 5], f"{name}-b-0", f"{name}-b-5c8b-klmno"):
+        assert not re.fullmatch(pattern, other), (other, pattern)
+
+
 def test_own_class_shares_divide_each_modes_received_requests() -> None:
     share = prom.DEFAULT_QUERIES["streaming_own_share"]
     own, everything = share.split(" / ")

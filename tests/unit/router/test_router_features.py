@@ -76,3 +76,14 @@ def test_a_body_that_is_not_an_object_is_neutral() -> None:
     assert features(["not", "an", "object"]) == NEUTRAL
     assert features(None) == NEUTRAL
     assert features({"messages": "nonsense"}).key_kind is KeyKind.NONE
+
+
+def test_a_chat_with_no_answer_in_its_history_is_a_new_conversation() -> None:
+    assert features({**turn("a"), "session_id": "s"}).new_conversation
+    assert not features({**turn("a", "Tap(1, 2)"), "session_id": "s"}).new_conversation
+    tool = {"role": "tool", "content": "done", "tool_call_id": "1"}
+    assert not features({**turn("a"), "messages": [SYSTEM, tool], "session_id": "s"}
+                        ).new_conversation
+    # A completion cannot tell: never new, so it keeps the session's slack.
+    completion = {"prompt": "a", "session_id": "s"}
+    assert not features(completion, path=COMPLETIONS_PATH).new_conversation

@@ -221,6 +221,36 @@ def test_a_session_key_gets_one_request_of_slack_over_the_bound() -> None:
     assert moved.replica != home and moved.reason is Reason.BOUNDED
 
 
+def test_a_known_session_stays_where_this_router_last_sent_it() -> None:
+    """The placement wins over the ring: the session's cache is there, wherever it hashes."""
+    replicas = pool(*((f"r{i}", S) for i in range(4)))
+    home = routed(decide(chat(True, "s:k"), replicas, CONFIG)).replica
+    placed = next(r.name for r in replicas if r.name != home)
+    route = routed(decide(chat(True, "s:k"), replicas, CONFIG, placed=placed))
+    assert (route.replica, route.reason) == (placed, Reason.PLACED)
+    # Over the bound plus its slack (3 + 1 > 1.25 x (3 + 1) / 4 + 1): back to the ring.
+    busy = [replace(r, load=3.0, inflight=3) if r.name == placed else r for r in replicas]
+    moved = routed(decide(chat(True, "s:k"), busy, CONFIG, placed=placed))
+    assert moved.replica != placed and moved.reason is Reason.HASHED
+    # Its replica left the pool (flipped, drained or gone): the ring, as with no placement.
+    flipped = [replace(r, mode=B) if r.name == placed else r for r in replicas]
+    assert routed(decide(chat(True, "s:k"), flipped, CONFIG, placed=placed)).replica == home
+
+
+def test_a_new_conversation_takes_the_strict_bound() -> None:
+    """A first turn has no cache to lose: placed by load, it stays there (the test above)."""
+    replicas = pool(*((f"r{i}", S) for i in range(4)))
+    home = routed(decide(chat(True, "s:n"), replicas, CONFIG)).replica
+    rest = iter((2.0, 2.0, 0.0))
+    loaded = [replace(r, load=2.0 if r.name == home else next(rest)) for r in replicas]
+    # Home 2, others 2, 2, 0: 2 + 1 > 1.25 x (6 + 1) / 4, so a new conversation moves on.
+    first = replace(chat(True, "s:n"), new_conversation=True)
+    new = routed(decide(first, loaded, CONFIG))
+    assert new.replica != home and new.reason is Reason.BOUNDED
+    # A later turn this router has not seen (another router placed it) keeps the slack.
+    assert routed(decide(chat(True, "s:n"), loaded, CONFIG)).replica == home
+
+
 def test_bounded_loads_keep_every_replica_near_the_mean() -> None:
     """Hot keys pile up without the bound; with it no replica passes 1.25 x the mean + 1."""
     replicas = pool(*((f"r{i}", B) for i in range(4)))
