@@ -17,9 +17,9 @@ The same trace (same seed) goes through, each time on 4 fresh `autoglm-runtime s
   router knows only the placements it made itself);
 - `random`: the client picks a replica at random for every turn;
 - `oracle`, the hindsight oracle: every turn of a conversation goes to one replica, chosen when
-  the conversation starts as the replica with the fewest turns still to come among its open
-  conversations (it knows each conversation's length in advance), so affinity is perfect and
-  load is as even as whole conversations allow;
+  the conversation starts as the replica with the fewest conversations open, then the fewest
+  turns still to come (it knows when each conversation ends and how long it is), so affinity
+  is perfect and load is as even as whole conversations allow;
 - `vllm-router` (vLLM's Rust router from PyPI, `--policy consistent_hash`, keyed by
   `X-Session-ID`; installed by hack/vllm-router-env.sh).
 
@@ -143,19 +143,28 @@ Picker = Callable[[], str]  # the base URL for a conversation's next turn
 
 
 class Oracle:
-    """Every turn of a conversation on one replica: the one with the fewest turns still to come
-    when the conversation starts (it knows each conversation's length)."""
+    """Every turn of a conversation on one replica, chosen when it starts: the one with the
+    fewest conversations open, then the fewest turns still to come (it knows when each
+    conversation ends and how long it is). Perfect affinity, and every replica holds as many
+    conversations as whole conversations allow at every moment, not only on the whole run:
+    placed by turns to come alone, the oracle's later-turn TTFT was slower than random's."""
 
     def __init__(self, urls: list[str]) -> None:
         self.urls = urls
+        self.open = [0] * len(urls)
         self.remaining = [0] * len(urls)
 
     def start(self, conv: Conversation) -> Picker:
-        home = min(range(len(self.urls)), key=lambda i: (self.remaining[i], i))
+        home = min(range(len(self.urls)), key=lambda i: (self.open[i], self.remaining[i], i))
+        self.open[home] += 1
         self.remaining[home] += conv.turns
+        left = [conv.turns]
 
         def pick() -> str:
             self.remaining[home] -= 1
+            left[0] -= 1
+            if left[0] == 0:
+                self.open[home] -= 1  # its last turn: the conversation ends with it
             return self.urls[home]
 
         return pick

@@ -77,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fresh-seconds", type=float, default=RoutingConfig().fresh_seconds,
                    help="with no streaming replica, a streamed chat goes to the replica sent "
                    "the fewest requests within this many seconds (the chat TTFT target)")
+    p.add_argument("--recent-load-seconds", type=_positive(float),
+                   default=DEFAULTS.recent_load_seconds,
+                   help="a new conversation is placed by each replica's in-flight cost "
+                   "averaged over about this many seconds (a phone agent's turn cycle)")
     p.add_argument("--streaming-cap", type=_positive(int),
                    default=StreamingProfile().max_concurrency,
                    help="in-flight requests a streaming replica takes before it counts as full")
@@ -116,6 +120,7 @@ def create_app(args: argparse.Namespace, discovery: Discovery | None = None) -> 
         prefix_chars=args.prefix_chars, max_body_bytes=args.max_body_bytes,
         connect_timeout=args.connect_timeout, idle_timeout=args.idle_timeout,
         stream_timeout=args.stream_timeout, load_poll_interval=args.poll_interval,
+        recent_load_seconds=args.recent_load_seconds,
     )
     return RouterApp(discovery or discovery_of(args), config, settings)
 

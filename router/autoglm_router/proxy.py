@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 import uuid
 from collections import OrderedDict, deque
@@ -64,19 +65,40 @@ class ProxySettings:
     max_connections: int = 1024
     session_memory: int = 65536
     load_poll_interval: float = 1.0  # how often the replicas' own load is read
+    # Rule 2 places a new conversation by each replica's in-flight cost averaged over about
+    # this long: a phone agent's turn cycle (answer, action, next screenshot), so conversations
+    # between two turns still count where they live and finished ones stop counting soon.
+    # 3 s by measurement on seeds 9-10 of bench/router_sessions.py (router/README.md).
+    recent_load_seconds: float = 3.0
 
 
 class LoadBook:
-    """The router's own in-flight requests and their cost, per replica, and when it sent the
-    recent ones (rule 1d)."""
+    """The router's own in-flight requests and their cost, per replica, the cost averaged over
+    the last `average_seconds` (rule 2), and when it sent the recent requests (rule 1d)."""
 
-    def __init__(self, metrics: RouterMetrics, clock: Callable[[], float] = time.monotonic
+    def __init__(self, metrics: RouterMetrics, clock: Callable[[], float] = time.monotonic,
+                 average_seconds: float = ProxySettings.recent_load_seconds
                  ) -> None:  # fmt: skip
         self.count: dict[str, int] = {}
         self.cost: dict[str, float] = {}
         self._sent: dict[str, deque[float]] = {}
+        self._average: dict[str, tuple[float, float]] = {}  # replica: (average, as of when)
+        self._average_seconds = average_seconds
         self._clock = clock
         self._gauge = metrics.inflight
+
+    def recent_cost(self, replica: str) -> float:
+        """The in-flight cost, exponentially averaged over about `average_seconds`."""
+        self._settle(replica)
+        return self._average[replica][0]
+
+    def _settle(self, replica: str) -> None:
+        # The cost has stood at its current value since the last change: move the average
+        # toward it by the time that passed.
+        now, cost = self._clock(), self.cost.get(replica, 0.0)
+        average, since = self._average.get(replica, (0.0, now))
+        keep = math.exp(-(now - since) / self._average_seconds)
+        self._average[replica] = (cost + (average - cost) * keep, now)
 
     def fresh(self, replica: str, seconds: float) -> int:
         """Requests sent to `replica` within the last `seconds`."""
@@ -91,12 +113,14 @@ class LoadBook:
     @contextlib.contextmanager
     def open(self, replica: str, cost: float) -> Iterator[None]:
         self._sent.setdefault(replica, deque()).append(self._clock())
+        self._settle(replica)
         self.count[replica] = self.count.get(replica, 0) + 1
         self.cost[replica] = self.cost.get(replica, 0.0) + cost
         self._gauge.labels(replica).set(self.count[replica])
         try:
             yield
         finally:
+            self._settle(replica)
             self.count[replica] -= 1
             self.cost[replica] = max(0.0, self.cost[replica] - cost)
             self._gauge.labels(replica).set(self.count[replica])
@@ -175,7 +199,7 @@ class RouterApp:
         self.config = config
         self.settings = settings or ProxySettings()
         self.metrics = router_metrics()
-        self.book = LoadBook(self.metrics)
+        self.book = LoadBook(self.metrics, average_seconds=self.settings.recent_load_seconds)
         self.others = OtherRouters(
             lambda: [e.name for e in self.discovery.endpoints()],
             lambda name: self.book.count.get(name, 0), self.settings.load_poll_interval)
@@ -254,6 +278,7 @@ class RouterApp:
                 self.book.count.get(endpoint.name, 0) + round(others),
                 self.book.cost.get(endpoint.name, 0.0) + others * unit_cost,
                 self.book.fresh(endpoint.name, self.config.fresh_seconds),
+                self.book.recent_cost(endpoint.name) + others * unit_cost,
             ))
         return states
 

@@ -6,7 +6,7 @@ can call it with a simulated pool.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -26,6 +26,9 @@ class ReplicaState:
     # Requests this router sent it within RoutingConfig.fresh_seconds: the prefill work a chat
     # sent now would wait behind before its first token.
     fresh: int = 0
+    # `load` averaged over the last seconds: a conversation between two turns has nothing in
+    # flight but will send its next turn here, so new conversations are placed by this.
+    recent_load: float = 0.0
 
 
 def _default_caps() -> dict[Mode, int]:
@@ -143,8 +146,10 @@ def session_route(
                                                                      config) + slack + 1e-9:
         return Route(home.name, Reason.PLACED, in_mode)
     if features.new_conversation and home is None:
-        slack = 0.0
-    name, bounded = bounded_hash(features.key, features.cost, pool, config, slack)
+        name, bounded = bounded_hash(features.key, features.cost, pool, config,
+                                     load=lambda r: r.recent_load)
+    else:
+        name, bounded = bounded_hash(features.key, features.cost, pool, config, slack)
     return Route(name, Reason.BOUNDED if bounded else Reason.HASHED, in_mode)
 
 
@@ -182,33 +187,37 @@ def least_fresh(replicas: Sequence[ReplicaState]) -> ReplicaState:
     return min(replicas, key=lambda r: (r.fresh, r.load, r.inflight, r.name))
 
 
-def load_bound(cost: float, pool: Sequence[ReplicaState], config: RoutingConfig) -> float:
+def current_load(replica: ReplicaState) -> float:
+    return replica.load
+
+
+def load_bound(cost: float, pool: Sequence[ReplicaState], config: RoutingConfig,
+               load: Callable[[ReplicaState], float] = current_load) -> float:  # fmt: skip
     """The most load a replica may hold with a new request of `cost`: load_factor x the pool's
     mean with it, never below the least-loaded replica's load with it (the CHWBL paper's
     ceil(), in cost units), so some replica always fits and a burst on one key spreads at once
     even when the pool is nearly idle."""
-    total = sum(r.load for r in pool)
-    lightest = min(r.load for r in pool)
-    return max(config.load_factor * (total + cost) / len(pool), lightest + cost)
+    loads = [load(r) for r in pool]
+    return max(config.load_factor * (sum(loads) + cost) / len(pool), min(loads) + cost)
 
 
 def bounded_hash(
     key: str, cost: float, pool: Sequence[ReplicaState], config: RoutingConfig,
-    slack: float = 0.0,
+    slack: float = 0.0, load: Callable[[ReplicaState], float] = current_load,
 ) -> tuple[str, bool]:
     """Consistent hashing with bounded loads (KubeAI's chwbl, on cost instead of count).
 
-    Walk the ring from the key's point; take the first replica whose load with this request
+    Walk the ring from the key's point; take the first replica whose `load` with this request
     stays within load_bound() + `slack`. Returns (replica, whether the bound moved it off its
     home).
     """
     by_name = {r.name: r for r in pool}
-    bound = load_bound(cost, pool, config) + slack
+    bound = load_bound(cost, pool, config, load) + slack
     ring = ring_of(frozenset(by_name), config.virtual_nodes)
     home: str | None = None
     for name in ring.walk(key):
         home = home or name
-        if by_name[name].load + cost <= bound + 1e-9:
+        if load(by_name[name]) + cost <= bound + 1e-9:
             return name, name != home
     raise AssertionError("the least-loaded replica always fits the bound")
 

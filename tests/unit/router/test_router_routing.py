@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -237,18 +238,32 @@ def test_a_known_session_stays_where_this_router_last_sent_it() -> None:
     assert routed(decide(chat(True, "s:k"), flipped, CONFIG, placed=placed)).replica == home
 
 
-def test_a_new_conversation_takes_the_strict_bound() -> None:
-    """A first turn has no cache to lose: placed by load, it stays there (the test above)."""
+def test_a_new_conversation_is_placed_by_recent_load_under_the_strict_bound() -> None:
+    """A first turn has no cache to lose: placed by load, it stays there (the test above).
+    The load is the recent average: conversations between turns have nothing in flight."""
     replicas = pool(*((f"r{i}", S) for i in range(4)))
     home = routed(decide(chat(True, "s:n"), replicas, CONFIG)).replica
     rest = iter((2.0, 2.0, 0.0))
-    loaded = [replace(r, load=2.0 if r.name == home else next(rest)) for r in replicas]
-    # Home 2, others 2, 2, 0: 2 + 1 > 1.25 x (6 + 1) / 4, so a new conversation moves on.
+    lately = [replace(r, recent_load=2.0 if r.name == home else next(rest)) for r in replicas]
+    # Recently home 2, others 2, 2, 0: 2 + 1 > 1.25 x (6 + 1) / 4, so it moves on.
     first = replace(chat(True, "s:n"), new_conversation=True)
-    new = routed(decide(first, loaded, CONFIG))
+    new = routed(decide(first, lately, CONFIG))
     assert new.replica != home and new.reason is Reason.BOUNDED
-    # A later turn this router has not seen (another router placed it) keeps the slack.
+    # The same loads in flight now: a later turn this router has not seen (another router
+    # placed it) is placed by them, with the slack, and stays home.
+    loaded = [replace(r, load=r.recent_load) for r in lately]
     assert routed(decide(chat(True, "s:n"), loaded, CONFIG)).replica == home
+
+
+def test_the_book_averages_in_flight_cost_over_recent_seconds() -> None:
+    now = [0.0]
+    book = LoadBook(router_metrics(), clock=lambda: now[0], average_seconds=10.0)
+    with book.open("r", 2.0):
+        now[0] = 10.0
+        assert book.recent_cost("r") == pytest.approx(2.0 * (1 - math.exp(-1)))
+    now[0] = 20.0  # 10 s idle after it closed
+    assert book.recent_cost("r") == pytest.approx(2.0 * (1 - math.exp(-1)) * math.exp(-1))
+    assert book.recent_cost("never-used") == 0.0
 
 
 def test_bounded_loads_keep_every_replica_near_the_mean() -> None:
