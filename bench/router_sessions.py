@@ -416,24 +416,30 @@ def leading(hashes: list[bytes], cached: set[bytes], prompt: int) -> int:
 
 def check(figures: dict[str, dict[str, float]], who: str) -> list[tuple[str, float, float, str]]:
     """(target, measured, required, "met" / "MISSED" / "tie") for one router against the
-    oracle and random. TTFT ties are ties: when the oracle's own p50 is within TIE of random's
-    the reduction is below what a run resolves (the sim's ceiling is a few %), so the share
-    is not judged ("tie"); a router within TIE of the oracle's p50 matches it ("met")."""
+    oracle and random. TTFT differences within TIE are ties. The TTFT target is met when the
+    router's own later-turn p50 gain over random is resolved (beyond TIE) and at least 80% of
+    the oracle's, or the router is within TIE of the oracle's p50 while the oracle's gain is
+    resolved; with neither gain resolved it is `tie` (not resolved by the run). The oracle has
+    perfect affinity, not the best TTFT: on some seeds its p50 is slower than random's."""
     mine, oracle, rand = figures[who], figures["oracle"], figures["random"]
+    resolved = TIE * rand["later_ttft_p50_s"]
     oracle_gain = rand["later_ttft_p50_s"] - oracle["later_ttft_p50_s"]
     gain = rand["later_ttft_p50_s"] - mine["later_ttft_p50_s"]
     hit_share = mine["hit_ratio"] / oracle["hit_ratio"] if oracle["hit_ratio"] else 0.0
     gain_share = gain / oracle_gain if oracle_gain > 0 else float("nan")
-    if oracle_gain <= TIE * rand["later_ttft_p50_s"]:
+    if gain > resolved and gain >= 0.80 * oracle_gain:
+        ttft = "met"
+    elif oracle_gain <= resolved:
         ttft = "tie"
     elif abs(mine["later_ttft_p50_s"] - oracle["later_ttft_p50_s"]) \
-            <= TIE * oracle["later_ttft_p50_s"] or gain_share >= 0.80:
+            <= TIE * oracle["later_ttft_p50_s"]:
         ttft = "met"
     else:
         ttft = "MISSED"
     return [
         ("hit ratio / oracle's", hit_share, 0.90, verdict(hit_share >= 0.90)),
         ("TTFT gain / oracle's", gain_share, 0.80, ttft),
+        ("TTFT gain vs random", gain / rand["later_ttft_p50_s"], TIE, ttft),
         ("in-flight max/mean", mine["in_flight_max_over_mean"], 1.25,
          verdict(mine["in_flight_max_over_mean"] <= 1.25)),
         ("errors", mine["errors"], 0.0, verdict(mine["errors"] == 0)),
@@ -479,7 +485,7 @@ def report(mean: dict[str, dict[str, float]], checks: dict[str, list[Any]],
         print(f"\n{who} vs the targets (oracle's and random's figures from the same trace):")
         for target, measured, required, status in rows:
             sign = "<=" if target.startswith(("in-flight", "errors")) else ">="
-            note = " (the oracle ties random: not resolved)" if status == "tie" else ""
+            note = " (no gain resolved by the run)" if status == "tie" else ""
             print(f"  {target:<24} {measured:>7.3f} {sign} {required:<5} {status}{note}")
     print(f"\nthe sim's equations, a turn's own prefill only (no queueing): a second turn "
           f"with its prefix cached reaches its first token {ceil['second_turn_vs_cold']:.0%} "
@@ -517,6 +523,13 @@ def main(args: argparse.Namespace) -> int:
                     if name in args.routers or name in ("random", "oracle")]
     if "vllm-router" in args.routers:
         args.vllm_router = VllmRouter.binary = vllm_router.find_binary()
+    if args.rejudge:
+        saved = json.loads(Path(args.rejudge).read_text())
+        args.seeds = saved["seeds"]
+        load = saved["load"]
+        args.conversations, args.concurrent = load["conversations"], load["concurrent"]
+        args.time_factor = load["time_factor"]
+        return judge(saved["per_seed"], args)
     per_seed: list[dict[str, dict[str, float]]] = []
     for seed in args.seeds:
         trace = make_trace(seed, args.conversations)
@@ -528,6 +541,11 @@ def main(args: argparse.Namespace) -> int:
             print(f"seed {seed} {name:<19} " + " ".join(
                 f"{k}={v:.3f}" for k, v in figures[name].items()), flush=True)  # fmt: skip
         per_seed.append(figures)
+    return judge(per_seed, args)
+
+
+def judge(per_seed: list[dict[str, dict[str, float]]], args: argparse.Namespace) -> int:
+    """Means over seeds, the checks, the report, JSON and PNG; 1 when a target is missed."""
     mean = mean_over_seeds(per_seed)
     judged: list[str] = ["autoglm-router", "autoglm-router-lf2", "autoglm-router-2x",
                          "vllm-router"]  # fmt: skip
@@ -550,7 +568,8 @@ def main(args: argparse.Namespace) -> int:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    # Seed 1 and seeds 8-10 chose the defaults (rule 2's recent load, its 3 s); 2-4 judge them.
+    parser.add_argument("--seeds", type=int, nargs="+", default=[2, 3, 4])
     parser.add_argument("--conversations", type=int, default=48)
     parser.add_argument("--concurrent", type=int, default=16)
     # Real time: at 0.2 the four sims' engine loops ran five times as many steps a second and,
@@ -559,4 +578,6 @@ if __name__ == "__main__":
     parser.add_argument("--routers", nargs="+", choices=ROUTERS, default=list(ROUTERS),
                         help="a subset to run (random and oracle are always run: the targets "
                         "are judged against them)")
+    parser.add_argument("--rejudge", metavar="JSON",
+                        help="judge a saved run's per-seed figures again (no run)")
     sys.exit(main(parser.parse_args()))
