@@ -77,20 +77,15 @@ def traffic(scale: float) -> tuple[list[Phase], list[Phase]]:
     loop's windows at demo settings. At the peak, 6 chats/s and 8 jobs/s on 3 replicas: all
     streaming serves 12.3 req/s (3 x the 4.1/s seed), so demand sizing moves one replica to
     batching (8.2 chats/s and 11.5 jobs/s of room); chats alone would fit the streaming ones."""
-    chats = [
-        Phase(30 * scale, 1.0),
-        Phase(45 * scale, 6.0, ramp=True),
-        Phase(120 * scale, 6.0),
-        Phase(135 * scale, 0.5, ramp=True),
-        Phase(270 * scale, 0.5),
+    schedule = [  # (phase end in s, chats/s, jobs/s, ramp from the previous phase)
+        (30, 1.0, 0.0, False),
+        (45, 6.0, 8.0, True),
+        (120, 6.0, 8.0, False),
+        (135, 0.5, 0.0, True),
+        (270, 0.5, 0.0, False),
     ]
-    jobs = [
-        Phase(30 * scale, 0.0),
-        Phase(45 * scale, 8.0, ramp=True),
-        Phase(120 * scale, 8.0),
-        Phase(135 * scale, 0.0, ramp=True),
-        Phase(270 * scale, 0.0),
-    ]
+    chats = [Phase(end * scale, rate, ramp=ramp) for end, rate, _, ramp in schedule]
+    jobs = [Phase(end * scale, rate, ramp=ramp) for end, _, rate, ramp in schedule]
     return chats, jobs
 
 
