@@ -35,6 +35,7 @@ from autoglm_operator.runtime_client import (
     SetModeResult,
 )
 from autoglm_operator.spec import ModePolicy
+from autoglm_runtime.keepalive import UPSTREAM_POOL_IDLE_SECONDS
 from autoglm_runtime.profiles import Mode
 
 logger = logging.getLogger(__name__)
@@ -201,7 +202,11 @@ class AdaptiveLoop:
 
     async def _client(self) -> RuntimeClient | None:
         if self.session is None:
-            self.session = aiohttp.ClientSession()
+            # Idle connections retire before the runtime's keep-alive could close one under a
+            # flip (autoglm_runtime.keepalive).
+            self.session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(keepalive_timeout=UPSTREAM_POOL_IDLE_SECONDS)
+            )
         if self.token is None:
             self.token = await asyncio.to_thread(
                 self.executor.read_admin_token, self.namespace, self.name

@@ -21,6 +21,7 @@ from autoglm_router.kube import (
 )
 from autoglm_router.proxy import ProxySettings, RouterApp
 from autoglm_router.routing import RoutingConfig
+from autoglm_runtime.keepalive import SERVER_KEEP_ALIVE_SECONDS
 from autoglm_runtime.profiles import BatchingProfile, Mode, StreamingProfile
 
 DEFAULTS = ProxySettings()
@@ -104,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "--kubernetes: of an unreachable replica's /health)")
     p.add_argument("--drain-seconds", type=_positive(int), default=30,
                    help="on SIGTERM, how long streams in flight may take to finish")
+    p.add_argument("--keep-alive-seconds", type=_positive(int),
+                   default=SERVER_KEEP_ALIVE_SECONDS,
+                   help="how long an idle client connection stays open; keep it above the "
+                   "clients' own idle reuse (the openai client's 5 s), or a request sent just "
+                   "as the router closes the connection is lost")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"])
     return p
@@ -197,6 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = DrainingServer(create_app(args, discovery), host=args.host, port=args.port,
                             lifespan="on", log_level="warning",
                             timeout_graceful_shutdown=args.drain_seconds, access_log=False,
+                            timeout_keep_alive=args.keep_alive_seconds,
                             server_header=False, date_header=False)
     server.run()
     return 0

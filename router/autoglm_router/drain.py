@@ -4,9 +4,10 @@ uvicorn's own drain closes every idle kept-alive connection at once. A client ma
 request on one of them at that moment (it picked the connection from its pool before the close
 reached it); that request fails and clients do not retry it (the request may have been sent).
 Here the listening socket closes as before, but a kept-alive connection stays open: the next
-response on it says `Connection: close` and ends it, and an idle one ends at uvicorn's
-keep-alive timeout, as it would without a drain. What is left when the drain time is over goes
-uvicorn's way (closed, tasks cancelled).
+response on it says `Connection: close` and ends it, and an idle one ends once it has been idle
+for DRAINING_IDLE_SECONDS, when the clients that reach the router have stopped reusing it
+(autoglm_runtime/keepalive.py). What is left when the drain time is over goes uvicorn's way
+(closed, tasks cancelled).
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from autoglm_router.proxy import Message, Receive, Scope, Send
+from autoglm_runtime.keepalive import DRAINING_IDLE_SECONDS
 
 WAIT_STEP_SECONDS = 0.05
 
@@ -44,6 +48,7 @@ class DrainingServer(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.draining = True
+        self._close_idle_connections_sooner()
         for server in self.servers:
             server.close()
         for sock in sockets or []:
@@ -54,3 +59,18 @@ class DrainingServer(uvicorn.Server):
             await asyncio.sleep(WAIT_STEP_SECONDS)
         self.config.timeout_graceful_shutdown = max(1, int(deadline - time.monotonic()))
         await super().shutdown(sockets)
+
+    def _close_idle_connections_sooner(self) -> None:
+        """An idle connection's keep-alive timer moves to DRAINING_IDLE_SECONDS after its last
+        answer; a busy one has none, and its answer closes it."""
+        for protocol in list(self.server_state.connections):
+            if not isinstance(protocol, HttpToolsProtocol | H11Protocol):
+                continue
+            timer = protocol.timeout_keep_alive_task
+            if timer is None:
+                continue
+            idle_since = timer.when() - protocol.timeout_keep_alive
+            timer.cancel()
+            protocol.timeout_keep_alive_task = protocol.loop.call_at(
+                idle_since + DRAINING_IDLE_SECONDS, protocol.timeout_keep_alive_handler
+            )

@@ -37,6 +37,7 @@ from autoglm_router.routing import (
     decide,
     retry_route,
 )
+from autoglm_runtime.keepalive import UPSTREAM_POOL_IDLE_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -244,9 +245,10 @@ class RouterApp:
     async def start(self) -> None:
         s = self.settings
         self.client = aiohttp.ClientSession(
-            # Idle connections are dropped before the replica's own 5 s keep-alive (uvicorn's
-            # and vLLM's default) can close one just as a request goes out on it.
-            connector=aiohttp.TCPConnector(limit=s.max_connections, keepalive_timeout=4.0),
+            # Idle connections are dropped before the replica's keep-alive can close one just as
+            # a request goes out on it (keepalive.py).
+            connector=aiohttp.TCPConnector(limit=s.max_connections,
+                                           keepalive_timeout=UPSTREAM_POOL_IDLE_SECONDS),
             # connect covers waiting for a pooled connection too; sock_read is the idle limit.
             timeout=aiohttp.ClientTimeout(total=None, connect=s.connect_timeout,
                                           sock_connect=s.connect_timeout,

@@ -22,7 +22,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import FrameType
 
 from autoglm_runtime.config import ConfigError, RuntimeSettings, load_runtime_config
@@ -32,6 +32,7 @@ from autoglm_runtime.engine_args import (
     build_vllm_argv,
     refused_extra_arg,
 )
+from autoglm_runtime.keepalive import SERVER_KEEP_ALIVE_SECONDS, VLLM_KEEP_ALIVE_ENV
 from autoglm_runtime.profiles import DRAIN_PATH, MODE_PATH
 
 log = logging.getLogger("autoglm_runtime.launcher")
@@ -88,6 +89,14 @@ def port_of(argv: Sequence[str], default: int = 8000) -> int:
     return default
 
 
+def engine_env(environ: Mapping[str, str], drain_token: str) -> dict[str, str]:
+    """The engine's environment: the pod's, the drain token, and a keep-alive that outlasts
+    the clients' (keepalive.py), unless the pod sets its own."""
+    env = {**environ, "AUTOGLM_DRAIN_TOKEN": drain_token}
+    env.setdefault(VLLM_KEEP_ALIVE_ENV, str(SERVER_KEEP_ALIVE_SECONDS))
+    return env
+
+
 class Launcher:
     def __init__(self, command: list[str], port: int, grace_seconds: float) -> None:
         self.command = command
@@ -99,7 +108,7 @@ class Launcher:
         self._drainer: threading.Thread | None = None
 
     def run(self) -> int:
-        env = {**os.environ, "AUTOGLM_DRAIN_TOKEN": self.drain_token}
+        env = engine_env(os.environ, self.drain_token)
         log.info("Starting %s", " ".join(self.command))
         self.process = subprocess.Popen(self.command, env=env)
         previous = {

@@ -157,3 +157,13 @@ def test_the_installed_vllm_is_the_pinned_one() -> None:
     with (REPO / "pyproject.toml").open("rb") as handle:
         extras = tomllib.load(handle)["project"]["optional-dependencies"]
     assert extras["vllm"] == [f"vllm=={PINNED_VLLM_VERSION}"]
+
+
+def test_vllm_reads_the_keep_alive_the_launcher_sets(monkeypatch: pytest.MonkeyPatch) -> None:
+    import vllm.envs
+
+    from autoglm_runtime.keepalive import SERVER_KEEP_ALIVE_SECONDS, VLLM_KEEP_ALIVE_ENV
+    from autoglm_runtime.launcher import engine_env
+
+    monkeypatch.setenv(VLLM_KEEP_ALIVE_ENV, engine_env({}, "t")[VLLM_KEEP_ALIVE_ENV])
+    assert vllm.envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE == SERVER_KEEP_ALIVE_SECONDS

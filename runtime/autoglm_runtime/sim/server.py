@@ -11,6 +11,7 @@ from collections.abc import Generator
 import uvicorn
 
 from autoglm_runtime.config import RuntimeSettings
+from autoglm_runtime.keepalive import SERVER_KEEP_ALIVE_SECONDS
 from autoglm_runtime.middleware import drain_all
 from autoglm_runtime.sim.app import SimSettings, create_app
 
@@ -27,7 +28,8 @@ class _DrainingServer(uvicorn.Server):
 
 async def serve_sim(host: str, port: int, settings: SimSettings) -> None:
     app = create_app(settings)
-    server = _DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    server = _DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                            timeout_keep_alive=SERVER_KEEP_ALIVE_SECONDS))
     runtime = settings.runtime or RuntimeSettings()
     loop = asyncio.get_running_loop()
     tasks: set[asyncio.Task[None]] = set()

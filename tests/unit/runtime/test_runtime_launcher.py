@@ -9,6 +9,7 @@ import pytest
 from autoglm_runtime import cli, launcher
 from autoglm_runtime.config import ConfigError, RuntimeSettings
 from autoglm_runtime.engine_args import MIDDLEWARE_IMPORT_PATH
+from autoglm_runtime.keepalive import SERVER_KEEP_ALIVE_SECONDS
 
 
 def settings(tmp_path: Path, **kwargs: object) -> RuntimeSettings:
@@ -131,3 +132,15 @@ def test_config_error_exit_code(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 def test_launcher_returns_the_child_status(tmp_path: Path) -> None:
     code = launcher.Launcher([sys.executable, "-c", "raise SystemExit(3)"], 1, 1).run()
     assert code == 3
+
+
+def test_the_engine_keeps_idle_connections_longer_than_clients_reuse_them() -> None:
+    env = launcher.engine_env({"PATH": "/bin"}, "drain-token")
+    assert env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] == str(SERVER_KEEP_ALIVE_SECONDS)
+    assert env["AUTOGLM_DRAIN_TOKEN"] == "drain-token"
+    assert env["PATH"] == "/bin"
+
+
+def test_a_keep_alive_the_pod_sets_itself_is_kept() -> None:
+    env = launcher.engine_env({"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "120"}, "t")
+    assert env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] == "120"
