@@ -60,7 +60,8 @@ def type_of(node: dict[str, Any], path: str) -> str:
     parts = [kind]
     if kind == "array":
         item = node.get("items", {})
-        parts = ["list of " + ("objects (below)" if _is_object(item) else type_of(item, path + "[]"))]
+        of = "objects (below)" if _is_object(item) else type_of(item, path + "[]")
+        parts = [f"list of {of}"]
         parts.append(_bounds(node, "minItems", "maxItems", " items"))
     elif isinstance(node.get("additionalProperties"), dict):
         parts = ["map of " + type_of(node["additionalProperties"], path + "{}")]
@@ -149,8 +150,10 @@ def render_reference_markdown() -> str:
         "",
         "| column | type | from |",
         "|---|---|---|",
-        *(f"| {c['name']} | {c['type']} | `{c['jsonPath']}` |"
-          for c in version["additionalPrinterColumns"]),  # fmt: skip
+        *(
+            f"| {c['name']} | {c['type']} | `{c['jsonPath']}` |"
+            for c in version["additionalPrinterColumns"]
+        ),
         "",
         "## The object",
         "",
