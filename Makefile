@@ -27,8 +27,9 @@ venv: $(VENV)/.installed  ## the Python environment with every extra but vllm
 binaries:  ## build etcd, kube-*, kubectl, kwok and helm from source (cached by version)
 	bash hack/k8s-bin.sh
 
-crd: venv  ## regenerate crds/ (and the chart's copy) from the spec model
+crd: venv  ## regenerate crds/, the chart's copy and docs/reference/resource.md from the spec model
 	$(PY) -m autoglm_operator.cli crd > crds/autoglm.io_autoglmdeployments.yaml
+	$(PY) -m autoglm_operator.cli crd --reference > docs/reference/resource.md
 	bash hack/sync-chart-crd.sh
 
 lint: venv  ## ruff, mypy and the import contracts

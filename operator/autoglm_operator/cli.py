@@ -3,6 +3,7 @@
     autoglm-operator run --namespace prod [--liveness http://0.0.0.0:8080/healthz]
     autoglm-operator run --all-namespaces
     autoglm-operator crd > crds/autoglm.io_autoglmdeployments.yaml
+    autoglm-operator crd --reference > docs/reference/resource.md
 
 Other subcommands plug in: a module listed in SUBCOMMAND_MODULES that defines
 `add_parser(subparsers)` (setting `func` on its parser) appears here when it is installed.
@@ -128,7 +129,12 @@ def _lead(elector: LeaderElector, args: argparse.Namespace, stop: threading.Even
     return elector.acquire(stop)
 
 
-def crd(_: argparse.Namespace) -> int:
+def crd(args: argparse.Namespace) -> int:
+    if args.reference:
+        from autoglm_operator.crd_reference import render_reference_markdown
+
+        sys.stdout.write(render_reference_markdown())
+        return 0
     from autoglm_operator.crd import render_crd_yaml
 
     sys.stdout.write(render_crd_yaml())
@@ -158,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     run_p.set_defaults(func=run)
 
     crd_p = sub.add_parser("crd", help="print the CustomResourceDefinition YAML")
+    crd_p.add_argument(
+        "--reference", action="store_true", help="print the resource reference (Markdown) instead"
+    )
     crd_p.set_defaults(func=crd)
 
     for name in SUBCOMMAND_MODULES:

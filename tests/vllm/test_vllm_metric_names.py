@@ -148,14 +148,13 @@ def test_every_queried_series_exists_with_its_labels(
 def test_every_name_the_docs_and_code_mention_exists(vllm_families: dict[str, Family]) -> None:
     known = {name for f in vllm_families.values() for name in f.series() | {f.name}}
     mentioned: dict[str, set[str]] = {}
-    for folder in ("operator", "runtime", "charts", "hack", "bench", "examples"):
+    for folder in ("operator", "runtime", "router", "charts", "hack", "bench", "examples", "docs"):
         for path in (REPO / folder).rglob("*"):
             if path.is_file() and path.suffix in {".py", ".json", ".yaml", ".tpl", ".md", ".txt"}:
                 for name, _ in METRIC.findall(path.read_text(errors="replace")):
                     mentioned.setdefault(name.rstrip(":"), set()).add(str(path.relative_to(REPO)))
-    for doc in ("README.md", "runtime/README.md"):
-        for name, _ in METRIC.findall((REPO / doc).read_text()):
-            mentioned.setdefault(name.rstrip(":"), set()).add(doc)
+    for name, _ in METRIC.findall((REPO / "README.md").read_text()):
+        mentioned.setdefault(name.rstrip(":"), set()).add("README.md")
     unknown = {name: sorted(paths) for name, paths in mentioned.items() if name not in known}
     assert not unknown, f"the installed vLLM registers none of these: {unknown}"
     assert len(mentioned) > 5

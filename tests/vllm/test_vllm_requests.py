@@ -25,7 +25,7 @@ JUMP = {"X-Vllm-Priority": "-100"}
 
 
 def mode_priority(mode: Mode, stream: bool) -> int:
-    """README, "What a mode does to a request": streaming mode serves streamed requests first."""
+    """docs/runtime/requests.md: streaming mode serves streamed requests first."""
     if mode is Mode.STREAMING:
         return 0 if stream else 1
     return 0

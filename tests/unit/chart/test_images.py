@@ -167,6 +167,7 @@ IMAGE_REFERENCE = re.compile(
 )
 FILES_NAMING_IMAGES = [
     REPO / "README.md", REPO / "Makefile", REPO / "hack" / "images.sh",
+    *sorted((REPO / "docs").rglob("*.md")),
     *sorted((REPO / "examples").glob("*.yaml")), *sorted(IMAGES.glob("*.Dockerfile")),
     *sorted(p for p in CHART.rglob("*") if p.suffix in (".yaml", ".tpl", ".txt", ".json")),
 ]  # fmt: skip

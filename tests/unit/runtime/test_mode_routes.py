@@ -1,5 +1,5 @@
 """Which routes reach the engine, at what priority, for whom: the route table of
-runtime/README.md, row by row, and the header and key rules every request passes first."""
+docs/runtime/requests.md, row by row, and the header and key rules every request passes first."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from asgi_kit import FakeEngine, MakeClient
 
 from autoglm_runtime.routes import ADMITTED_PATHS, REFUSED_PREFIXES, REFUSED_ROUTES
 
-README = Path(__file__).resolve().parents[3] / "runtime" / "README.md"
+ROUTES_PAGE = Path(__file__).resolve().parents[3] / "docs" / "runtime" / "requests.md"
 _ROW = re.compile(r"^\| `(?P<method>[A-Z]+) (?P<path>/[^`]*)` \| (?P<action>[a-z ]+) \|")
 KEY = "client-key"
 # A body each admitted route accepts.
@@ -25,11 +25,11 @@ BODIES: dict[str, dict[str, Any]] = {
 
 
 def route_table() -> list[tuple[str, str, str]]:
-    text = README.read_text(encoding="utf-8")
-    section = text[text.index("### Routes"):]
+    text = ROUTES_PAGE.read_text(encoding="utf-8")
+    section = text[text.index("\n## Routes\n"):]
     rows = [m.group("method", "path", "action") for line in section.splitlines()
             if (m := _ROW.match(line))]
-    assert len(rows) > 30, "the route table in runtime/README.md did not parse"
+    assert len(rows) > 30, "the route table in docs/runtime/requests.md did not parse"
     return rows
 
 
