@@ -69,28 +69,22 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from adaptive_reaction import (
-    OUT_DIR,
-    Poller,
-    create_namespace,
-    delete_and_wait,
-    install_crd,
-    progress,
-)
 from kubernetes import client, config
-from operator_kit import Operator, wait_for
-from policy_goodput import is_tie
 
 from autoglm_operator import builders, prom
 from autoglm_operator import demand as dm
 from autoglm_operator import spec as crd
 from autoglm_operator.policy import Capacity
 from autoglm_runtime.profiles import MODE_LABEL, Mode, ModeProfiles
-from loadgen import LoadReport, RequestResult, percentile, run_load
-from localcluster import LocalCluster, loopback_pod_cidr, running_cluster
-from localprom import LocalPrometheus
-from podrunner import PodRunner
-from servicelb import ServiceProxy
+from testkit.loadgen import LoadReport, RequestResult, run_load
+from testkit.localcluster import LocalCluster
+from testkit.operator_kit import wait_for
+from testkit.paths import OUT_DIR
+from testkit.podrunner import PodRunner
+from testkit.servicelb import ServiceProxy
+from testkit.stack import Poller, delete_and_wait, live_stack, progress
+from testkit.stats import percentile
+from testkit.verdicts import is_tie
 
 NAME, NAMESPACE = "mix", "adaptive-mix"
 REPLICAS = 4
@@ -469,15 +463,8 @@ def environment(keep_files: bool, fixed: int | None, started: float) -> Iterator
         else:
             stack.callback(shutil.rmtree, workdir, ignore_errors=True)
         progress("starting the control plane, Prometheus and the operator", started)
-        cluster = stack.enter_context(running_cluster(
-            gpu_nodes=2, pod_cidr=loopback_pod_cidr(), workdir=workdir / "cluster"
-        ))  # fmt: skip
-        install_crd(cluster)
-        create_namespace(cluster, NAMESPACE)
-        prom = LocalPrometheus(workdir / "prometheus").start()
-        stack.callback(prom.stop)
-        operator = Operator(cluster, NAMESPACE, workdir).start()
-        stack.callback(operator.stop)
+        live = stack.enter_context(live_stack(workdir, [NAMESPACE]))
+        cluster, prom = live.cluster, live.prometheus
         runner = PodRunner(cluster, workdir / "pods", time_factor=TIME_FACTOR,
                            targets_file=prom.targets_file).start()  # fmt: skip
         stack.callback(runner.stop)

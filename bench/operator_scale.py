@@ -59,30 +59,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-sys.path[:0] = [str(REPO / "hack"), str(REPO / "tests" / "cluster")]
+from kubernetes import client, config, watch
+from kubernetes.client.exceptions import ApiException
+from prometheus_client.parser import text_string_to_metric_families
+from urllib3.exceptions import HTTPError
 
-import scale_stats as stats  # noqa: E402
-from kubernetes import client, config, watch  # noqa: E402
-from kubernetes.client.exceptions import ApiException  # noqa: E402
-from operator_kit import Operator, agd_object, apiserver_requests  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-from urllib3.exceptions import HTTPError  # noqa: E402
+from autoglm_operator import prom
+from autoglm_operator import spec as crd
+from testkit.bench import scale_stats as stats
+from testkit.localcluster import LocalCluster, ensure_binaries, http_ok, log, loopback_pod_cidr
+from testkit.localprom import LocalPrometheus
+from testkit.operator_kit import Operator, agd_object, apiserver_requests
+from testkit.paths import CRD_FILE, OUT_DIR
 
-from autoglm_operator import prom  # noqa: E402
-from autoglm_operator import spec as crd  # noqa: E402
-from localcluster import (  # noqa: E402
-    LocalCluster,
-    ensure_binaries,
-    http_ok,
-    log,
-    loopback_pod_cidr,
-)
-from localprom import LocalPrometheus  # noqa: E402
-
-OUT_DIR = REPO / "out" / "bench"
-CRD_FILE = REPO / "crds" / "autoglm.io_autoglmdeployments.yaml"
 NAMESPACES = 4
 INTERVAL_SECONDS = 10
 SETTLE_SECONDS = 30

@@ -61,9 +61,8 @@ from typing import Any
 import aiohttp
 
 from autoglm_runtime.sim.process import ServerProcess, SimProcess
+from testkit.paths import OUT_DIR
 
-REPO = Path(__file__).resolve().parent.parent
-OUT_DIR = REPO / "out" / "bench"
 MODEL = "autoglm-phone-9b"
 ADMIN_TOKEN = "faults-bench"
 MAX_TOKENS = 24

@@ -35,9 +35,10 @@ from typing import Any
 
 import aiohttp
 import httpx
-import vllm_router
 
-OUT_DIR = Path(__file__).resolve().parent.parent / "out" / "bench"
+from testkit.bench import vllm_router
+from testkit.paths import OUT_DIR
+
 SSE_EVENTS = 32
 PHASES = ("request", "first_byte")
 EVENT = b'data: {"choices":[{"index":0,"delta":{"content":"tap "},"finish_reason":null}]}\n\n'

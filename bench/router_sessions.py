@@ -54,15 +54,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import vllm_router
 
 from autoglm_runtime.sim.model import LatencyModel
 from autoglm_runtime.sim.prefix_cache import BLOCK_TOKENS, block_hashes
 from autoglm_runtime.sim.process import ServerProcess, SimProcess
 from autoglm_runtime.sim.serve.chat import chat_prompt
+from testkit.bench import vllm_router
+from testkit.paths import OUT_DIR
 
-REPO = Path(__file__).resolve().parent.parent
-OUT_DIR = REPO / "out" / "bench"
 MODEL = "autoglm-phone-9b"
 REPLICAS = 4
 ROUTERS = ("autoglm-router", "autoglm-router-lf2", "autoglm-router-2x", "random", "oracle",

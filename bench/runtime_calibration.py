@@ -15,9 +15,9 @@ import json
 import sys
 import urllib.request
 
-from runtime_common import OUT_DIR, closed_loop, within
-
 from autoglm_runtime.sim.process import SimProcess
+from testkit.bench.runtime_workload import closed_loop, within
+from testkit.paths import OUT_DIR
 
 TOKEN = "calibration-token"
 PUBLISHED = {

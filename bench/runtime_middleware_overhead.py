@@ -20,9 +20,10 @@ import time
 from pathlib import Path
 
 import httpx
-from runtime_common import MODEL, OUT_DIR, PhaseResult, Sample
 
 from autoglm_runtime.sim.process import SimProcess
+from testkit.bench.runtime_workload import MODEL, PhaseResult, Sample
+from testkit.paths import OUT_DIR
 
 STREAMS = 64
 PASS_THROUGH_PROFILE = {"maxConcurrency": STREAMS, "maxQueue": 64, "queueTimeoutSeconds": 60,

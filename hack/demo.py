@@ -31,11 +31,12 @@ from typing import Any
 import yaml
 
 from autoglm_operator.prom import demand_query
-from loadgen import LoadReport, percentile, run_load
-from localcluster import LocalCluster, free_port, loopback_pod_cidr, running_cluster
-from localprom import LocalPrometheus
-from podrunner import PodRunner
-from servicelb import ServiceProxy
+from testkit.loadgen import LoadReport, run_load
+from testkit.localcluster import LocalCluster, free_port, loopback_pod_cidr, running_cluster
+from testkit.localprom import LocalPrometheus
+from testkit.podrunner import PodRunner
+from testkit.servicelb import ServiceProxy
+from testkit.stats import percentile
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "autoglm"

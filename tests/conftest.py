@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from _pytest.terminal import TerminalReporter
 
-from localcluster import LocalCluster, loopback_pod_cidr, running_cluster
+from testkit.localcluster import LocalCluster, loopback_pod_cidr, running_cluster
 
 REPO = Path(__file__).resolve().parent.parent
 CRD_FILE = REPO / "crds" / "autoglm.io_autoglmdeployments.yaml"

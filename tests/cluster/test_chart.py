@@ -30,12 +30,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import operator_kit as kit
 import pytest
 import yaml
-from operator_kit import wait_for
 
-from localcluster import LocalCluster
+from testkit import operator_kit as kit
+from testkit.localcluster import LocalCluster
+from testkit.operator_kit import wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "chart"))
 from chartkit import (

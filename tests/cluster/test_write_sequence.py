@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_kit import EXAMPLE, INSTANCE, NAME, ready_as, wait_for
 
-from localcluster import LocalCluster
+from testkit.localcluster import LocalCluster
+from testkit.operator_kit import EXAMPLE, INSTANCE, NAME, ready_as, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 

@@ -32,7 +32,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from operator_kit import (
+
+from autoglm_operator.policy import parse_iso
+from autoglm_operator.prom import demand_query
+from testkit.loadgen import LoadReport, run_load
+from testkit.localcluster import LocalCluster
+from testkit.localprom import LocalPrometheus
+from testkit.operator_kit import (
     INSTANCE,
     NAME,
     Operator,
@@ -49,14 +55,8 @@ from operator_kit import (
     status,
     wait_for,
 )
-
-from autoglm_operator.policy import parse_iso
-from autoglm_operator.prom import demand_query
-from loadgen import LoadReport, run_load
-from localcluster import LocalCluster
-from localprom import LocalPrometheus
-from podrunner import PodRunner
-from servicelb import ServiceProxy
+from testkit.podrunner import PodRunner
+from testkit.servicelb import ServiceProxy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
-
-from reaction_timing import (
+from testkit.bench.reaction_timing import (
     BATCHING,
     STREAMING,
     Confirmation,

@@ -4,17 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[3] / "bench"
-sys.path[:0] = [str(BENCH)]
-
-import scale_stats as stats  # noqa: E402
-
-from autoglm_operator import prom  # noqa: E402
+from autoglm_operator import prom
+from testkit.bench import scale_stats as stats
 
 
 def test_percentile_is_nearest_rank() -> None:

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-import loadgen
+from testkit import loadgen
 
 
 async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
