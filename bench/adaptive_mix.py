@@ -7,8 +7,8 @@ local control plane, against a pinned split.
 
 Everything real but the GPUs, as in bench/adaptive_reaction.py (whose helpers this imports): the
 local control plane, Debian's Prometheus scraping a `sim` per serving pod, the operator as a
-subprocess, the router pods `<name>-router` run by hack/podrunner.py. Load comes from the
-official `openai` client (hack/loadgen.py, client retries off) through Service `<name>`, that
+subprocess, the router pods `<name>-router` run by testkit.podrunner. Load comes from the
+official `openai` client (testkit.loadgen, client retries off) through Service `<name>`, that
 is the router, in two classes: streamed chats (64 tokens) and non-streamed requests (batch jobs,
 40 tokens: the calibration's workloads, runtime/autoglm_runtime/sim/model.py).
 
@@ -181,7 +181,7 @@ def bound_seconds(current: int, target: int) -> float:
 
 
 def met_slo(result: RequestResult, streamed: bool) -> bool:
-    """DistServe's goodput rule (bench/policy_sim.py's), at the run's scaled SLOs: a chat meets
+    """DistServe's goodput rule (testkit.bench.policy_sim's), at the run's scaled SLOs: a chat meets
     both its TTFT and its TPOT (the later tokens' mean), a batch job completes in time; a failed
     or unfinished request misses."""
     if result.error is not None or result.latency is None:

@@ -3,8 +3,8 @@
     .venv/bin/python bench/adaptive_reaction.py [--flips 20] [--rolling-flips 4] [--keep-files]
 
 Everything real but the GPUs: the local control plane (etcd, kube-apiserver, controllers, kwok
-GPU nodes), Debian's Prometheus scraping a `sim` runtime per pod (hack/podrunner.py), the
-operator as a subprocess, open-loop load from the official `openai` client (hack/loadgen.py).
+GPU nodes), Debian's Prometheus scraping a `sim` runtime per pod (testkit.podrunner), the
+operator as a subprocess, open-loop load from the official `openai` client (testkit.loadgen).
 Two replicas and minStreamingReplicas 1, so each load step moves exactly one replica: load
 alternates high (twice the high QPS threshold) and low (under the low one), each step coming
 once the previous flip is seen plus a random 1-6 s pause (so steps fall anywhere in the loop's

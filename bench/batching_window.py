@@ -9,7 +9,7 @@ that batch statically. vLLM 0.33 batches continuously: every engine step, its sc
 (`vllm/v1/core/sched/scheduler.py`, `Scheduler.schedule`) admits waiting requests into the
 running batch while the token budget and `max_num_seqs` allow, with no delay of its own (the
 v0 `scheduler_delay_factor` is gone), so a request that arrives mid-step joins the next step
-whatever the middleware does. Both the policy benchmark's pool (`bench/policy_sim.py`) and
+whatever the middleware does. Both the policy benchmark's pool (`testkit.bench.policy_sim`) and
 `autoglm-runtime sim` model exactly that step loop; this benchmark measures what the window then
 does, in both:
 

@@ -2,10 +2,10 @@
 
     .venv/bin/python bench/operator_scale.py [--nodes 1000] [--deployments 200] [--quiet-minutes 4]
 
-Starts its own local control plane (hack/localcluster.py: etcd, kube-apiserver, controller
+Starts its own local control plane (testkit.localcluster: etcd, kube-apiserver, controller
 manager, scheduler, kwok), creates `--nodes` fake nodes of 8 GPUs each, Debian's Prometheus
 (no scrape targets, so every query answers empty and the adaptive loop reports NoData) and the
-real operator as a subprocess watching 4 namespaces (tests/cluster/operator_kit.py: every API
+real operator as a subprocess watching 4 namespaces (testkit.operator_kit: every API
 request it sends is logged). Then one server-side apply per namespace, all at once, creates
 the AutoGLMDeployments, 2 to 4 replicas each, every one with spec.adaptive.prometheus.url on
 that Prometheus and a 10 s interval. A watch on AutoGLMDeployments times what they say.

@@ -5,7 +5,7 @@
 
 Replays each trace (bench/traces/policy_traces.py, its docstring has their parameters) with
 seeds 2-6 against a pool of 4 replicas (2 GPUs each) simulated in fast-forwarded time by
-bench/policy_sim.py: the mode middleware's admission from `autoglm_runtime.profiles` (the
+testkit.bench.policy_sim: the mode middleware's admission from `autoglm_runtime.profiles` (the
 defaults of StreamingProfile and BatchingProfile) in front of the sim's engine step model
 (`autoglm_runtime.sim.model.LatencyModel`, calibrated to the published streaming TTFT ~0.32 s /
 4.1 req/s and batching 1.8 s / 7.2 req/s per replica). Nothing is tuned on these traces: the

@@ -1,6 +1,6 @@
 """Fixtures shared by every tier.
 
-The `cluster` fixture starts a real control plane (hack/localcluster.py) once per session;
+The `cluster` fixture starts a real control plane (testkit.localcluster) once per session;
 tests that use it are marked `cluster` (or `e2e`) and skipped only when that marker is
 deselected, never because the binaries are missing: then the fixture builds them.
 """

@@ -575,7 +575,7 @@ def test_a_whole_lifecycle_uses_every_permission_the_chart_grants(
 
     The operator runs under the ServiceAccount of a scope-Cluster install (ClusterRole, CRD
     watch, Lease Role) through everything it does to an AutoGLMDeployment; the apiserver's
-    audit log (hack/localcluster.py logs ServiceAccount requests) then says which permissions
+    audit log (testkit.localcluster logs ServiceAccount requests) then says which permissions
     it used. The test above shows the grants suffice; this one, that none is spare.
     """
     release = "audit"

@@ -1,5 +1,5 @@
 """The operator's router on the local control plane: `<name>-router` and its identity exist with
-the fields users rely on, Service `<name>` reaches the router pods (run by hack/podrunner.py as
+the fields users rely on, Service `<name>` reaches the router pods (run by testkit.podrunner as
 `autoglm-router` processes under their ServiceAccount's token), requests through it reach a
 replica of the right mode, and `router.enabled: false` takes it all away again.
 """

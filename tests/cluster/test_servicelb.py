@@ -1,4 +1,4 @@
-"""hack/servicelb.py's ServiceProxy follows its Service, as kube-proxy does: when the selector
+"""testkit.servicelb's ServiceProxy follows its Service, as kube-proxy does: when the selector
 changes (the operator moves Service `<name>` onto the router pods once one is ready), new
 connections go to the newly selected pods, not to the ones selected when the proxy started."""
 

@@ -8,7 +8,7 @@ operator must finish the flip once: label, runtime and status agree, nothing els
 the replica does not flip back before its cooldown is over, though load has gone.
 
 A runtime pod deleted under load: the pod runner takes it down the kubelet's way (preStop hook,
-SIGTERM, SIGKILL after the grace period) and a kube-proxy-like Service proxy (hack/servicelb.py)
+SIGTERM, SIGKILL after the grace period) and a kube-proxy-like Service proxy (testkit.servicelb)
 stops sending it new connections, while the official `openai` client keeps sending through the
 Service. Every request the runtime admitted must finish, no request may fail, and the
 replacement pod must join the Service.

@@ -1,6 +1,6 @@
 """Faults through the operator's router under load, client retries off (`max_retries=0`).
 
-The client reaches Service `<name>` through hack/servicelb.py, which forwards as kube-proxy does:
+The client reaches Service `<name>` through testkit.servicelb, which forwards as kube-proxy does:
 each new connection to the next ready router pod, a kept-alive connection stays with its pod.
 The `openai` client keeps its connections alive between requests, so both faults meet
 connections opened before them.

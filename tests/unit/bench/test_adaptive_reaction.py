@@ -1,4 +1,4 @@
-"""The reaction benchmark's books: fast checks of bench/reaction_timing.py."""
+"""The reaction benchmark's books: fast checks of testkit.bench.reaction_timing."""
 
 from __future__ import annotations
 

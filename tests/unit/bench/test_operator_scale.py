@@ -1,4 +1,4 @@
-"""The scale benchmark's arithmetic: fast checks of bench/scale_stats.py."""
+"""The scale benchmark's arithmetic: fast checks of testkit.bench.scale_stats."""
 
 from __future__ import annotations
 

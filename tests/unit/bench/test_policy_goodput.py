@@ -1,4 +1,4 @@
-"""The policy benchmark's simulator keeps honest books: fast checks of bench/policy_sim.py."""
+"""The policy benchmark's simulator keeps honest books: fast checks of testkit.bench.policy_sim."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""hack/loadgen.py keeps every request it sent in its report, answered or not."""
+"""testkit.loadgen keeps every request it sent in its report, answered or not."""
 
 from __future__ import annotations
 
