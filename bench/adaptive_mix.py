@@ -80,6 +80,7 @@ from testkit.loadgen import LoadReport, RequestResult, run_load
 from testkit.localcluster import LocalCluster
 from testkit.operator_kit import wait_for
 from testkit.paths import OUT_DIR
+from testkit.plots import pyplot
 from testkit.podrunner import PodRunner
 from testkit.servicelb import ServiceProxy
 from testkit.stack import Poller, delete_and_wait, live_stack, progress
@@ -363,10 +364,7 @@ def score(results: list[PhaseResult], watcher: Watcher, chats: LoadReport, jobs:
 
 
 def plot(results: list[PhaseResult], watcher: Watcher, path: Path, split_label: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     t0 = results[0].started
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6), sharex=True)

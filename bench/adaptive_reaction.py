@@ -78,6 +78,7 @@ from testkit.localcluster import LocalCluster
 from testkit.localprom import LocalPrometheus
 from testkit.operator_kit import wait_for
 from testkit.paths import OUT_DIR
+from testkit.plots import pyplot
 from testkit.podrunner import PodRunner
 from testkit.stack import Poller, delete_and_wait, live_stack, progress
 
@@ -437,10 +438,7 @@ def _x(value: float | None) -> str:
 
 
 def plot(phases: Sequence[PhaseResult], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))

@@ -55,6 +55,7 @@ from testkit.bench import policy_traces as traces
 from testkit.bench.policy_run import REPLICAS, WORKLOAD, summarize
 from testkit.bench.policy_sim import Outcome, Pool
 from testkit.paths import OUT_DIR
+from testkit.plots import pyplot
 from testkit.verdicts import at_least
 
 CONFIGS: tuple[tuple[int, int], ...] = ((0, 1), (25, 4), (50, 4), (100, 4), (100, 2), (100, 8))
@@ -278,10 +279,7 @@ def check(rows: Sequence[dict[str, Any]], sim_rows: Sequence[dict[str, Any]]) ->
 
 
 def plot(rows: Sequence[dict[str, Any]], sim_rows: Sequence[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(14, 4.5))
     ax = axes[0]

@@ -71,6 +71,7 @@ from testkit.localcluster import LocalCluster, ensure_binaries, http_ok, log, lo
 from testkit.localprom import LocalPrometheus
 from testkit.operator_kit import Operator, agd_object, apiserver_requests
 from testkit.paths import CRD_FILE, OUT_DIR
+from testkit.plots import pyplot
 
 NAMESPACES = 4
 INTERVAL_SECONDS = 10
@@ -711,10 +712,7 @@ def check(r: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def plot(r: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(2, 3, figsize=(16, 8.5))
     ro = r["rollout"]

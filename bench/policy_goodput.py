@@ -89,6 +89,7 @@ from testkit.bench import policy_traces as traces
 from testkit.bench.policy_run import REPLICAS, WORKLOAD, summarize
 from testkit.bench.policy_sim import BATCH, CHAT, ROUTINGS, Outcome, Pool
 from testkit.paths import OUT_DIR
+from testkit.plots import pyplot
 from testkit.stats import nearest_rank
 from testkit.verdicts import Verdicts
 
@@ -783,10 +784,7 @@ def _check_router_and_oracle(
 
 
 def plot(results: Sequence[dict], table: dict, names: Sequence[str], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(2, 1, figsize=(13, 8))
     ax = axes[0]

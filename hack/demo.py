@@ -34,6 +34,7 @@ from autoglm_operator.prom import demand_query
 from testkit.loadgen import LoadReport, run_load
 from testkit.localcluster import LocalCluster, free_port, loopback_pod_cidr, running_cluster
 from testkit.localprom import LocalPrometheus
+from testkit.plots import pyplot
 from testkit.podrunner import PodRunner
 from testkit.servicelb import ServiceProxy
 from testkit.stats import percentile
@@ -269,10 +270,7 @@ async def watch_and_show(
 
 
 def write_chart(timeline: Timeline, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     t = [s.t for s in timeline.samples]
     fig, axes = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
