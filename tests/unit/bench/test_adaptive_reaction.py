@@ -115,7 +115,7 @@ def test_verdicts_pass_only_when_every_target_holds() -> None:
 
 
 def test_a_poller_polls_until_left_and_goes_on_after_a_failed_poll() -> None:
-    from adaptive_reaction import Poller
+    from testkit.stack import Poller
 
     class Counting(Poller):
         def __init__(self) -> None:
