@@ -42,16 +42,17 @@ lint: venv  ## ruff, mypy and the import contracts
 checkov: venv binaries  ## checkov (pinned, own venv) on the chart and the operator's children
 	PYTHON=$(PY) bash hack/checkov.sh
 
-# test_chart_promql renders the chart while it is collected, so the unit tier leaves it out.
+# It renders the chart while it is collected: the tiers without helm leave it out.
+NEEDS_HELM_TO_COLLECT := --ignore=tests/unit/chart/test_chart_promql.py
+
 test-unit: venv  ## pure code, middleware and servers on loopback; builds and starts nothing
-	$(PY) -m pytest -m "$(OTHER_TIERS) and not helm and not prometheus" \
-	  --ignore=tests/unit/chart/test_chart_promql.py
+	$(PY) -m pytest -m "$(OTHER_TIERS) and not helm and not prometheus" $(NEEDS_HELM_TO_COLLECT)
 
 test-helm: venv binaries  ## the chart through helm template/lint (and promtool, Prometheus)
 	$(PYTEST_WITH_BINARIES) -m "$(OTHER_TIERS) and helm"
 
 test-prometheus: venv  ## the operator's PromQL against Debian's Prometheus (make deps)
-	$(PY) -m pytest -m "$(OTHER_TIERS) and prometheus and not helm"
+	$(PY) -m pytest -m "$(OTHER_TIERS) and prometheus and not helm" $(NEEDS_HELM_TO_COLLECT)
 
 test-images: venv  ## the Dockerfiles' pip installs in clean venvs, and their entrypoints
 	$(PY) -m pytest -m images tests/images
