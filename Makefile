@@ -3,26 +3,29 @@ SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# Tests find etcd, kube-*, kubectl, kwok and helm here; hack/k8s-bin.sh builds them once.
-PYTEST := AUTOGLM_BIN_DIR=$$(bash hack/k8s-bin.sh) $(PY) -m pytest
+# The tiers that run helm or the control plane find etcd, kube-*, kubectl, kwok and helm here;
+# hack/k8s-bin.sh builds them once. The unit tier needs none of them.
+PYTEST_WITH_BINARIES := AUTOGLM_BIN_DIR=$$(bash hack/k8s-bin.sh) $(PY) -m pytest
+# Deselected from every tier but their own.
+OTHER_TIERS := not cluster and not e2e and not bench and not images and not vllm
 export AUTOGLM_CACHE ?= $(HOME)/.cache/autoglm
 
-.PHONY: help deps venv binaries crd lint checkov test test-unit test-images test-cluster \
-        test-e2e test-vllm bench demo cluster-up cluster-down images clean
+.PHONY: help deps venv binaries crd lint checkov test test-unit test-helm test-prometheus \
+        test-images test-cluster test-e2e test-vllm bench demo cluster-up cluster-down images clean
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
+	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
 
 deps:  ## system packages (Debian): Prometheus and openssl
 	bash hack/install-deps.sh
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml testkit/pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[operator,runtime,router,dev]'
+	$(PY) -m pip install --quiet -e '.[operator,runtime,router,dev]' -e ./testkit
 	touch $@
 
-venv: $(VENV)/.installed  ## the Python environment with every extra but vllm
+venv: $(VENV)/.installed  ## the Python environment with every extra but vllm, and the harness
 
 binaries:  ## build etcd, kube-*, kubectl, kwok and helm from source (cached by version)
 	bash hack/k8s-bin.sh
@@ -40,22 +43,32 @@ lint: venv  ## ruff, mypy and the import contracts
 checkov: venv binaries  ## checkov (pinned, own venv) on the chart and the operator's children
 	PYTHON=$(PY) bash hack/checkov.sh
 
-test-unit: venv binaries  ## pure code, middleware and servers on loopback; no cluster
-	$(PYTEST) -m "not cluster and not e2e and not bench and not images and not vllm"
+# It renders the chart while it is collected: the tiers without helm leave it out.
+NEEDS_HELM_TO_COLLECT := --ignore=tests/unit/chart/test_chart_promql.py
+
+test-unit: venv  ## pure code, middleware and servers on loopback; builds and starts nothing
+	$(PY) -m pytest -m "$(OTHER_TIERS) and not helm and not prometheus" $(NEEDS_HELM_TO_COLLECT)
+
+test-helm: venv binaries  ## the chart through helm template/lint (and promtool, Prometheus)
+	$(PYTEST_WITH_BINARIES) -m "$(OTHER_TIERS) and helm"
+
+test-prometheus: venv  ## the operator's PromQL against Debian's Prometheus (make deps)
+	$(PY) -m pytest -m "$(OTHER_TIERS) and prometheus and not helm" $(NEEDS_HELM_TO_COLLECT)
 
 test-images: venv  ## the Dockerfiles' pip installs in clean venvs, and their entrypoints
 	$(PY) -m pytest -m images tests/images
 
 test-cluster: venv binaries  ## the real control plane with kwok GPU nodes
-	$(PYTEST) -m cluster
+	$(PYTEST_WITH_BINARIES) -m cluster
 
 test-e2e: venv binaries  ## control plane + Prometheus + sim runtimes + load
-	$(PYTEST) -m e2e
+	$(PYTEST_WITH_BINARIES) -m e2e
 
 test-vllm:  ## the pinned vLLM in its own cached environment (hack/vllm-env.sh), on the CPU
 	env=$$(bash hack/vllm-env.sh); VLLM_TARGET_DEVICE=cpu "$$env/bin/python" -m pytest -m vllm tests/vllm
 
-test: lint checkov test-unit test-images test-cluster test-e2e test-vllm  ## every tier CI runs
+TIERS := test-unit test-helm test-prometheus test-images test-cluster test-e2e test-vllm
+test: lint checkov $(TIERS)  ## every tier CI runs
 
 BENCHMARKS := bench/runtime_calibration.py bench/runtime_middleware_overhead.py \
               bench/policy_goodput.py bench/policy_crosscheck.py bench/adaptive_reaction.py \
@@ -70,10 +83,10 @@ demo: deps venv binaries  ## local cluster, operator, Prometheus, sim runtimes a
 	$(PY) hack/demo.py
 
 cluster-up: venv binaries  ## start the local control plane and leave it running
-	$(PY) hack/localcluster.py up
+	$(PY) -m testkit.localcluster up
 
-cluster-down:  ## stop what cluster-up started
-	python3 hack/localcluster.py down
+cluster-down:  ## stop what cluster-up started (the system Python will do)
+	PYTHONPATH=testkit python3 -m testkit.localcluster down
 
 images:  ## build and push both images: make images REGISTRY=registry.example.com/team
 	REGISTRY=$(REGISTRY) bash hack/images.sh

@@ -7,8 +7,8 @@ local control plane, against a pinned split.
 
 Everything real but the GPUs, as in bench/adaptive_reaction.py (whose helpers this imports): the
 local control plane, Debian's Prometheus scraping a `sim` per serving pod, the operator as a
-subprocess, the router pods `<name>-router` run by hack/podrunner.py. Load comes from the
-official `openai` client (hack/loadgen.py, client retries off) through Service `<name>`, that
+subprocess, the router pods `<name>-router` run by testkit.podrunner. Load comes from the
+official `openai` client (testkit.loadgen, client retries off) through Service `<name>`, that
 is the router, in two classes: streamed chats (64 tokens) and non-streamed requests (batch jobs,
 40 tokens: the calibration's workloads, runtime/autoglm_runtime/sim/model.py).
 
@@ -69,28 +69,23 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from adaptive_reaction import (
-    OUT_DIR,
-    Poller,
-    create_namespace,
-    delete_and_wait,
-    install_crd,
-    progress,
-)
 from kubernetes import client, config
-from operator_kit import Operator, wait_for
-from policy_goodput import is_tie
 
 from autoglm_operator import builders, prom
 from autoglm_operator import demand as dm
 from autoglm_operator import spec as crd
 from autoglm_operator.policy import Capacity
 from autoglm_runtime.profiles import MODE_LABEL, Mode, ModeProfiles
-from loadgen import LoadReport, RequestResult, percentile, run_load
-from localcluster import LocalCluster, loopback_pod_cidr, running_cluster
-from localprom import LocalPrometheus
-from podrunner import PodRunner
-from servicelb import ServiceProxy
+from testkit.loadgen import LoadReport, RequestResult, run_load
+from testkit.localcluster import LocalCluster
+from testkit.operator_kit import wait_for
+from testkit.paths import OUT_DIR
+from testkit.plots import pyplot
+from testkit.podrunner import PodRunner
+from testkit.servicelb import ServiceProxy
+from testkit.stack import Poller, delete_and_wait, live_stack, progress
+from testkit.stats import percentile
+from testkit.verdicts import is_tie
 
 NAME, NAMESPACE = "mix", "adaptive-mix"
 REPLICAS = 4
@@ -187,7 +182,7 @@ def bound_seconds(current: int, target: int) -> float:
 
 
 def met_slo(result: RequestResult, streamed: bool) -> bool:
-    """DistServe's goodput rule (bench/policy_sim.py's), at the run's scaled SLOs: a chat meets
+    """DistServe's goodput rule (testkit.bench.policy_sim's), at the run's scaled SLOs: a chat meets
     both its TTFT and its TPOT (the later tokens' mean), a batch job completes in time; a failed
     or unfinished request misses."""
     if result.error is not None or result.latency is None:
@@ -369,10 +364,7 @@ def score(results: list[PhaseResult], watcher: Watcher, chats: LoadReport, jobs:
 
 
 def plot(results: list[PhaseResult], watcher: Watcher, path: Path, split_label: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     t0 = results[0].started
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6), sharex=True)
@@ -469,15 +461,8 @@ def environment(keep_files: bool, fixed: int | None, started: float) -> Iterator
         else:
             stack.callback(shutil.rmtree, workdir, ignore_errors=True)
         progress("starting the control plane, Prometheus and the operator", started)
-        cluster = stack.enter_context(running_cluster(
-            gpu_nodes=2, pod_cidr=loopback_pod_cidr(), workdir=workdir / "cluster"
-        ))  # fmt: skip
-        install_crd(cluster)
-        create_namespace(cluster, NAMESPACE)
-        prom = LocalPrometheus(workdir / "prometheus").start()
-        stack.callback(prom.stop)
-        operator = Operator(cluster, NAMESPACE, workdir).start()
-        stack.callback(operator.stop)
+        live = stack.enter_context(live_stack(workdir, [NAMESPACE]))
+        cluster, prom = live.cluster, live.prometheus
         runner = PodRunner(cluster, workdir / "pods", time_factor=TIME_FACTOR,
                            targets_file=prom.targets_file).start()  # fmt: skip
         stack.callback(runner.stop)

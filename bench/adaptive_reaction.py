@@ -3,8 +3,8 @@
     .venv/bin/python bench/adaptive_reaction.py [--flips 20] [--rolling-flips 4] [--keep-files]
 
 Everything real but the GPUs: the local control plane (etcd, kube-apiserver, controllers, kwok
-GPU nodes), Debian's Prometheus scraping a `sim` runtime per pod (hack/podrunner.py), the
-operator as a subprocess, open-loop load from the official `openai` client (hack/loadgen.py).
+GPU nodes), Debian's Prometheus scraping a `sim` runtime per pod (testkit.podrunner), the
+operator as a subprocess, open-loop load from the official `openai` client (testkit.loadgen).
 Two replicas and minStreamingReplicas 1, so each load step moves exactly one replica: load
 alternates high (twice the high QPS threshold) and low (under the low one), each step coming
 once the previous flip is seen plus a random 1-6 s pause (so steps fall anywhere in the loop's
@@ -52,15 +52,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-sys.path[:0] = [str(HERE), str(REPO / "hack"), str(REPO / "tests" / "cluster")]
+from kubernetes import client, config
 
-from kubernetes import client, config  # noqa: E402
-from operator_kit import Operator, wait_for  # noqa: E402
-from reaction_timing import (  # noqa: E402
+from autoglm_operator import builders
+from autoglm_operator import spec as crd
+from autoglm_runtime.profiles import MODE_PATH
+from testkit.bench.reaction_timing import (
     BATCHING,
     STREAMING,
     Confirmation,
@@ -74,17 +73,15 @@ from reaction_timing import (  # noqa: E402
     summarize,
     verdicts,
 )
+from testkit.loadgen import LoadReport, run_load
+from testkit.localcluster import LocalCluster
+from testkit.localprom import LocalPrometheus
+from testkit.operator_kit import wait_for
+from testkit.paths import OUT_DIR
+from testkit.plots import pyplot
+from testkit.podrunner import PodRunner
+from testkit.stack import Poller, delete_and_wait, live_stack, progress
 
-from autoglm_operator import builders  # noqa: E402
-from autoglm_operator import spec as crd  # noqa: E402
-from autoglm_runtime.profiles import MODE_PATH  # noqa: E402
-from loadgen import LoadReport, run_load  # noqa: E402
-from localcluster import LocalCluster, loopback_pod_cidr, running_cluster  # noqa: E402
-from localprom import LocalPrometheus  # noqa: E402
-from podrunner import PodRunner  # noqa: E402
-
-OUT_DIR = REPO / "out" / "bench"
-CRD_FILE = REPO / "crds" / "autoglm.io_autoglmdeployments.yaml"
 REPLICAS = 2
 SETTINGS = Settings(interval=5, to_batching_window=5, to_streaming_window=10)
 COOLDOWN = 5
@@ -95,11 +92,6 @@ MAX_TOKENS = 16  # short answers: QPS counts requests when they finish
 MODEL_LOAD_SECONDS = 60
 POLL_SECONDS = 0.25
 STRATEGIES = ("InPlace", "Rolling")
-
-
-def progress(message: str, started: float = 0.0) -> None:
-    stamp = f"[{time.monotonic() - started:6.0f}s] " if started else ""
-    print(f"{stamp}{message}", flush=True)
 
 
 def resource(name: str, prometheus_url: str, strategy: str) -> dict[str, Any]:
@@ -130,34 +122,6 @@ def resource(name: str, prometheus_url: str, strategy: str) -> dict[str, Any]:
     }
 
 
-def install_crd(cluster: LocalCluster) -> None:
-    cluster.kubectl("apply", "--server-side", "-f", str(CRD_FILE))
-    jsonpath = '{.status.conditions[?(@.type=="Established")].status}'
-    wait_for(
-        "the CRD to be Established",
-        lambda: cluster.kubectl(
-            "get", "crd", f"{crd.PLURAL}.{crd.GROUP}", "-o", f"jsonpath={jsonpath}"
-        ).stdout == "True",
-        timeout=60,
-    )  # fmt: skip
-
-
-def create_namespace(cluster: LocalCluster, name: str) -> None:
-    cluster.kubectl("create", "namespace", name)
-    cluster.kubectl("label", "namespace", name, "pod-security.kubernetes.io/enforce=restricted")
-
-
-def delete_and_wait(cluster: LocalCluster, namespace: str, name: str) -> None:
-    """Delete while the operator runs (its finalizer comes off), then wait for the pods to go,
-    so the next phase's pod runner starts no runtime for them."""
-    cluster.kubectl("delete", "agd", name, "-n", namespace, "--timeout=60s", check=False)
-    wait_for(
-        f"the pods of {name} to go",
-        lambda: not cluster.get_json("pods", "-n", namespace)["items"],
-        timeout=60,
-    )
-
-
 # -- what the bench watches ------------------------------------------------------------------
 
 
@@ -177,34 +141,6 @@ def _get(url: str, token: str | None = None) -> tuple[int, bytes]:
         return error.code, b""
     except OSError:  # not listening yet, or gone
         return 0, b""
-
-
-class Poller:
-    """Calls `poll` every `every` seconds in a daemon thread, from entering the context to
-    leaving it; a failed poll is reported and the next one tries again."""
-
-    def __init__(self, name: str, every: float) -> None:
-        self.every = every
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def poll(self) -> None:
-        raise NotImplementedError
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every):
-            try:
-                self.poll()
-            except Exception as error:  # the next poll tries again; say why meanwhile
-                progress(f"{self._thread.name}: {type(error).__name__}: {error}")
 
 
 class Recorder(Poller):
@@ -502,10 +438,7 @@ def _x(value: float | None) -> str:
 
 
 def plot(phases: Sequence[PhaseResult], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
@@ -553,19 +486,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             stack.callback(shutil.rmtree, workdir, ignore_errors=True)
         progress("starting the control plane, Prometheus and the operator", started)
-        cluster = stack.enter_context(running_cluster(
-            gpu_nodes=2, pod_cidr=loopback_pod_cidr(), workdir=workdir / "cluster"
-        ))  # fmt: skip
-        install_crd(cluster)
         namespaces = {s: f"react-{s.lower()}" for s in STRATEGIES}
-        for namespace in namespaces.values():
-            create_namespace(cluster, namespace)
-        prom = LocalPrometheus(workdir / "prometheus").start()
-        stack.callback(prom.stop)
-        operator = Operator(cluster, namespaces["InPlace"], workdir).start(
-            "--namespace", namespaces["Rolling"]
-        )
-        stack.callback(operator.stop)
+        live = stack.enter_context(live_stack(workdir, list(namespaces.values())))
+        cluster, prom = live.cluster, live.prometheus
         for strategy, flips in (("InPlace", args.flips), ("Rolling", args.rolling_flips)):
             if flips:
                 phases.append(run_phase(

@@ -9,7 +9,7 @@ that batch statically. vLLM 0.33 batches continuously: every engine step, its sc
 (`vllm/v1/core/sched/scheduler.py`, `Scheduler.schedule`) admits waiting requests into the
 running batch while the token budget and `max_num_seqs` allow, with no delay of its own (the
 v0 `scheduler_delay_factor` is gone), so a request that arrives mid-step joins the next step
-whatever the middleware does. Both the policy benchmark's pool (`bench/policy_sim.py`) and
+whatever the middleware does. Both the policy benchmark's pool (`testkit.bench.policy_sim`) and
 `autoglm-runtime sim` model exactly that step loop; this benchmark measures what the window then
 does, in both:
 
@@ -50,16 +50,14 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE / "traces")]
+from autoglm_runtime.profiles import BatchingProfile, Mode, ModeProfiles
+from testkit.bench import policy_traces as traces
+from testkit.bench.policy_run import REPLICAS, WORKLOAD, summarize
+from testkit.bench.policy_sim import Outcome, Pool
+from testkit.paths import OUT_DIR
+from testkit.plots import pyplot
+from testkit.verdicts import at_least
 
-import policy_traces as traces  # noqa: E402
-from policy_goodput import REPLICAS, WORKLOAD, summarize  # noqa: E402
-from policy_sim import Outcome, Pool  # noqa: E402
-
-from autoglm_runtime.profiles import BatchingProfile, Mode, ModeProfiles  # noqa: E402
-
-OUT_DIR = HERE.parent / "out" / "bench"
 CONFIGS: tuple[tuple[int, int], ...] = ((0, 1), (25, 4), (50, 4), (100, 4), (100, 2), (100, 8))
 TRACES = (
     "flash-crowd",
@@ -177,9 +175,9 @@ def print_model(rows: Sequence[dict[str, Any]]) -> None:
 
 def sim_run(config: tuple[int, int], seconds: float, seed: int) -> dict[str, Any]:
     import openai
-    from runtime_common import one_request
 
     from autoglm_runtime.sim.process import SimProcess
+    from testkit.bench.runtime_workload import one_request
 
     window, size = config
     cfg = {"initialMode": "batching",
@@ -253,16 +251,6 @@ def sim(seconds: float) -> list[dict[str, Any]]:
 # --- verdicts ---------------------------------------------------------------------------------
 
 
-def verdict(target: str, value: float, bar: float, detail: str) -> dict[str, Any]:
-    """value >= bar: PASS, a tie TIE (meets an "at least" target), else FAIL."""
-    if math.isclose(value, bar, rel_tol=1e-9, abs_tol=1e-12):
-        result, met = "TIE", True
-    else:
-        result, met = ("PASS", True) if value > bar else ("FAIL", False)
-    print(f"{result}: {target}: {detail}")
-    return {"target": target, "verdict": result, "met": met, "detail": detail}
-
-
 def check(rows: Sequence[dict[str, Any]], sim_rows: Sequence[dict[str, Any]]) -> list[dict]:
     default = name(default_config())
     out = []
@@ -272,7 +260,7 @@ def check(rows: Sequence[dict[str, Any]], sim_rows: Sequence[dict[str, Any]]) ->
             continue
         mine = next(x for x in rows if x["trace"] == r["trace"] and x["batching"] == r["batching"]
                     and x["config"] == default)
-        out.append(verdict(
+        out.append(at_least(
             f"model {r['trace']} {r['batching']} batching: default ({default}) goodput >= "
             f"{r['config']}", mine["goodput"], r["goodput"],
             f"{mine['goodput']:.3f} vs {r['goodput']:.3f} req/s"))
@@ -281,20 +269,17 @@ def check(rows: Sequence[dict[str, Any]], sim_rows: Sequence[dict[str, Any]]) ->
         for r in sim_rows:
             if r["config"] != name(ARTICLE):  # the others are printed; see the docstring
                 continue
-            out.append(verdict(f"sim: default ({default}) TTFT p50 <= {r['config']}",
+            out.append(at_least(f"sim: default ({default}) TTFT p50 <= {r['config']}",
                                -mine["ttft_p50"], -r["ttft_p50"],
                                f"{mine['ttft_p50']:.3f} vs {r['ttft_p50']:.3f} s"))
-            out.append(verdict(f"sim: default ({default}) goodput >= {r['config']}",
+            out.append(at_least(f"sim: default ({default}) goodput >= {r['config']}",
                                mine["goodput"], r["goodput"],
                                f"{mine['goodput']:.2f} vs {r['goodput']:.2f} req/s"))
     return out
 
 
 def plot(rows: Sequence[dict[str, Any]], sim_rows: Sequence[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(14, 4.5))
     ax = axes[0]

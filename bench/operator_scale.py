@@ -2,10 +2,10 @@
 
     .venv/bin/python bench/operator_scale.py [--nodes 1000] [--deployments 200] [--quiet-minutes 4]
 
-Starts its own local control plane (hack/localcluster.py: etcd, kube-apiserver, controller
+Starts its own local control plane (testkit.localcluster: etcd, kube-apiserver, controller
 manager, scheduler, kwok), creates `--nodes` fake nodes of 8 GPUs each, Debian's Prometheus
 (no scrape targets, so every query answers empty and the adaptive loop reports NoData) and the
-real operator as a subprocess watching 4 namespaces (tests/cluster/operator_kit.py: every API
+real operator as a subprocess watching 4 namespaces (testkit.operator_kit: every API
 request it sends is logged). Then one server-side apply per namespace, all at once, creates
 the AutoGLMDeployments, 2 to 4 replicas each, every one with spec.adaptive.prometheus.url on
 that Prometheus and a 10 s interval. A watch on AutoGLMDeployments times what they say.
@@ -59,30 +59,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-sys.path[:0] = [str(REPO / "hack"), str(REPO / "tests" / "cluster")]
+from kubernetes import client, config, watch
+from kubernetes.client.exceptions import ApiException
+from prometheus_client.parser import text_string_to_metric_families
+from urllib3.exceptions import HTTPError
 
-import scale_stats as stats  # noqa: E402
-from kubernetes import client, config, watch  # noqa: E402
-from kubernetes.client.exceptions import ApiException  # noqa: E402
-from operator_kit import Operator, agd_object, apiserver_requests  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-from urllib3.exceptions import HTTPError  # noqa: E402
+from autoglm_operator import prom
+from autoglm_operator import spec as crd
+from testkit.bench import scale_stats as stats
+from testkit.localcluster import LocalCluster, ensure_binaries, http_ok, log, loopback_pod_cidr
+from testkit.localprom import LocalPrometheus
+from testkit.operator_kit import Operator, agd_object, apiserver_requests
+from testkit.paths import CRD_FILE, OUT_DIR
+from testkit.plots import pyplot
 
-from autoglm_operator import prom  # noqa: E402
-from autoglm_operator import spec as crd  # noqa: E402
-from localcluster import (  # noqa: E402
-    LocalCluster,
-    ensure_binaries,
-    http_ok,
-    log,
-    loopback_pod_cidr,
-)
-from localprom import LocalPrometheus  # noqa: E402
-
-OUT_DIR = REPO / "out" / "bench"
-CRD_FILE = REPO / "crds" / "autoglm.io_autoglmdeployments.yaml"
 NAMESPACES = 4
 INTERVAL_SECONDS = 10
 SETTLE_SECONDS = 30
@@ -722,10 +712,7 @@ def check(r: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def plot(r: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(2, 3, figsize=(16, 8.5))
     ro = r["rollout"]

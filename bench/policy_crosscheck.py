@@ -31,25 +31,20 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE / "traces")]
+from autoglm_operator import policy as pol
+from autoglm_operator.spec import AdaptiveSettings, ModePolicy
+from autoglm_runtime.config import RuntimeConfig
+from autoglm_runtime.middleware import ModeMiddleware
+from autoglm_runtime.profiles import Mode, ModeProfiles
+from testkit.bench import policy_traces as traces
+from testkit.paths import OUT_DIR as OUT
 
-import policy_traces as traces  # noqa: E402
-
-from autoglm_operator import policy as pol  # noqa: E402
-from autoglm_operator.spec import AdaptiveSettings, ModePolicy  # noqa: E402
-from autoglm_runtime.config import RuntimeConfig  # noqa: E402
-from autoglm_runtime.middleware import ModeMiddleware  # noqa: E402
-from autoglm_runtime.profiles import Mode, ModeProfiles  # noqa: E402
-
-OUT = HERE.parent / "out" / "bench"
 REPLICAS = 4
 MODEL = "autoglm-phone-9b"
 SIM_FLAGS = [

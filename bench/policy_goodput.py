@@ -5,7 +5,7 @@
 
 Replays each trace (bench/traces/policy_traces.py, its docstring has their parameters) with
 seeds 2-6 against a pool of 4 replicas (2 GPUs each) simulated in fast-forwarded time by
-bench/policy_sim.py: the mode middleware's admission from `autoglm_runtime.profiles` (the
+testkit.bench.policy_sim: the mode middleware's admission from `autoglm_runtime.profiles` (the
 defaults of StreamingProfile and BatchingProfile) in front of the sim's engine step model
 (`autoglm_runtime.sim.model.LatencyModel`, calibrated to the published streaming TTFT ~0.32 s /
 4.1 req/s and batching 1.8 s / 7.2 req/s per replica). Nothing is tuned on these traces: the
@@ -81,20 +81,18 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE / "traces")]
+from autoglm_operator import policy as pol
+from autoglm_operator.spec import AdaptiveSettings, ModePolicy
+from autoglm_runtime.profiles import Mode
+from testkit.bench import policy_traces as traces
+from testkit.bench.policy_run import REPLICAS, WORKLOAD, summarize
+from testkit.bench.policy_sim import BATCH, CHAT, ROUTINGS, Outcome, Pool
+from testkit.paths import OUT_DIR
+from testkit.plots import pyplot
+from testkit.stats import nearest_rank
+from testkit.verdicts import Verdicts
 
-import policy_traces as traces  # noqa: E402
-from policy_sim import BATCH, CHAT, ROUTINGS, Outcome, Pool, Workload  # noqa: E402
-
-from autoglm_operator import policy as pol  # noqa: E402
-from autoglm_operator.spec import AdaptiveSettings, ModePolicy  # noqa: E402
-from autoglm_runtime.profiles import Mode  # noqa: E402
-
-OUT_DIR = HERE.parent / "out" / "bench"
-REPLICAS = 4
 FIXED = tuple(f"fixed-{k}" for k in range(REPLICAS + 1))
 POLICIES = (*FIXED, "naive", "adaptive", "greedy")
 LABELS = {"fixed-0": "all-streaming", f"fixed-{REPLICAS}": "all-batching"}
@@ -102,7 +100,6 @@ SEEDS = "2,3,4,5,6"
 GREEDY_INTERVAL = 120.0  # the policy's default cooldown
 GREEDY_LOOKAHEAD = 30.0  # a batch job's SLO: every request routed in the interval is judged
 QUICK_HOURS = 0.25
-WORKLOAD = Workload(shapes=traces.SHAPES)
 DRAIN_SECONDS = 120.0
 RATE_WINDOW = 60.0  # the [1m] of the default rate queries
 EPOCH = 1_767_225_600.0  # 2026-01-01T00:00:00Z: the policy's clock is wall time
@@ -368,34 +365,6 @@ def _max_per_window(flips: Sequence[tuple[float, int]], window: float) -> int:
     return worst
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
-
-
-def summarize(outcomes: Sequence[Outcome], duration: float, arrivals: int) -> dict[str, Any]:
-    assert len(outcomes) == arrivals, (len(outcomes), arrivals)  # every request judged once
-    met = sum(o.met for o in outcomes)
-    done = [o for o in outcomes if o.e2e >= 0]
-    chat = [o for o in outcomes if o.kind == CHAT]
-    batch = [o for o in outcomes if o.kind == BATCH]
-    ttfts = [o.ttft for o in chat if o.ttft >= 0]
-    return {
-        "requests": arrivals,
-        "goodput": met / duration,
-        "slo_attainment": met / arrivals if arrivals else 1.0,
-        "chat_attainment": sum(o.met for o in chat) / len(chat) if chat else 1.0,
-        "batch_attainment": sum(o.met for o in batch) / len(batch) if batch else 1.0,
-        "throughput": len(done) / duration,
-        "rejected": sum(1 for o in outcomes if o.e2e < 0 and o.ttft < 0),
-        "ttft_p50": _pct(ttfts, 0.5),
-        "ttft_p95": _pct(ttfts, 0.95),
-        "batch_e2e_p95": _pct([o.e2e for o in batch if o.e2e >= 0], 0.95),
-    }
-
-
 def calibration() -> dict[str, float]:
     """One replica of the simulated pool against the published per-replica figures."""
     import random
@@ -415,7 +384,7 @@ def calibration() -> dict[str, float]:
         pool = Pool([mode], poisson(1.0, 300, CHAT))
         pool.run_until(300)
         pool.drain(60)
-        return _pct([o.ttft for o in pool.outcomes if o.ttft >= 0], 0.5) or math.nan
+        return nearest_rank([o.ttft for o in pool.outcomes if o.ttft >= 0], 0.5) or math.nan
 
     return {
         "streaming_ttft_p50_light_s": light_ttft(Mode.STREAMING),
@@ -709,24 +678,6 @@ def _mean(xs: Sequence[float]) -> float:
     return sum(xs) / len(xs) if xs else math.nan
 
 
-def is_tie(value: float, other: float) -> bool:
-    """Equal up to float rounding: printed as a tie, never as one beating the other."""
-    return math.isclose(value, other, rel_tol=1e-9, abs_tol=1e-12)
-
-
-class Verdicts(list[dict]):
-    """The targets' verdicts, printed as they are given."""
-
-    def add(self, target: str, value: float, bar: float, detail: str, beats: bool = False) -> None:
-        """value >= bar: PASS, FAIL or TIE; a tie meets an "at least" target, never a "beats"."""
-        if is_tie(value, bar):
-            result, met = "TIE", not beats
-        else:
-            result, met = ("PASS", True) if value > bar else ("FAIL", False)
-        self.append({"target": target, "verdict": result, "met": met, "detail": detail})
-        print(f"{result}: {target}: {detail}")
-
-
 def check(table: dict, names: Sequence[str]) -> list[dict]:
     """The targets of issues 13 and 14, each PASS, FAIL or TIE (see the module docstring)."""
     cells = table["cells"]
@@ -833,10 +784,7 @@ def _check_router_and_oracle(
 
 
 def plot(results: Sequence[dict], table: dict, names: Sequence[str], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(2, 1, figsize=(13, 8))
     ax = axes[0]

@@ -61,9 +61,9 @@ from typing import Any
 import aiohttp
 
 from autoglm_runtime.sim.process import ServerProcess, SimProcess
+from testkit.paths import OUT_DIR
+from testkit.plots import pyplot
 
-REPO = Path(__file__).resolve().parent.parent
-OUT_DIR = REPO / "out" / "bench"
 MODEL = "autoglm-phone-9b"
 ADMIN_TOKEN = "faults-bench"
 MAX_TOKENS = 24
@@ -450,10 +450,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def plot(figures: dict[str, Any], timelines: dict[str, Load]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, len(timelines) + 1, figsize=(22, 4))
     for ax, (name, load) in zip(axes, timelines.items(), strict=False):

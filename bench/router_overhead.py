@@ -8,9 +8,9 @@ Two parts, one run:
    `autoglm-router`, at 1 and 100 concurrent streams of 32 SSE events; the router's own
    added-latency histogram (request in -> upstream out, first upstream byte -> first client
    byte), its CPU per request and per SSE event, and its RSS.
-3. vLLM's Rust router (`vllm-router`, `consistent_hash` on `X-Session-ID`; bench/vllm_router.py)
-   on the same upstream under the same load: the client-measured figures and its RSS, printed
-   as ours / its.
+3. vLLM's Rust router (`vllm-router`, `consistent_hash` on `X-Session-ID`;
+   testkit.bench.vllm_router) on the same upstream under the same load: the client-measured
+   figures and its RSS, printed as ours / its.
 Everything shares this machine's cores, so the figures include contention; the load generator
 uses aiohttp (the cheaper client) so it disturbs less. Targets (from issue 13, on the router's
 own histogram at 100 concurrent streams): each phase p50 <= 2 ms and p99 <= 10 ms, router CPU
@@ -35,9 +35,10 @@ from typing import Any
 
 import aiohttp
 import httpx
-import vllm_router
 
-OUT_DIR = Path(__file__).resolve().parent.parent / "out" / "bench"
+from testkit.bench import vllm_router
+from testkit.paths import OUT_DIR
+
 SSE_EVENTS = 32
 PHASES = ("request", "first_byte")
 EVENT = b'data: {"choices":[{"index":0,"delta":{"content":"tap "},"finish_reason":null}]}\n\n'

@@ -54,15 +54,15 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import vllm_router
 
 from autoglm_runtime.sim.model import LatencyModel
 from autoglm_runtime.sim.prefix_cache import BLOCK_TOKENS, block_hashes
 from autoglm_runtime.sim.process import ServerProcess, SimProcess
 from autoglm_runtime.sim.serve.chat import chat_prompt
+from testkit.bench import vllm_router
+from testkit.paths import OUT_DIR
+from testkit.plots import pyplot
 
-REPO = Path(__file__).resolve().parent.parent
-OUT_DIR = REPO / "out" / "bench"
 MODEL = "autoglm-phone-9b"
 REPLICAS = 4
 ROUTERS = ("autoglm-router", "autoglm-router-lf2", "autoglm-router-2x", "random", "oracle",
@@ -497,10 +497,7 @@ def report(mean: dict[str, dict[str, float]], checks: dict[str, list[Any]],
 
 
 def plot(mean: dict[str, dict[str, float]]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for ax, (key, title, _, _) in zip(axes, (COLUMNS[0], COLUMNS[1], COLUMNS[3]), strict=True):

@@ -15,9 +15,10 @@ import json
 import sys
 import urllib.request
 
-from runtime_common import OUT_DIR, closed_loop, within
-
 from autoglm_runtime.sim.process import SimProcess
+from testkit.bench.runtime_workload import closed_loop, within
+from testkit.paths import OUT_DIR
+from testkit.plots import pyplot
 
 TOKEN = "calibration-token"
 PUBLISHED = {
@@ -92,10 +93,7 @@ def run(seconds: float, warmup: float, tolerance: float) -> int:
 
 
 def plot(rows: list[tuple[str, str, float, float, float, bool]]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     labels = [f"{mode}\n{metric}" for mode, metric, *_ in rows]
     ratios = [value / target for _, _, target, value, _, _ in rows]

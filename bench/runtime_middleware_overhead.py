@@ -20,9 +20,11 @@ import time
 from pathlib import Path
 
 import httpx
-from runtime_common import MODEL, OUT_DIR, PhaseResult, Sample
 
 from autoglm_runtime.sim.process import SimProcess
+from testkit.bench.runtime_workload import MODEL, PhaseResult, Sample
+from testkit.paths import OUT_DIR
+from testkit.plots import pyplot
 
 STREAMS = 64
 PASS_THROUGH_PROFILE = {"maxConcurrency": STREAMS, "maxQueue": 64, "queueTimeoutSeconds": 60,
@@ -115,10 +117,7 @@ def run(seconds: float, warmup: float, rounds: int, max_tokens: int) -> int:
 
 
 def plot(runs: dict[str, list[PhaseResult]]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4))
     data = [[s.end - s.start for p in runs[name] for s in p.in_window()] for name in runs]

@@ -31,11 +31,13 @@ from typing import Any
 import yaml
 
 from autoglm_operator.prom import demand_query
-from loadgen import LoadReport, percentile, run_load
-from localcluster import LocalCluster, free_port, loopback_pod_cidr, running_cluster
-from localprom import LocalPrometheus
-from podrunner import PodRunner
-from servicelb import ServiceProxy
+from testkit.loadgen import LoadReport, run_load
+from testkit.localcluster import LocalCluster, free_port, loopback_pod_cidr, running_cluster
+from testkit.localprom import LocalPrometheus
+from testkit.plots import pyplot
+from testkit.podrunner import PodRunner
+from testkit.servicelb import ServiceProxy
+from testkit.stats import percentile
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "autoglm"
@@ -268,10 +270,7 @@ async def watch_and_show(
 
 
 def write_chart(timeline: Timeline, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     t = [s.t for s in timeline.samples]
     fig, axes = plt.subplots(3, 1, figsize=(10, 8), sharex=True)

@@ -4,8 +4,8 @@
 #   place for it) with everything its wheel asks for, then the dependencies of the project's
 #   runtime and operator extras, pytest and the test clients, constrained to the versions vLLM
 #   installed so none of its pins moves. The project itself is not installed: pytest puts
-#   operator/ and runtime/ on sys.path (pyproject's pythonpath), so one cached environment
-#   serves every checkout.
+#   operator/, runtime/ and the test harness testkit/ on sys.path (pyproject's pythonpath), so
+#   one cached environment serves every checkout.
 # A marker written last makes it idempotent; without the marker (an interrupted install) the
 # environment is rebuilt from scratch. Prints the venv directory on stdout as its last line;
 # progress goes to stderr.

@@ -1,6 +1,6 @@
 """Fixtures shared by every tier.
 
-The `cluster` fixture starts a real control plane (hack/localcluster.py) once per session;
+The `cluster` fixture starts a real control plane (testkit.localcluster) once per session;
 tests that use it are marked `cluster` (or `e2e`) and skipped only when that marker is
 deselected, never because the binaries are missing: then the fixture builds them.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from _pytest.terminal import TerminalReporter
 
-from localcluster import LocalCluster, loopback_pod_cidr, running_cluster
+from testkit.localcluster import LocalCluster, loopback_pod_cidr, running_cluster
 
 REPO = Path(__file__).resolve().parent.parent
 CRD_FILE = REPO / "crds" / "autoglm.io_autoglmdeployments.yaml"

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from operator_kit import Operator
 
-from localcluster import LocalCluster
+from testkit.localcluster import LocalCluster
+from testkit.operator_kit import Operator
 
 
 @pytest.fixture

@@ -30,12 +30,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import operator_kit as kit
 import pytest
 import yaml
-from operator_kit import wait_for
 
-from localcluster import LocalCluster
+from testkit import operator_kit as kit
+from testkit.localcluster import LocalCluster
+from testkit.operator_kit import wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "chart"))
 from chartkit import (
@@ -575,7 +575,7 @@ def test_a_whole_lifecycle_uses_every_permission_the_chart_grants(
 
     The operator runs under the ServiceAccount of a scope-Cluster install (ClusterRole, CRD
     watch, Lease Role) through everything it does to an AutoGLMDeployment; the apiserver's
-    audit log (hack/localcluster.py logs ServiceAccount requests) then says which permissions
+    audit log (testkit.localcluster logs ServiceAccount requests) then says which permissions
     it used. The test above shows the grants suffice; this one, that none is spare.
     """
     release = "audit"

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from localcluster import LocalCluster
+from testkit.localcluster import LocalCluster
 
 pytestmark = pytest.mark.cluster
 

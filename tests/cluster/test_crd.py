@@ -13,7 +13,7 @@ import yaml
 
 from autoglm_operator import builders
 from autoglm_operator.spec import AutoGLMDeploymentSpec
-from localcluster import LocalCluster
+from testkit.localcluster import LocalCluster
 
 pytestmark = pytest.mark.cluster
 

@@ -14,7 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from operator_kit import (
+
+from testkit.localcluster import LocalCluster
+from testkit.operator_kit import (
     EXAMPLE,
     HASH_ANNOTATION,
     INSTANCE,
@@ -29,8 +31,6 @@ from operator_kit import (
     status,
     wait_for,
 )
-
-from localcluster import LocalCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 

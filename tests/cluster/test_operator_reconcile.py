@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_kit import (
+
+from testkit.localcluster import LocalCluster, free_port, http_ok
+from testkit.operator_kit import (
     EXAMPLE,
     HASH_ANNOTATION,
     INSTANCE,
@@ -34,8 +36,6 @@ from operator_kit import (
     status,
     wait_for,
 )
-
-from localcluster import LocalCluster, free_port, http_ok
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 

@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 import urllib3
 from kubernetes import client, config, watch
-from operator_kit import (
+
+from testkit.localcluster import LocalCluster
+from testkit.operator_kit import (
     INSTANCE,
     MODE_LABEL,
     NAME,
@@ -30,8 +32,6 @@ from operator_kit import (
     status,
     wait_for,
 )
-
-from localcluster import LocalCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 

@@ -1,5 +1,5 @@
 """The operator's router on the local control plane: `<name>-router` and its identity exist with
-the fields users rely on, Service `<name>` reaches the router pods (run by hack/podrunner.py as
+the fields users rely on, Service `<name>` reaches the router pods (run by testkit.podrunner as
 `autoglm-router` processes under their ServiceAccount's token), requests through it reach a
 replica of the right mode, and `router.enabled: false` takes it all away again.
 """
@@ -14,7 +14,9 @@ from typing import Any
 
 import openai
 import pytest
-from operator_kit import (
+
+from testkit.localcluster import LocalCluster
+from testkit.operator_kit import (
     NAME,
     Operator,
     admin_token,
@@ -26,10 +28,8 @@ from operator_kit import (
     status,
     wait_for,
 )
-
-from localcluster import LocalCluster
-from podrunner import PodRunner
-from servicelb import ServiceProxy
+from testkit.podrunner import PodRunner
+from testkit.servicelb import ServiceProxy
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 

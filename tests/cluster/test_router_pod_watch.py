@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_kit import wait_for
 
 from autoglm_router.kube import ApiAccess, KubernetesDiscovery, in_cluster_access
 from autoglm_runtime.profiles import Mode
-from localcluster import LocalCluster, free_port
+from testkit.localcluster import LocalCluster, free_port
+from testkit.operator_kit import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 

@@ -1,4 +1,4 @@
-"""hack/servicelb.py's ServiceProxy follows its Service, as kube-proxy does: when the selector
+"""testkit.servicelb's ServiceProxy follows its Service, as kube-proxy does: when the selector
 changes (the operator moves Service `<name>` onto the router pods once one is ready), new
 connections go to the newly selected pods, not to the ones selected when the proxy started."""
 
@@ -7,11 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from operator_kit import wait_for
 from test_router_pod_watch import serving_pod
 
-from localcluster import LocalCluster
-from servicelb import ServiceProxy
+from testkit.localcluster import LocalCluster
+from testkit.operator_kit import wait_for
+from testkit.servicelb import ServiceProxy
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 from kubernetes import config
-from operator_kit import NAME, Operator, agd_object, condition, get, status, wait_for
 
 from autoglm_operator import kube
-from localcluster import LocalCluster
+from testkit.localcluster import LocalCluster
+from testkit.operator_kit import NAME, Operator, agd_object, condition, get, status, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 

@@ -2,7 +2,7 @@
 
 The lifecycle of test_scale_up_down_and_delete_cascades (create, scale up, scale down, delete),
 with the operator run under a ServiceAccount of its own so that the audit log (which logs
-ServiceAccount requests only, hack/localcluster.py) records every request it makes. Each
+ServiceAccount requests only, testkit.localcluster) records every request it makes. Each
 phase's writes (verb, resource, subresource) must be exactly the kinds listed here: a change to
 the control loop that writes something new, or stops writing something, shows up as a diff.
 How many of each a phase makes depends on how fast kwok starts pods, so counts are printed
@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_kit import EXAMPLE, INSTANCE, NAME, ready_as, wait_for
 
-from localcluster import LocalCluster
+from testkit.localcluster import LocalCluster
+from testkit.operator_kit import EXAMPLE, INSTANCE, NAME, ready_as, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 

@@ -7,11 +7,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from operator_kit import Operator
 
-from localcluster import LocalCluster, free_port
-from localprom import LocalPrometheus
-from podrunner import PodRunner
+from testkit.localcluster import LocalCluster, free_port
+from testkit.localprom import LocalPrometheus
+from testkit.operator_kit import Operator
+from testkit.podrunner import PodRunner
 
 
 @pytest.fixture(scope="module")

@@ -19,13 +19,13 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import pytest
-from operator_kit import Operator, admin_token, pod_modes, runtime_state
 
 from autoglm_operator.prom import demand_query
-from loadgen import LoadReport, run_load
-from localcluster import LocalCluster
-from localprom import LocalPrometheus
-from podrunner import PodRunner
+from testkit.loadgen import LoadReport, run_load
+from testkit.localcluster import LocalCluster
+from testkit.localprom import LocalPrometheus
+from testkit.operator_kit import Operator, admin_token, pod_modes, runtime_state
+from testkit.podrunner import PodRunner
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 

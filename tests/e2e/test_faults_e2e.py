@@ -8,7 +8,7 @@ operator must finish the flip once: label, runtime and status agree, nothing els
 the replica does not flip back before its cooldown is over, though load has gone.
 
 A runtime pod deleted under load: the pod runner takes it down the kubelet's way (preStop hook,
-SIGTERM, SIGKILL after the grace period) and a kube-proxy-like Service proxy (hack/servicelb.py)
+SIGTERM, SIGKILL after the grace period) and a kube-proxy-like Service proxy (testkit.servicelb)
 stops sending it new connections, while the official `openai` client keeps sending through the
 Service. Every request the runtime admitted must finish, no request may fail, and the
 replacement pod must join the Service.
@@ -32,7 +32,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from operator_kit import (
+
+from autoglm_operator.policy import parse_iso
+from autoglm_operator.prom import demand_query
+from testkit.loadgen import LoadReport, run_load
+from testkit.localcluster import LocalCluster
+from testkit.localprom import LocalPrometheus
+from testkit.operator_kit import (
     INSTANCE,
     NAME,
     Operator,
@@ -49,14 +55,8 @@ from operator_kit import (
     status,
     wait_for,
 )
-
-from autoglm_operator.policy import parse_iso
-from autoglm_operator.prom import demand_query
-from loadgen import LoadReport, run_load
-from localcluster import LocalCluster
-from localprom import LocalPrometheus
-from podrunner import PodRunner
-from servicelb import ServiceProxy
+from testkit.podrunner import PodRunner
+from testkit.servicelb import ServiceProxy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

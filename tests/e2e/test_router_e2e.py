@@ -9,12 +9,12 @@ import time
 
 import openai
 import pytest
-from operator_kit import NAME, Operator, agd_object, deploy, patch_agd, pod_modes, wait_for
 
-from loadgen import LoadReport, RequestResult, run_load
-from localcluster import LocalCluster
-from podrunner import PodRunner
-from servicelb import ServiceProxy
+from testkit.loadgen import LoadReport, RequestResult, run_load
+from testkit.localcluster import LocalCluster
+from testkit.operator_kit import NAME, Operator, agd_object, deploy, patch_agd, pod_modes, wait_for
+from testkit.podrunner import PodRunner
+from testkit.servicelb import ServiceProxy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 

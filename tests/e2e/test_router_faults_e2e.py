@@ -1,6 +1,6 @@
 """Faults through the operator's router under load, client retries off (`max_retries=0`).
 
-The client reaches Service `<name>` through hack/servicelb.py, which forwards as kube-proxy does:
+The client reaches Service `<name>` through testkit.servicelb, which forwards as kube-proxy does:
 each new connection to the next ready router pod, a kept-alive connection stays with its pod.
 The `openai` client keeps its connections alive between requests, so both faults meet
 connections opened before them.
@@ -20,12 +20,12 @@ import asyncio
 import time
 
 import pytest
-from operator_kit import NAME, Operator, agd_object, deploy, live_pods, ready_as, wait_for
 
-from loadgen import LoadReport, run_load
-from localcluster import LocalCluster
-from podrunner import PodRunner
-from servicelb import ServiceProxy
+from testkit.loadgen import LoadReport, run_load
+from testkit.localcluster import LocalCluster
+from testkit.operator_kit import NAME, Operator, agd_object, deploy, live_pods, ready_as, wait_for
+from testkit.podrunner import PodRunner
+from testkit.servicelb import ServiceProxy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 

@@ -24,7 +24,7 @@ import pytest
 from autoglm_operator import builders, router_builders
 from autoglm_operator import spec as crd
 from autoglm_runtime.engine_args import MIDDLEWARE_IMPORT_PATH
-from dockerfiles import instructions
+from testkit.dockerfiles import instructions
 
 pytestmark = [pytest.mark.images, pytest.mark.timeout(900)]
 

@@ -23,8 +23,10 @@ import yaml
 from autoglm_operator import prom
 from autoglm_operator.prom import Availability, PrometheusReader
 from autoglm_operator.spec import PrometheusSource, QueryOverrides
-from localcluster import free_port
-from localprom import LocalPrometheus, serve_exposition
+from testkit.localcluster import free_port
+from testkit.localprom import LocalPrometheus, serve_exposition
+
+pytestmark = pytest.mark.prometheus
 
 GIB = 1024**3
 

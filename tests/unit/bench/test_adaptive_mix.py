@@ -4,31 +4,27 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
-
-from adaptive_mix import (
-    BATCH_SLO,
-    CHAT_TPOT_SLO,
-    CHAT_TTFT_SLO,
-    PHASES,
-    adaptive_spec,
-    bound_seconds,
-    chosen_split,
-    fixed_split,
-    met_slo,
-    side_by_side,
-)
-
 from autoglm_operator import spec as crd
 from autoglm_operator.policy import Capacity
 from autoglm_runtime.metrics import TRAFFIC_CLASSES
-from loadgen import RequestResult
+from testkit.loadgen import RequestResult
+from testkit.paths import load_script
+
+adaptive_mix = load_script("bench/adaptive_mix.py")
+BATCH_SLO = adaptive_mix.BATCH_SLO
+CHAT_TPOT_SLO = adaptive_mix.CHAT_TPOT_SLO
+CHAT_TTFT_SLO = adaptive_mix.CHAT_TTFT_SLO
+PHASES = adaptive_mix.PHASES
+adaptive_spec = adaptive_mix.adaptive_spec
+bound_seconds = adaptive_mix.bound_seconds
+chosen_split = adaptive_mix.chosen_split
+fixed_split = adaptive_mix.fixed_split
+met_slo = adaptive_mix.met_slo
+side_by_side = adaptive_mix.side_by_side
 
 
 def settings() -> crd.AdaptiveSettings:

@@ -1,16 +1,12 @@
-"""The reaction benchmark's books: fast checks of bench/reaction_timing.py."""
+"""The reaction benchmark's books: fast checks of testkit.bench.reaction_timing."""
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
-
-from reaction_timing import (
+from testkit.bench.reaction_timing import (
     BATCHING,
     STREAMING,
     Confirmation,
@@ -119,7 +115,7 @@ def test_verdicts_pass_only_when_every_target_holds() -> None:
 
 
 def test_a_poller_polls_until_left_and_goes_on_after_a_failed_poll() -> None:
-    from adaptive_reaction import Poller
+    from testkit.stack import Poller
 
     class Counting(Poller):
         def __init__(self) -> None:

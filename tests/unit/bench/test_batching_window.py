@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from testkit.paths import load_script
 
-BENCH = Path(__file__).resolve().parents[3] / "bench"
-sys.path[:0] = [str(BENCH), str(BENCH / "traces")]
-
-import batching_window as bench  # noqa: E402
+bench = load_script("bench/batching_window.py")
 
 from autoglm_runtime.profiles import BatchingProfile  # noqa: E402
 

@@ -1,20 +1,14 @@
-"""The scale benchmark's arithmetic: fast checks of bench/scale_stats.py."""
+"""The scale benchmark's arithmetic: fast checks of testkit.bench.scale_stats."""
 
 from __future__ import annotations
 
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[3] / "bench"
-sys.path[:0] = [str(BENCH)]
-
-import scale_stats as stats  # noqa: E402
-
-from autoglm_operator import prom  # noqa: E402
+from autoglm_operator import prom
+from testkit.bench import scale_stats as stats
 
 
 def test_percentile_is_nearest_rank() -> None:

@@ -1,21 +1,18 @@
-"""The policy benchmark's simulator keeps honest books: fast checks of bench/policy_sim.py."""
+"""The policy benchmark's simulator keeps honest books: fast checks of testkit.bench.policy_sim."""
 
 from __future__ import annotations
 
 import random
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[3] / "bench"
-sys.path[:0] = [str(BENCH), str(BENCH / "traces")]
+from testkit.bench import policy_sim
+from testkit.bench import policy_traces as traces
+from testkit.bench.policy_sim import BATCH, CHAT, Pool, Workload
+from testkit.paths import load_script
 
-import policy_goodput as bench  # noqa: E402
-import policy_sim  # noqa: E402
-import policy_traces as traces  # noqa: E402
-from policy_sim import BATCH, CHAT, Pool, Workload  # noqa: E402
+bench = load_script("bench/policy_goodput.py")
 
 from autoglm_router import routing  # noqa: E402
 from autoglm_runtime.profiles import Mode  # noqa: E402

@@ -3,15 +3,11 @@ target when the gains are a few %."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[3] / "bench"
-sys.path[:0] = [str(BENCH)]
+from testkit.paths import load_script
 
-import router_sessions as bench  # noqa: E402
+bench = load_script("bench/router_sessions.py")
 
 
 def figures(router: float, oracle: float, random: float = 0.320) -> dict[str, dict[str, float]]:

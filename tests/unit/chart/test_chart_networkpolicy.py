@@ -15,6 +15,8 @@ from chartkit import NAMESPACE, RELEASE, by_kind, one, render
 from autoglm_operator import builders, router_builders
 from autoglm_operator import spec as crd
 
+pytestmark = pytest.mark.helm
+
 FULLNAME = f"{RELEASE}-autoglm"
 APPS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}}}
 ENABLED = {"networkPolicy.enabled": True, "networkPolicy.clients": [APPS]}

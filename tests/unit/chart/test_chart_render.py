@@ -26,6 +26,8 @@ from chartkit import (
 from autoglm_operator import builders
 from autoglm_operator import spec as crd
 
+pytestmark = pytest.mark.helm
+
 FULLNAME = f"{RELEASE}-autoglm"
 MONITORING_ON = {
     "monitoring.podMonitor.enabled": True,

@@ -12,7 +12,9 @@ import pytest
 import yaml
 from chartkit import REPO
 
-import checkov_report as report
+from testkit.paths import load_script
+
+report = load_script("hack/checkov_report.py")
 
 SKIPS_FILE = REPO / "hack" / "checkov-skips.yaml"
 

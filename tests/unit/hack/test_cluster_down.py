@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import localcluster
+from testkit import localcluster
 
 
 @pytest.fixture

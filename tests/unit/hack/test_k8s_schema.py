@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import k8s_schema
 from autoglm_operator import spec
+from testkit.paths import load_script
+
+k8s_schema = load_script("hack/k8s_schema.py")
 
 _P = "#/components/schemas/io.k8s.api.core.v1."
 DOCUMENT: dict[str, Any] = {

@@ -1,4 +1,4 @@
-"""hack/loadgen.py keeps every request it sent in its report, answered or not."""
+"""testkit.loadgen keeps every request it sent in its report, answered or not."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-import loadgen
+from testkit import loadgen
 
 
 async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

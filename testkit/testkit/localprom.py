@@ -26,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from localcluster import free_port, log
+from testkit.localcluster import free_port, log
 
 
 def serve_exposition(render: Callable[[], bytes]) -> ThreadingHTTPServer:

@@ -6,12 +6,10 @@ import asyncio
 import statistics
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import openai
 
-OUT_DIR = Path(__file__).resolve().parent.parent / "out" / "bench"
 MODEL = "autoglm-phone-9b"
 # A tiny valid PNG stands in for a phone screenshot; the sim charges a fixed token cost per image.
 SCREENSHOT = (

@@ -27,7 +27,7 @@ from typing import Any
 
 from kubernetes import client, config, watch  # type: ignore[import-untyped]
 
-from localcluster import LocalCluster, http_ok, log
+from testkit.localcluster import LocalCluster, http_ok, log
 
 PROBE_EVERY_SECONDS = 0.5
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import socket
 import subprocess
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from testkit.paths import REPO
 
 
 def find_binary() -> str:

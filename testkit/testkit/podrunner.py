@@ -33,7 +33,7 @@ from typing import Any
 
 from kubernetes import client, config, watch  # type: ignore[import-untyped]
 
-from localcluster import LocalCluster, log
+from testkit.localcluster import LocalCluster, log
 
 SELECTOR = "app.kubernetes.io/name in (autoglm,autoglm-router)"
 ROUTER_APP = "autoglm-router"

@@ -60,7 +60,7 @@ def flat(counts: Sequence[float], relative: float = 0.05, absolute: float = 1.0)
     return slope(counts) <= max(absolute, relative * (sum(counts) / len(counts)))
 
 
-# -- API requests the operator sent (rows of tests/cluster/operator_kit.py's counting wrapper) --
+# -- API requests the operator sent (rows of testkit.operator_kit's counting wrapper) --
 
 _WATCH = re.compile(r"""watch['"]?\s*[:=]\s*['"]?(true|1)""", re.IGNORECASE)
 

@@ -19,9 +19,9 @@ from urllib.parse import urlparse
 
 import yaml
 
-from localcluster import LocalCluster, free_port
+from testkit.localcluster import LocalCluster, free_port
+from testkit.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = yaml.safe_load((REPO / "examples" / "autoglm.yaml").read_text())
 NAME = EXAMPLE["metadata"]["name"]
 HASH_ANNOTATION = "autoglm.io/template-hash"

@@ -5,8 +5,8 @@ kube-scheduler and kwok (fake GPU nodes that run pods without containers), all b
 upstream source by hack/k8s-bin.sh. Every process runs in its own process group and is stopped
 by `stop()`; nothing outlives the fixture or the `down` command.
 
-    python hack/localcluster.py up      # start, print the kubeconfig path, return
-    python hack/localcluster.py down    # stop what `up` started
+    python -m testkit.localcluster up      # start, print the kubeconfig path, return
+    python -m testkit.localcluster down    # stop what `up` started
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-HACK = Path(__file__).resolve().parent
-REPO = HACK.parent
+from testkit.paths import HACK
+
 STATE_DIR = Path(os.environ.get("AUTOGLM_CLUSTER_DIR", "/tmp/autoglm-cluster"))
 SERVICE_CIDR = "10.96.0.0/16"
 # Pod IPs kwok hands out. A loopback range lets a local runner bind each pod's IP (the demo and

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from loadgen import percentile
+from testkit.stats import percentile
 
 BATCHING, STREAMING = "batching", "streaming"
 

@@ -1,0 +1,34 @@
+"""What the policy benchmarks share: the pool's size, the traced workload and a run's books."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from testkit.bench import policy_traces as traces
+from testkit.bench.policy_sim import BATCH, CHAT, Outcome, Workload
+from testkit.stats import nearest_rank
+
+REPLICAS = 4
+WORKLOAD = Workload(shapes=traces.SHAPES)
+
+
+def summarize(outcomes: Sequence[Outcome], duration: float, arrivals: int) -> dict[str, Any]:
+    assert len(outcomes) == arrivals, (len(outcomes), arrivals)  # every request judged once
+    met = sum(o.met for o in outcomes)
+    done = [o for o in outcomes if o.e2e >= 0]
+    chat = [o for o in outcomes if o.kind == CHAT]
+    batch = [o for o in outcomes if o.kind == BATCH]
+    ttfts = [o.ttft for o in chat if o.ttft >= 0]
+    return {
+        "requests": arrivals,
+        "goodput": met / duration,
+        "slo_attainment": met / arrivals if arrivals else 1.0,
+        "chat_attainment": sum(o.met for o in chat) / len(chat) if chat else 1.0,
+        "batch_attainment": sum(o.met for o in batch) / len(batch) if batch else 1.0,
+        "throughput": len(done) / duration,
+        "rejected": sum(1 for o in outcomes if o.e2e < 0 and o.ttft < 0),
+        "ttft_p50": nearest_rank(ttfts, 0.5),
+        "ttft_p95": nearest_rank(ttfts, 0.95),
+        "batch_e2e_p95": nearest_rank([o.e2e for o in batch if o.e2e >= 0], 0.95),
+    }
