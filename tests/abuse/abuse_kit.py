@@ -35,10 +35,12 @@ class RouterProcess(ServerProcess):
                  log_path: Any = None) -> None:
         super().__init__(*args, env=env, log_path=log_path)
         self.endpoints = endpoints
+        self.metrics_port = free_port()
 
     def command(self) -> list[str]:
         argv = [sys.executable, "-m", "autoglm_router.cli", "--host", "127.0.0.1",
-                "--port", str(self.port), "--poll-interval", "0.2", *self.args]
+                "--port", str(self.port), "--metrics-port", str(self.metrics_port),
+                "--poll-interval", "0.2", *self.args]
         for endpoint in self.endpoints:
             argv += ["--endpoint", endpoint]
         return argv
@@ -49,8 +51,16 @@ class RouterProcess(ServerProcess):
         return self.process.pid
 
     @property
+    def ops_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}"
+
+    @property
+    def health_url(self) -> str:
+        return self.ops_url + "/health"
+
+    @property
     def metrics_url(self) -> str:
-        return self.base_url + "/metrics"
+        return self.ops_url + "/metrics"
 
 
 StartRouter = Callable[..., RouterProcess]
