@@ -28,6 +28,7 @@ from types import FrameType
 from autoglm_runtime.config import ConfigError, RuntimeSettings, load_runtime_config
 from autoglm_runtime.engine_args import (
     API_KEY_FLAG_MESSAGE,
+    ENGINE_ENV,
     api_key_flags,
     build_vllm_argv,
     refused_extra_arg,
@@ -99,7 +100,7 @@ class Launcher:
         self._drainer: threading.Thread | None = None
 
     def run(self) -> int:
-        env = {**os.environ, "AUTOGLM_DRAIN_TOKEN": self.drain_token}
+        env = {**os.environ, **ENGINE_ENV, "AUTOGLM_DRAIN_TOKEN": self.drain_token}
         log.info("Starting %s", " ".join(self.command))
         self.process = subprocess.Popen(self.command, env=env)
         previous = {
