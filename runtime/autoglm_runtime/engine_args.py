@@ -105,11 +105,10 @@ MANAGED_SPELLINGS: dict[str, ManagedSpelling] = {
         "maxNumBatchedTokens", {"--max-num-batched-tokens": "--max-num-b"}
     ),
     "--stream-interval": ManagedSpelling("streamInterval", {"--stream-interval": "--stre"}),
-    "--limit-mm-per-prompt": ManagedSpelling(
-        "imagesPerPrompt", {"--limit-mm-per-prompt": "--lim"}
-    ),
+    # Media rules the middleware applies too; the resource has no field for them yet.
+    "--limit-mm-per-prompt": ManagedSpelling(None, {"--limit-mm-per-prompt": "--lim"}),
     "--allowed-media-domains": ManagedSpelling(
-        "allowedMediaDomains", {"--allowed-media-domains": "--allowed-med"}
+        None, {"--allowed-media-domains": "--allowed-med"}
     ),
     # Never set: it would let a prompt read the pod's files (file:// image URLs).
     "--allowed-local-media-path": ManagedSpelling(
