@@ -7,11 +7,12 @@ PY := $(VENV)/bin/python
 # hack/k8s-bin.sh builds them once. The unit tier needs none of them.
 PYTEST_WITH_BINARIES := AUTOGLM_BIN_DIR=$$(bash hack/k8s-bin.sh) $(PY) -m pytest
 # Deselected from every tier but their own.
-OTHER_TIERS := not cluster and not e2e and not bench and not images and not vllm
+OTHER_TIERS := not cluster and not e2e and not bench and not images and not vllm and not abuse
 export AUTOGLM_CACHE ?= $(HOME)/.cache/autoglm
 
 .PHONY: help deps venv binaries crd lint checkov test test-unit test-helm test-prometheus \
-        test-images test-cluster test-e2e test-vllm bench demo cluster-up cluster-down images clean
+        test-abuse test-images test-cluster test-e2e test-vllm bench demo cluster-up cluster-down \
+        images clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
@@ -55,6 +56,9 @@ test-helm: venv binaries  ## the chart through helm template/lint (and promtool,
 test-prometheus: venv  ## the operator's PromQL against Debian's Prometheus (make deps)
 	$(PY) -m pytest -m "$(OTHER_TIERS) and prometheus and not helm" $(NEEDS_HELM_TO_COLLECT)
 
+test-abuse: venv  ## hostile clients against the real router and sims on loopback
+	$(PY) -m pytest -m abuse tests/abuse
+
 test-images: venv  ## the Dockerfiles' pip installs in clean venvs, and their entrypoints
 	$(PY) -m pytest -m images tests/images
 
@@ -67,7 +71,7 @@ test-e2e: venv binaries  ## control plane + Prometheus + sim runtimes + load
 test-vllm:  ## the pinned vLLM in its own cached environment (hack/vllm-env.sh), on the CPU
 	env=$$(bash hack/vllm-env.sh); VLLM_TARGET_DEVICE=cpu "$$env/bin/python" -m pytest -m vllm tests/vllm
 
-TIERS := test-unit test-helm test-prometheus test-images test-cluster test-e2e test-vllm
+TIERS := test-unit test-helm test-prometheus test-abuse test-images test-cluster test-e2e test-vllm
 test: lint checkov $(TIERS)  ## every tier CI runs
 
 BENCHMARKS := bench/runtime_calibration.py bench/runtime_middleware_overhead.py \

@@ -60,7 +60,7 @@ from typing import Any
 
 import aiohttp
 
-from autoglm_runtime.sim.process import ServerProcess, SimProcess
+from autoglm_runtime.sim.process import ServerProcess, SimProcess, free_port
 from testkit.paths import OUT_DIR
 from testkit.plots import pyplot
 
@@ -86,10 +86,21 @@ class Router(ServerProcess):
         super().__init__(log_path=log_path)
         self.urls = urls
         self.poll_seconds = poll_seconds
+        self.metrics_port = free_port()
+
+    @property
+    def ops_url(self) -> str:
+        """/health and /metrics: on the router's metrics port, not its API port."""
+        return f"http://127.0.0.1:{self.metrics_port}"
+
+    @property
+    def health_url(self) -> str:
+        return self.ops_url + "/health"
 
     def command(self) -> list[str]:
         argv = [sys.executable, "-m", "autoglm_router.cli", "--host", "127.0.0.1",
-                "--port", str(self.port), "--log-level", "warning", "--drain-seconds", "30",
+                "--port", str(self.port), "--metrics-port", str(self.metrics_port),
+                "--log-level", "warning", "--drain-seconds", "30",
                 "--poll-interval", str(self.poll_seconds)]
         for url in self.urls:
             argv += ["--endpoint", url]
@@ -251,7 +262,7 @@ def replica_drained(procs: Processes) -> tuple[dict[str, Any], Load]:
 
     figures = asyncio.run(run_load(load, faults))
     figures["drained_exit"] = sims[1].process.wait(30) if sims[1].process else None
-    figures["router_retries"] = scrape(router.base_url, "autoglm_router_retries_total")
+    figures["router_retries"] = scrape(router.ops_url, "autoglm_router_retries_total")
     return figures, load
 
 
@@ -262,7 +273,7 @@ def replica_killed(procs: Processes) -> tuple[dict[str, Any], Load]:
 
     async def faults(load: Load) -> dict[str, Any]:
         await sleep_until(load, 3.0)
-        open_there = scrape(router.base_url, "autoglm_router_inflight").get(
+        open_there = scrape(router.ops_url, "autoglm_router_inflight").get(
             f'replica="{sims[0].base_url}"', 0.0)
         at = load.now()
         assert sims[0].process is not None
@@ -273,7 +284,7 @@ def replica_killed(procs: Processes) -> tuple[dict[str, Any], Load]:
     figures = asyncio.run(run_load(load, faults))
     figures["failed_started_after"] = sum(1 for s in load.samples
                                           if not s.ok and s.start > figures["fault_at_s"])
-    figures["router_retries"] = scrape(router.base_url, "autoglm_router_retries_total")
+    figures["router_retries"] = scrape(router.ops_url, "autoglm_router_retries_total")
     return figures, load
 
 
@@ -296,7 +307,7 @@ def replica_flips(procs: Processes) -> tuple[dict[str, Any], Load]:
         return {"events": events}
 
     figures = asyncio.run(run_load(load, faults))
-    figures["router_retries"] = scrape(router.base_url, "autoglm_router_retries_total")
+    figures["router_retries"] = scrape(router.ops_url, "autoglm_router_retries_total")
     return figures, load
 
 

@@ -234,13 +234,14 @@ def bucket_quantiles(before: list[tuple[float, float]],
 
 
 def measure_router(upstream: str, router: str, router_pid: int, count: int,
-                   own_histogram: bool = True) -> dict[str, Any]:
-    """Client-measured figures for any router; `own_histogram`: autoglm-router's own too."""
+                   own_histogram: bool = True, metrics: str = "") -> dict[str, Any]:
+    """Client-measured figures for any router; `own_histogram`: autoglm-router's own too,
+    read from `metrics` (its metrics port's base URL)."""
     results: dict[str, Any] = {}
     for concurrency in (1, 100):
         direct = asyncio.run(load(upstream, count, concurrency))
         cpu = cpu_seconds(router_pid)
-        before = {phase: histogram(router, phase) for phase in PHASES if own_histogram}
+        before = {phase: histogram(metrics, phase) for phase in PHASES if own_histogram}
         routed = asyncio.run(load(router, count, concurrency))
         router_cpu = cpu_seconds(router_pid) - cpu
         d, r = quantiles(direct["ttfb"]), quantiles(routed["ttfb"])
@@ -248,7 +249,7 @@ def measure_router(upstream: str, router: str, router_pid: int, count: int,
             "ttfb_direct": d, "ttfb_router": r,
             "added_ttfb_p50_ms": r["p50_ms"] - d["p50_ms"],
             "added_ttfb_p99_ms": r["p99_ms"] - d["p99_ms"],
-            "router_own": {phase: bucket_quantiles(old, histogram(router, phase))
+            "router_own": {phase: bucket_quantiles(old, histogram(metrics, phase))
                            for phase, old in before.items()},
             "router_cpu_ms_per_request": 1000 * router_cpu / count,
             "router_cpu_us_per_sse_event": 1e6 * router_cpu / (count * SSE_EVENTS),
@@ -308,7 +309,7 @@ def main() -> int:
     if args.upstream:
         run_upstream(args.upstream)
         return 0
-    up_port, router_port = free_port(), free_port()
+    up_port, router_port, metrics_port = free_port(), free_port(), free_port()
     upstream = subprocess.Popen([sys.executable, __file__, "--upstream", str(up_port)])
     router = None
     try:
@@ -317,11 +318,13 @@ def main() -> int:
         clients = compare_clients(upstream_url, args.requests)
         router = subprocess.Popen(
             [sys.executable, "-m", "autoglm_router.cli", "--host", "127.0.0.1", "--port",
-             str(router_port), "--endpoint", upstream_url, "--streaming-cap", "1000",
-             "--log-level", "warning"])
+             str(router_port), "--metrics-port", str(metrics_port), "--endpoint", upstream_url,
+             "--streaming-cap", "1000", "--log-level", "warning"])
         router_url = f"http://127.0.0.1:{router_port}"
-        wait_listening(router_url)
-        routed = measure_router(upstream_url, router_url, router.pid, args.requests)
+        metrics_url = f"http://127.0.0.1:{metrics_port}"
+        wait_listening(metrics_url)
+        routed = measure_router(upstream_url, router_url, router.pid, args.requests,
+                                metrics=metrics_url)
         router.terminate()
         router.wait(10)
         theirs = measure_vllm_router(upstream_url, args.requests)

@@ -57,7 +57,7 @@ import aiohttp
 
 from autoglm_runtime.sim.model import LatencyModel
 from autoglm_runtime.sim.prefix_cache import BLOCK_TOKENS, block_hashes
-from autoglm_runtime.sim.process import ServerProcess, SimProcess
+from autoglm_runtime.sim.process import ServerProcess, SimProcess, free_port
 from autoglm_runtime.sim.serve.chat import chat_prompt
 from testkit.bench import vllm_router
 from testkit.paths import OUT_DIR
@@ -246,10 +246,24 @@ async def drive(trace: list[Conversation], seed: int, start: Callable[[Conversat
 class AutoglmRouter(ServerProcess):
     kind = "autoglm-router"
 
+    def __init__(self, *args: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.metrics_port = free_port()
+
+    @property
+    def ops_url(self) -> str:
+        """/health and /metrics: on the router's metrics port, not its API port."""
+        return f"http://127.0.0.1:{self.metrics_port}"
+
+    @property
+    def health_url(self) -> str:
+        return self.ops_url + "/health"
+
     def command(self) -> list[str]:
         *urls, flag, factor = self.args
         argv = [sys.executable, "-m", "autoglm_router.cli", "--host", "127.0.0.1",
-                "--port", str(self.port), "--log-level", "warning", flag, factor]
+                "--port", str(self.port), "--metrics-port", str(self.metrics_port),
+                "--log-level", "warning", flag, factor]
         for url in urls:
             argv += ["--endpoint", url]
         return argv
@@ -337,7 +351,7 @@ def run_one(name: str, trace: list[Conversation], seed: int, args: argparse.Name
         result = asyncio.run(drive(trace, seed, start, args.time_factor, args.concurrent))
         for front in fronts:
             if isinstance(front, AutoglmRouter):
-                for key, count in router_placements(front.base_url).items():
+                for key, count in router_placements(front.ops_url).items():
                     result.placements[key] = result.placements.get(key, 0.0) + count
         result.replicas = [{key: value - old[key] for key, value in scrape(url).items()}
                            for url, old in zip(urls, before, strict=True)]  # fmt: skip

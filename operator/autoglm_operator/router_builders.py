@@ -19,6 +19,8 @@ from autoglm_operator.builders import Manifest, Owner
 ROUTER_COMPONENT = "router"
 CONTAINER_NAME = "router"
 HTTP_PORT = builders.HTTP_PORT
+# /health and /metrics: apart from the API, so clients reach neither (docs/operations/security.md).
+METRICS_PORT = 9090
 # After SIGTERM uvicorn stops listening at once: the preStop sleep gives the endpoints
 # controllers time to drop the pod first, so no new connection meets a closed port.
 PRESTOP_SLEEP_SECONDS = 5
@@ -63,6 +65,7 @@ def router_args(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> list[str]:
     args = [
         "--host", "0.0.0.0",
         "--port", str(HTTP_PORT),
+        "--metrics-port", str(METRICS_PORT),
         "--kubernetes",
         "--namespace", owner.namespace,
         "--selector", builders.serving_pod_selector(owner.name),
@@ -93,12 +96,13 @@ def _container(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["autoglm-router"],
         "args": router_args(owner, spec),
-        "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
+        "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+                  {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         "resources": _resources(spec),
         "volumeMounts": [{"name": "tmp", "mountPath": builders.TMP_DIR}],
         # /health answers 200 only while the router has a replica to send requests to.
         "readinessProbe": {
-            "httpGet": {"path": "/health", "port": "http", "scheme": "HTTP"},
+            "httpGet": {"path": "/health", "port": "metrics", "scheme": "HTTP"},
             "periodSeconds": 2,
             "timeoutSeconds": 2,
             "failureThreshold": 2,
@@ -113,7 +117,17 @@ def _container(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
         },
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_SECONDS)]}}},
         "securityContext": builders.restricted_container_security(),
+        **_api_key_env(spec),
     }
+
+
+def _api_key_env(spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
+    """The replicas' key, so the router refuses a keyless request before reading its body."""
+    ref = spec.api_key_secret_ref
+    if ref is None:
+        return {}
+    return {"env": [{"name": "VLLM_API_KEY",
+                     "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]}
 
 
 def pod_template(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:

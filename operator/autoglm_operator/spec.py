@@ -206,6 +206,9 @@ _MANAGED_FLAG_FIELDS = {
     "--reasoning-parser": "use engine.reasoningParser",
     "--max-num-batched-tokens": "use engine.maxNumBatchedTokens",
     "--stream-interval": "use the profiles' streamCoalesceChunks",
+    "--limit-mm-per-prompt": "the operator sets it, as the middleware enforces it",
+    "--allowed-media-domains": "the operator sets it (none: images are inline data: URLs)",
+    "--allowed-local-media-path": "never set: file:// image URLs would read the pod's files",
 }
 
 

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
+from autoglm_router.connections import ConnectionLimits, guarded_protocol
 from autoglm_router.discovery import Discovery, StaticDiscovery
 from autoglm_router.drain import DrainingServer
 from autoglm_router.kube import (
@@ -25,6 +26,9 @@ from autoglm_runtime.keepalive import SERVER_KEEP_ALIVE_SECONDS
 from autoglm_runtime.profiles import BatchingProfile, Mode, StreamingProfile
 
 DEFAULTS = ProxySettings()
+LIMITS = ConnectionLimits()
+# The replicas' own variable: the router is given the same Secret, so both check one key.
+API_KEY_ENV = "VLLM_API_KEY"
 
 
 def _endpoint(value: str) -> str:
@@ -49,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="autoglm-router",
         description="Route OpenAI requests to AutoGLM runtime replicas by mode and session.")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on")
-    p.add_argument("--port", type=int, default=8000, help="port to listen on")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (the API)")
+    p.add_argument("--metrics-port", type=int, default=9090,
+                   help="port of /health and /metrics, apart from the API clients reach")
     p.add_argument("--endpoint", action="append", type=_endpoint, metavar="URL",
                    help="a replica's base URL; repeat for each replica")
     kube = p.add_argument_group("Kubernetes discovery (instead of --endpoint)")
@@ -94,6 +100,33 @@ def build_parser() -> argparse.ArgumentParser:
                    help="characters of system prompt + first user turn hashed without a session")
     p.add_argument("--max-body-bytes", type=_positive(int), default=DEFAULTS.max_body_bytes,
                    help="larger request bodies get 413")
+    limits = p.add_argument_group("client limits (docs/operations/security.md)")
+    limits.add_argument("--max-buffered-body-bytes", type=_positive(int),
+                        default=DEFAULTS.max_buffered_body_bytes,
+                        help="request bodies held at once, all requests together; past it 503")
+    limits.add_argument("--max-inflight", type=_positive(int), default=DEFAULTS.max_inflight,
+                        help="client requests at once; past it 503 with Retry-After")
+    limits.add_argument("--max-client-connections", type=_positive(int),
+                        default=LIMITS.max_connections,
+                        help="open client connections; past it 503 with Retry-After")
+    limits.add_argument("--max-header-bytes", type=_positive(int),
+                        default=LIMITS.max_header_bytes,
+                        help="request line and headers of one request; past it 431")
+    limits.add_argument("--max-headers", type=_positive(int), default=LIMITS.max_headers,
+                        help="headers in one request; past it 431")
+    limits.add_argument("--header-timeout", type=_positive(float),
+                        default=LIMITS.header_timeout,
+                        help="seconds from connect (or a request's first byte) to its last "
+                        "header; past it 408 and the connection closes")
+    limits.add_argument("--body-timeout", type=_positive(float), default=DEFAULTS.body_timeout,
+                        help="seconds to receive a whole request body; past it 408")
+    limits.add_argument("--keep-alive-timeout", type=_positive(float),
+                        default=SERVER_KEEP_ALIVE_SECONDS,
+                        help="seconds an idle kept-alive client connection stays open; keep it "
+                        "above the clients' own idle reuse (the openai client's 5 s), or a "
+                        "request sent just as the router closes the connection is lost")
+    limits.add_argument("--send-timeout", type=_positive(float), default=DEFAULTS.send_timeout,
+                        help="seconds a client may take no response bytes before it is cut")
     p.add_argument("--connect-timeout", type=_positive(float), default=DEFAULTS.connect_timeout,
                    help="seconds to connect to a replica")
     p.add_argument("--idle-timeout", type=_positive(float), default=DEFAULTS.idle_timeout,
@@ -105,11 +138,6 @@ def build_parser() -> argparse.ArgumentParser:
                    "--kubernetes: of an unreachable replica's /health)")
     p.add_argument("--drain-seconds", type=_positive(int), default=30,
                    help="on SIGTERM, how long streams in flight may take to finish")
-    p.add_argument("--keep-alive-seconds", type=_positive(int),
-                   default=SERVER_KEEP_ALIVE_SECONDS,
-                   help="how long an idle client connection stays open; keep it above the "
-                   "clients' own idle reuse (the openai client's 5 s), or a request sent just "
-                   "as the router closes the connection is lost")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"])
     return p
@@ -127,8 +155,12 @@ def create_app(args: argparse.Namespace, discovery: Discovery | None = None) -> 
         connect_timeout=args.connect_timeout, idle_timeout=args.idle_timeout,
         stream_timeout=args.stream_timeout, load_poll_interval=args.poll_interval,
         recent_load_seconds=args.recent_load_seconds,
+        max_inflight=args.max_inflight, max_buffered_body_bytes=args.max_buffered_body_bytes,
+        body_timeout=args.body_timeout, send_timeout=args.send_timeout,
     )
-    return RouterApp(discovery or discovery_of(args), config, settings)
+    api_key = os.environ.get(API_KEY_ENV)
+    return RouterApp(discovery or discovery_of(args), config, settings,
+                     api_keys=[api_key] if api_key else [])
 
 
 KUBE_ONLY = ("namespace", "selector", "port_name", "target_port", "kubeconfig", "context")
@@ -191,6 +223,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(problem)
     if args.endpoint and len(set(args.endpoint)) != len(args.endpoint):
         parser.error("each --endpoint may be given once")
+    if args.metrics_port == args.port:
+        parser.error("--metrics-port must differ from --port: /metrics is not for clients")
     try:
         discovery = discovery_of(args)
     except AccessError as exc:
@@ -200,10 +234,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     # On SIGTERM the server stops listening and waits up to --drain-seconds for requests in
     # flight, streams included, and for kept-alive connections to end (drain.py).
     # The replica's own Date and Server headers pass through, so uvicorn adds none.
-    server = DrainingServer(create_app(args, discovery), host=args.host, port=args.port,
-                            lifespan="on", log_level="warning",
+    app = create_app(args, discovery)
+    limits = ConnectionLimits(
+        max_connections=args.max_client_connections, max_header_bytes=args.max_header_bytes,
+        max_headers=args.max_headers, header_timeout=args.header_timeout)
+    server = DrainingServer(app, host=args.host, port=args.port, ops_port=args.metrics_port,
+                            lifespan="on", log_level="warning", http=guarded_protocol(limits),
+                            timeout_keep_alive=args.keep_alive_timeout,
+                            # The router is the edge: a client's X-Forwarded-* says nothing.
+                            proxy_headers=False,
                             timeout_graceful_shutdown=args.drain_seconds, access_log=False,
-                            timeout_keep_alive=args.keep_alive_seconds,
                             server_header=False, date_header=False)
     server.run()
     return 0

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import aiohttp
@@ -31,6 +31,8 @@ class Endpoint:
     mode: Mode | None = None
     ready: bool = False
     draining: bool = False
+    # What metrics call it: the pod's name under a pod watch (not its IP), else the URL.
+    label: str = field(default="", compare=False)
 
 
 class Discovery(Protocol):

@@ -13,29 +13,51 @@ for DRAINING_IDLE_SECONDS, when the clients that reach the router have stopped r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Generator
 from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from autoglm_router.proxy import Message, Receive, Scope, Send
+from autoglm_router.proxy import Message, Receive, RouterApp, Scope, Send
 from autoglm_runtime.keepalive import DRAINING_IDLE_SECONDS
 
 WAIT_STEP_SECONDS = 0.05
 
-App = Callable[[Scope, Receive, Send], Awaitable[None]]
+class _OpsServer(uvicorn.Server):
+    """The ops port's server: it runs inside the API server's loop, whose signals stop both."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, app: App, **config: Any) -> None:
-        """`config`: uvicorn.Config's keywords; the app is `app`, wrapped."""
+    def __init__(self, app: RouterApp, ops_port: int | None = None, **config: Any) -> None:
+        """`config`: uvicorn.Config's keywords; the app is `app`, wrapped. With `ops_port`,
+        `app.ops` (/health, /metrics) is served there, on the same host, for as long as the API
+        is, drain included."""
         super().__init__(uvicorn.Config(self._closing_when_draining, interface="asgi3", **config))
         self.draining = False
         self._app = app
+        self._ops = None if ops_port is None else _OpsServer(uvicorn.Config(
+            app.ops, interface="asgi3", host=config.get("host", "127.0.0.1"), port=ops_port,
+            lifespan="off", log_level=config.get("log_level", "warning"), access_log=False))
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        if self._ops is None:
+            await super().serve(sockets)
+            return
+        ops = asyncio.ensure_future(self._ops.serve())
+        try:
+            await super().serve(sockets)
+        finally:
+            self._ops.should_exit = True
+            await ops
 
     async def _closing_when_draining(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def send_closing(message: Message) -> None:

@@ -1,4 +1,7 @@
-"""What routing needs from a request, read once from its parsed body and headers (pure)."""
+"""What routing needs from a request, read once from its body and headers (pure).
+
+The body is the parsed JSON or `scan.scan_request`'s bounded skeleton of it: both have the same
+shape for every field read here."""
 
 from __future__ import annotations
 
@@ -46,7 +49,11 @@ class RequestFeatures:
     # A chat whose history holds no answer yet: a conversation's first turn, with no cache
     # anywhere to lose (completions cannot tell, so they are never new).
     new_conversation: bool = False
+    # Sequences the request asks for (its `n`): each takes a replica slot, so each counts.
+    fanout: int = 1
 
+
+MAX_FANOUT = 1024  # past this the replica answers 400; it is counted as one meanwhile
 
 NEUTRAL = RequestFeatures(TrafficClass.OTHER, None, KeyKind.NONE, 1.0)
 
@@ -63,14 +70,18 @@ def request_features(
     )
     text, images = _prompt_parts(path, body)
     chars = sum(len(part) for part in text)
-    cost = 1.0 + (chars / CHARS_PER_TOKEN + images * IMAGE_PREFILL_TOKENS) / TOKENS_PER_LOAD_UNIT
+    n = body.get("n")
+    fanout = n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_FANOUT else 1
+    cost = fanout * (
+        1.0 + (chars / CHARS_PER_TOKEN + images * IMAGE_PREFILL_TOKENS) / TOKENS_PER_LOAD_UNIT)
     session = session_key(body, headers)
     if session is not None:
         return RequestFeatures(traffic_class, session, KeyKind.SESSION, cost,
-                               path == CHAT_PATH and not _has_answer(body.get("messages")))
+                               path == CHAT_PATH and not _has_answer(body.get("messages")),
+                               fanout)
     prefix = prefix_key(path, body, prefix_chars)
     kind = KeyKind.PREFIX if prefix is not None else KeyKind.NONE
-    return RequestFeatures(traffic_class, prefix, kind, cost)
+    return RequestFeatures(traffic_class, prefix, kind, cost, fanout=fanout)
 
 
 def session_key(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | None:

@@ -247,7 +247,7 @@ class PodTable:
             if pod.url is None or pod.terminating:
                 continue
             endpoint = Endpoint(pod.url, pod.mode, pod.ready and pod.url not in unreachable,
-                                pod.uid in draining)
+                                pod.uid in draining, label=pod.pod)
             if pod.url not in by_url or (endpoint.ready and not by_url[pod.url].ready):
                 by_url[pod.url] = endpoint
         return list(by_url.values())

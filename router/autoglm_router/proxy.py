@@ -1,6 +1,9 @@
 """The data path: an ASGI app that routes each request and streams the replica's bytes back.
 
-The body is read once (bounded), parsed once for routing, and forwarded unchanged. Response
+Nothing is read before it is allowed: the method and raw path are checked against the API's
+allow-list, then the API key, then the router's request cap, and only then the body, within a
+size limit, a router-wide budget of buffered bytes and a deadline. The body is scanned (bounded,
+no JSON tree) for routing, and forwarded unchanged. Response
 bytes are relayed as they arrive: the next upstream read waits until the client's transport
 took the last chunk, so a slow client slows its upstream instead of growing a buffer.
 """
@@ -20,14 +23,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-import orjson
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from yarl import URL
 
 from autoglm_router.discovery import Discovery, StaticDiscovery
 from autoglm_router.features import NEUTRAL, KeyKind, RequestFeatures, request_features
 from autoglm_router.metrics import RouterMetrics, router_metrics
 from autoglm_router.others import OtherRouters
+from autoglm_router.paths import check_path
 from autoglm_router.routing import (
     Failure,
     Refusal,
@@ -37,6 +41,8 @@ from autoglm_router.routing import (
     decide,
     retry_route,
 )
+from autoglm_router.scan import scan_request
+from autoglm_runtime.api_key import UNAUTHORIZED_BODY, key_digests, presents_a_key
 from autoglm_runtime.keepalive import UPSTREAM_POOL_IDLE_SECONDS
 
 log = logging.getLogger(__name__)
@@ -52,6 +58,9 @@ HOP_BY_HOP = frozenset({
     "te", "trailer", "transfer-encoding", "upgrade",
 })
 REQUEST_ID = "x-request-id"
+# Set by the router alone: a client's value would be passed off as the router's word.
+FORWARDED = frozenset({"x-forwarded-for", "x-forwarded-host", "x-forwarded-proto",
+                       "x-forwarded-port", "x-real-ip", "forwarded"})
 SSE_DONE = b"data: [DONE]\n\n"
 HELD_BODY_LIMIT = 64 * 1024  # a 429/503 body is read whole to decide on a retry
 
@@ -63,8 +72,14 @@ class ProxySettings:
     connect_timeout: float = 5.0
     idle_timeout: float = 600.0  # between two upstream reads; a batch request may queue long
     stream_timeout: float = 3600.0  # a whole response
-    max_connections: int = 1024
+    max_connections: int = 1024  # to the replicas
     session_memory: int = 65536
+    max_inflight: int = 512  # client requests at once; past it 503 with Retry-After
+    # Bodies held in memory at once, all requests together (they are kept for retries): the
+    # memory limit's share for bodies (docs/operations/security.md has the arithmetic).
+    max_buffered_body_bytes: int = 128 * 1024 * 1024
+    body_timeout: float = 30.0  # to receive a whole request body
+    send_timeout: float = 30.0  # a client that takes no response bytes this long is cut
     load_poll_interval: float = 1.0  # how often the replicas' own load is read
     # Rule 2 places a new conversation by each replica's in-flight cost averaged over about
     # this long: a phone agent's turn cycle (answer, action, next screenshot), so conversations
@@ -78,8 +93,8 @@ class LoadBook:
     the last `average_seconds` (rule 2), and when it sent the recent requests (rule 1d)."""
 
     def __init__(self, metrics: RouterMetrics, clock: Callable[[], float] = time.monotonic,
-                 average_seconds: float = ProxySettings.recent_load_seconds
-                 ) -> None:  # fmt: skip
+                 average_seconds: float = ProxySettings.recent_load_seconds,
+                 label: Callable[[str], str] = str) -> None:
         self.count: dict[str, int] = {}
         self.cost: dict[str, float] = {}
         self._sent: dict[str, deque[float]] = {}
@@ -87,6 +102,7 @@ class LoadBook:
         self._average_seconds = average_seconds
         self._clock = clock
         self._gauge = metrics.inflight
+        self._label = label
 
     def recent_cost(self, replica: str) -> float:
         """The in-flight cost, exponentially averaged over about `average_seconds`."""
@@ -112,19 +128,21 @@ class LoadBook:
         return len(sent)
 
     @contextlib.contextmanager
-    def open(self, replica: str, cost: float) -> Iterator[None]:
+    def open(self, replica: str, cost: float, sequences: int = 1) -> Iterator[None]:
+        """One request of `sequences` sequences (its `n`): each takes a slot upstream."""
         self._sent.setdefault(replica, deque()).append(self._clock())
         self._settle(replica)
-        self.count[replica] = self.count.get(replica, 0) + 1
+        self.count[replica] = self.count.get(replica, 0) + sequences
         self.cost[replica] = self.cost.get(replica, 0.0) + cost
-        self._gauge.labels(replica).set(self.count[replica])
+        gauge = self._gauge.labels(self._label(replica))
+        gauge.set(self.count[replica])
         try:
             yield
         finally:
             self._settle(replica)
-            self.count[replica] -= 1
+            self.count[replica] -= sequences
             self.cost[replica] = max(0.0, self.cost[replica] - cost)
-            self._gauge.labels(replica).set(self.count[replica])
+            gauge.set(self.count[replica])
 
 
 class SessionMemory:
@@ -164,6 +182,10 @@ class _ClientGone(Exception):
     pass
 
 
+class _ClientStalled(Exception):
+    """The client took no response bytes within the send timeout."""
+
+
 @dataclass(frozen=True)
 class _Held:
     """A replica's refusal, read whole, kept to hand back if no retry takes the request."""
@@ -180,7 +202,7 @@ class _Call:
     method: str
     target: str  # path and query
     headers: list[tuple[str, str]]
-    body: bytes
+    body: bytearray
     features: RequestFeatures
     request_id: str
     arrival: float
@@ -195,12 +217,17 @@ class _Call:
 
 class RouterApp:
     def __init__(self, discovery: Discovery, config: RoutingConfig,
-                 settings: ProxySettings | None = None) -> None:
+                 settings: ProxySettings | None = None, api_keys: list[str] | None = None
+                 ) -> None:  # fmt: skip
         self.discovery = discovery
         self.config = config
         self.settings = settings or ProxySettings()
+        self.api_key_digests = key_digests(api_keys or [])
         self.metrics = router_metrics()
-        self.book = LoadBook(self.metrics, average_seconds=self.settings.recent_load_seconds)
+        self.book = LoadBook(self.metrics, average_seconds=self.settings.recent_load_seconds,
+                             label=self._label)
+        self.inflight = 0
+        self.buffered_body_bytes = 0
         self.others = OtherRouters(
             lambda: [e.name for e in self.discovery.endpoints()],
             lambda name: self.book.count.get(name, 0), self.settings.load_poll_interval)
@@ -218,18 +245,48 @@ class RouterApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
-        elif scope["type"] != "http":
+        elif scope["type"] == "websocket":
+            # Closing before accepting is uvicorn's 403: the API has no WebSocket route.
+            await send({"type": "websocket.close", "code": 1008})
+        elif scope["type"] == "http":
+            await self._serve(scope, receive, send)
+
+    async def ops(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The ops port: /health and /metrics, apart from the API clients reach."""
+        if scope["type"] != "http":
             return
-        elif scope["path"] == "/health":
+        if scope["path"] == "/health":
             await self._health(send)
         elif scope["path"] == "/metrics":
             self._count_replicas()
             await _respond(send, 200, generate_latest(self.metrics.registry),
                            content_type=CONTENT_TYPE_LATEST)
-        elif scope["path"].startswith("/v1/"):
-            await self._proxy(scope, receive, send)
         else:
             await _respond(send, 404, _error(f"No route {scope['path']}.", 404))
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raw_path = bytes(scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
+        verdict = check_path(scope["method"], raw_path)
+        if not verdict.served:
+            headers = {"allow": verdict.allow} if verdict.allow else {}
+            await _respond(send, verdict.status, _error(verdict.message, verdict.status),
+                           headers, close=scope["method"] != "GET")
+            return
+        if self.api_key_digests and not presents_a_key(
+                _header(scope, b"authorization"), self.api_key_digests):
+            # vLLM's own 401, before a byte of the body is read.
+            await _respond(send, 401, UNAUTHORIZED_BODY, close=True)
+            return
+        if self.inflight >= self.settings.max_inflight:
+            await _respond(send, 503, _error(
+                "The router is at its request limit; retry shortly.", 503),
+                {"retry-after": "1"}, close=True)
+            return
+        self.inflight += 1
+        try:
+            await self._proxy(scope, receive, send, raw_path)
+        finally:
+            self.inflight -= 1
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -302,18 +359,43 @@ class RouterApp:
 
     # --- proxying ---------------------------------------------------------------------------
 
-    async def _proxy(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _proxy(self, scope: Scope, receive: Receive, send: Send, raw_path: str) -> None:
         arrival = time.perf_counter()
-        try:
-            body = await _read_body(receive, self.settings.max_body_bytes)
-        except _BodyTooLarge:
+        s = self.settings
+        declared = _header(scope, b"content-length")
+        size = int(declared) if declared is not None and declared.isdigit() else s.max_body_bytes
+        if size > s.max_body_bytes:
             await _respond(send, 413, _error(
-                f"The request body is larger than {self.settings.max_body_bytes} bytes.", 413
-            ), close=True)
+                f"The request body is larger than {s.max_body_bytes} bytes.", 413), close=True)
             return
-        except _ClientGone:
+        if self.buffered_body_bytes + size > s.max_buffered_body_bytes:
+            await _respond(send, 503, _error(
+                "The router holds as many request bodies as it may; retry shortly.", 503),
+                {"retry-after": "1"}, close=True)
             return
-        call = self._call_of(scope, body, arrival)
+        self.buffered_body_bytes += size
+        try:
+            try:
+                async with asyncio.timeout(s.body_timeout):
+                    body = await _read_body(receive, s.max_body_bytes, size)
+            except _BodyTooLarge:
+                await _respond(send, 413, _error(
+                    f"The request body is larger than {s.max_body_bytes} bytes.", 413),
+                    close=True)
+                return
+            except TimeoutError:
+                await _respond(send, 408, _error(
+                    f"The request body took over {s.body_timeout:g} s to arrive.", 408),
+                    close=True)
+                return
+            except _ClientGone:
+                return
+            await self._forward_call(self._call_of(scope, raw_path, body, arrival), receive,
+                                     send)
+        finally:
+            self.buffered_body_bytes -= size
+
+    async def _forward_call(self, call: _Call, receive: Receive, send: Send) -> None:
         # The request is forwarded in this task, not a new one: a new task would wait a whole
         # turn of the event loop (every other stream's pending work) before its upstream
         # request goes out. A watcher cancels this task when the client leaves.
@@ -322,6 +404,8 @@ class RouterApp:
         watcher = asyncio.ensure_future(_cancel_when_gone(receive, this))
         try:
             await self._forward(call, send)
+        except _ClientStalled:
+            return  # the response is left unfinished: uvicorn closes the connection
         except asyncio.CancelledError:
             # The client left (or we are cancelled): the upstream connection closed with it.
             delivered = _outcome_of(call.status) if call.delivered else "client_gone"
@@ -332,24 +416,19 @@ class RouterApp:
         finally:
             watcher.cancel()
 
-    def _call_of(self, scope: Scope, body: bytes, arrival: float) -> _Call:
+    def _call_of(self, scope: Scope, raw_path: str, body: bytearray, arrival: float) -> _Call:
         headers = [(k.decode("latin-1").lower(), v.decode("latin-1"))
                    for k, v in scope["headers"]]
         header_map = dict(headers)
-        request_id = header_map.get(REQUEST_ID) or uuid.uuid4().hex
+        request_id = uuid.uuid4().hex
         features = NEUTRAL
         if scope["method"] == "POST" and body:
-            try:
-                # orjson: a 2 MB screenshot request parses in 3 ms instead of json's 7, on the
-                # event loop every request shares.
-                parsed = orjson.loads(body)
-            except orjson.JSONDecodeError:
-                parsed = None  # the replica answers the 400; routing needs no body
-            features = request_features(scope["path"], parsed, header_map,
+            # A bounded scan, not a parse: the replica answers a malformed body's 400.
+            features = request_features(raw_path, scan_request(body), header_map,
                                         self.settings.prefix_chars)
         query = scope.get("query_string", b"")
-        target = scope["path"] + ("?" + query.decode("latin-1") if query else "")
-        forwarded = _upstream_headers(headers, request_id, scope.get("client"))
+        target = raw_path + ("?" + query.decode("latin-1") if query else "")
+        forwarded = _upstream_headers(headers, request_id, scope)
         return _Call(scope["method"], target, forwarded, body, features, request_id, arrival)
 
     async def _forward(self, call: _Call, send: Send) -> None:
@@ -384,12 +463,13 @@ class RouterApp:
         """Relay one replica's answer, or say why it refused before its first byte."""
         assert self.client is not None
         replica = route.replica
-        with self.book.open(replica, call.features.cost):
+        with self.book.open(replica, call.features.cost, call.features.fanout):
             sent = time.perf_counter()
             self.metrics.added_latency.labels("request").observe(sent - call.arrival)
             try:
+                # encoded=True: the path goes out as it was matched, never re-normalised.
                 upstream = await self.client.request(
-                    call.method, replica + call.target, headers=call.headers,
+                    call.method, URL(replica + call.target, encoded=True), headers=call.headers,
                     data=call.body or None, allow_redirects=False,
                 )
             except aiohttp.ClientConnectionError as exc:
@@ -443,13 +523,23 @@ class RouterApp:
                     # a sized body) without waiting for the end of the response: that is a
                     # finished request, not a client gone.
                     call.delivered = relayed == expected or chunk.endswith(SSE_DONE)
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    try:
+                        async with asyncio.timeout(self.settings.send_timeout):
+                            await send({"type": "http.response.body", "body": chunk,
+                                        "more_body": True})
+                    except TimeoutError:
+                        raise _ClientStalled from None
                     if first:
                         first = False
                         self.metrics.ttft.labels(call.features.traffic_class.value).observe(
                             got - sent)
                         self.metrics.added_latency.labels("first_byte").observe(
                             time.perf_counter() - got)
+        except _ClientStalled:
+            log.warning("Request %s cut: its client took no bytes for %g s",
+                        call.request_id, self.settings.send_timeout)
+            self._count(call, route, "client_gone")
+            raise  # the app ends without finishing the response: uvicorn closes the connection
         except (aiohttp.ClientError, TimeoutError) as exc:
             # After the first byte nothing is retried: end the response short, the client sees
             # a cut stream instead of a well-formed but wrong one.
@@ -472,6 +562,12 @@ class RouterApp:
         await send({"type": "http.response.start", "status": held.status,
                     "headers": held.headers})
         await send({"type": "http.response.body", "body": held.body, "more_body": False})
+
+    def _label(self, replica: str) -> str:
+        for endpoint in self.discovery.endpoints():
+            if endpoint.name == replica:
+                return endpoint.label or replica
+        return replica
 
     def _mode_label(self, replica: str) -> str:
         for endpoint in self.discovery.endpoints():
@@ -504,16 +600,19 @@ def _connection_tokens(headers: list[tuple[str, str]]) -> set[str]:
 
 
 def _upstream_headers(headers: list[tuple[str, str]], request_id: str,
-                      client: tuple[str, int] | None) -> list[tuple[str, str]]:
+                      scope: Scope) -> list[tuple[str, str]]:
     # The body is already read, so an Expect: 100-continue has been answered here.
-    drop = HOP_BY_HOP | _connection_tokens(headers) | {
+    drop = HOP_BY_HOP | FORWARDED | _connection_tokens(headers) | {
         "host", "content-length", "expect", REQUEST_ID}
     kept = [(k, v) for k, v in headers if k not in drop]
     kept.append((REQUEST_ID, request_id))
+    client = scope.get("client")
     if client:
-        forwarded = [v for k, v in headers if k == "x-forwarded-for"]
-        kept = [(k, v) for k, v in kept if k != "x-forwarded-for"]
-        kept.append(("x-forwarded-for", ", ".join([*forwarded, client[0]])))
+        kept.append(("x-forwarded-for", client[0]))
+    host = next((v for k, v in headers if k == "host"), None)
+    if host:
+        kept.append(("x-forwarded-host", host))
+    kept.append(("x-forwarded-proto", scope.get("scheme", "http")))
     return kept
 
 
@@ -540,20 +639,25 @@ async def _hold(upstream: aiohttp.ClientResponse, request_id: str) -> _Held:
     return _Held(upstream.status, headers, body)
 
 
-async def _read_body(receive: Receive, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
+async def _read_body(receive: Receive, limit: int, expected: int) -> bytearray:
+    """The whole body, in one buffer that is never copied (bytes.join would hold it twice)."""
+    body = bytearray()
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise _ClientGone
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
+        body += message.get("body", b"")
+        if len(body) > min(limit, expected):
             raise _BodyTooLarge
-        chunks.append(chunk)
         if not message.get("more_body", False):
-            return b"".join(chunks)
+            return body
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return bytes(value).decode("latin-1")
+    return None
 
 
 async def _cancel_when_gone(receive: Receive, task: asyncio.Task[Any]) -> None:

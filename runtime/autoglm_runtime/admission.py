@@ -49,6 +49,7 @@ class _Waiter:
     priority: int
     seq: int
     future: asyncio.Future[None] = field(compare=False)
+    slots: int = field(default=1, compare=False)
 
 
 @dataclass
@@ -58,6 +59,7 @@ class Ticket:
     admitted_at: float
     waited_seconds: float
     released: bool = False
+    slots: int = 1  # a request's sequences (its `n`): each is one engine sequence
 
 
 class AdmissionController:
@@ -90,8 +92,8 @@ class AdmissionController:
     def start_draining(self) -> None:
         self.draining = True
 
-    def has_free_slot(self) -> bool:
-        return self.inflight < self._profile.max_concurrency and self.queued == 0
+    def has_free_slot(self, slots: int = 1) -> bool:
+        return self.inflight + slots <= self._profile.max_concurrency and self.queued == 0
 
     def retry_after(self) -> int:
         """Seconds until a slot is likely free: the queue ahead drained at the cap's pace."""
@@ -99,22 +101,23 @@ class AdmissionController:
         estimate = (self.queued + 1) * self._service_seconds / p.max_concurrency
         return max(1, min(p.queue_timeout_seconds, math.ceil(estimate)))
 
-    async def acquire(self, priority: int = 0) -> Ticket:
-        """Wait for a slot (lower priority value first, FIFO within one value)."""
+    async def acquire(self, priority: int = 0, slots: int = 1) -> Ticket:
+        """Wait for `slots` slots (lower priority value first, FIFO within one value)."""
         if self.draining:
             raise Draining("the replica is draining; retry on another replica", retry_after=1)
         start = self._clock()
         p = self._profile
-        if self.inflight < p.max_concurrency and self.queued == 0:
-            self.inflight += 1
+        if self.inflight + slots <= p.max_concurrency and self.queued == 0:
+            self.inflight += slots
         else:
             if self.queued >= p.max_queue:
                 raise QueueFull(
                     f"the wait queue is full ({p.max_queue} requests)",
                     retry_after=self.retry_after(),
                 )
-            await self._wait_in_queue(priority, p.queue_timeout_seconds)
-        ticket = Ticket(admitted_at=self._clock(), waited_seconds=self._clock() - start)
+            await self._wait_in_queue(priority, p.queue_timeout_seconds, slots)
+        ticket = Ticket(admitted_at=self._clock(), waited_seconds=self._clock() - start,
+                        slots=slots)
         try:
             await self._hold_for_batch()
         except BaseException:
@@ -122,9 +125,9 @@ class AdmissionController:
             raise
         return ticket
 
-    async def _wait_in_queue(self, priority: int, timeout: float) -> None:
+    async def _wait_in_queue(self, priority: int, timeout: float, slots: int) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._heap, _Waiter(priority, next(self._seq), future))
+        heapq.heappush(self._heap, _Waiter(priority, next(self._seq), future, slots))
         self.queued += 1
         try:
             async with asyncio.timeout(timeout):
@@ -132,7 +135,7 @@ class AdmissionController:
         except BaseException as exc:
             if future.done() and not future.cancelled():
                 # The slot arrived in the same tick as the timeout or cancel: give it back.
-                self.inflight -= 1
+                self.inflight -= slots
                 self._wake()
                 self._notify_idle()
             else:
@@ -176,23 +179,25 @@ class AdmissionController:
         if ticket.released:
             return
         ticket.released = True
-        self.inflight -= 1
+        self.inflight -= ticket.slots
         served = self._clock() - ticket.admitted_at
         self._service_seconds += self._EWMA * (served - self._service_seconds)
         self._wake()
         self._notify_idle()
 
     def _wake(self) -> None:
-        while self._heap and self.inflight < self._profile.max_concurrency:
-            waiter = heapq.heappop(self._heap)
+        while self._heap:
+            waiter = self._heap[0]
             if waiter.future.done():
+                heapq.heappop(self._heap)
                 continue  # timed out or cancelled; already uncounted
-            self.queued -= 1
-            self.inflight += 1
-            waiter.future.set_result(None)
-        # Drop dead entries at the top so the heap does not grow under churn.
-        while self._heap and self._heap[0].future.done():
+            # The first in line waits for all its slots: nothing behind it jumps ahead.
+            if self.inflight + waiter.slots > self._profile.max_concurrency:
+                break
             heapq.heappop(self._heap)
+            self.queued -= 1
+            self.inflight += waiter.slots
+            waiter.future.set_result(None)
 
     def _notify_idle(self) -> None:
         if self.inflight == 0 and self.queued == 0:

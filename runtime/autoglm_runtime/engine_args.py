@@ -7,6 +7,7 @@ the pinned vLLM's own `vllm serve` parser. PINNED_VLLM_VERSION is the one place 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from typing import Literal, NamedTuple
@@ -39,7 +40,20 @@ MANAGED_FLAGS = (
     "--reasoning-parser",
     "--max-num-batched-tokens",
     "--stream-interval",
+    "--limit-mm-per-prompt",
+    "--allowed-media-domains",
+    "--allowed-local-media-path",
 )
+# vLLM takes any host when --allowed-media-domains is unset or empty, so "none allowed" is a
+# name under RFC 6761's .invalid, which never resolves: every http(s) image_url is refused.
+NO_MEDIA_DOMAIN = "no-remote-media.invalid"
+DEFAULT_IMAGES_PER_PROMPT = 2
+# Managed by never being written, and why.
+NEVER_SET = {
+    "--allowed-local-media-path": "it is never set: file:// image URLs would read the pod's files",
+}
+# Environment the engine always gets: a media fetch never follows a redirect elsewhere.
+ENGINE_ENV = {"VLLM_MEDIA_URL_ALLOW_REDIRECTS": "0"}
 
 class ManagedSpelling(NamedTuple):
     """One managed setting as vLLM 0.33's parser reads it."""
@@ -91,6 +105,15 @@ MANAGED_SPELLINGS: dict[str, ManagedSpelling] = {
         "maxNumBatchedTokens", {"--max-num-batched-tokens": "--max-num-b"}
     ),
     "--stream-interval": ManagedSpelling("streamInterval", {"--stream-interval": "--stre"}),
+    # Media rules the middleware applies too; the resource has no field for them yet.
+    "--limit-mm-per-prompt": ManagedSpelling(None, {"--limit-mm-per-prompt": "--lim"}),
+    "--allowed-media-domains": ManagedSpelling(
+        None, {"--allowed-media-domains": "--allowed-med"}
+    ),
+    # Never set: it would let a prompt read the pod's files (file:// image URLs).
+    "--allowed-local-media-path": ManagedSpelling(
+        None, {"--allowed-local-media-path": "--allowed-l"}
+    ),
 }  # fmt: skip
 
 # `--config <yaml>` splices the file's keys in as flags ahead of the builder's: a key there
@@ -154,6 +177,10 @@ class EngineSettings(CamelModel):
     # Tokens per streamed chunk; None leaves vLLM's default (1). Set only for a pod that starts
     # in one mode for good (switchStrategy Rolling), where the engine may coalesce the stream.
     stream_interval: int | None = Field(default=None, ge=1, le=64)
+    # Images one prompt may carry (vLLM's --limit-mm-per-prompt; the middleware refuses more).
+    images_per_prompt: int = Field(default=DEFAULT_IMAGES_PER_PROMPT, ge=1, le=64)
+    # Hosts image URLs may name besides inline data: URLs; none by default.
+    allowed_media_domains: tuple[str, ...] = ()
     extra_args: tuple[str, ...] = ()
 
 
@@ -182,6 +209,10 @@ def build_vllm_argv(settings: EngineSettings) -> list[str]:
         argv += ["--reasoning-parser", settings.reasoning_parser]
     if settings.stream_interval is not None:
         argv += ["--stream-interval", str(settings.stream_interval)]
+    argv += ["--limit-mm-per-prompt",
+             json.dumps({"image": settings.images_per_prompt, "video": 0},
+                        separators=(",", ":")),
+             "--allowed-media-domains", *(settings.allowed_media_domains or (NO_MEDIA_DOMAIN,))]
     argv += list(settings.extra_args)
     return argv
 
@@ -196,9 +227,12 @@ def refused_extra_arg(arg: str) -> str | None:
     """Why an extra arg may not be passed, or None. Only names: an arg may carry a secret."""
     for flag, managed in MANAGED_SPELLINGS.items():
         if re.fullmatch(managed_flag_pattern(flag), arg):
-            instead = (
-                f"set engine.{managed.setting} instead" if managed.setting else "it is always set"
-            )
+            if flag in NEVER_SET:
+                instead = NEVER_SET[flag]
+            elif managed.setting:
+                instead = f"set engine.{managed.setting} instead"
+            else:
+                instead = "it is always set"
             return f"{_name(arg)} sets {flag}, which the runtime manages: {instead}"
     if re.fullmatch(CONFIG_FLAG_PATTERN, arg):
         return CONFIG_FLAG_MESSAGE

@@ -28,6 +28,7 @@ from types import FrameType
 from autoglm_runtime.config import ConfigError, RuntimeSettings, load_runtime_config
 from autoglm_runtime.engine_args import (
     API_KEY_FLAG_MESSAGE,
+    ENGINE_ENV,
     api_key_flags,
     build_vllm_argv,
     refused_extra_arg,
@@ -90,9 +91,10 @@ def port_of(argv: Sequence[str], default: int = 8000) -> int:
 
 
 def engine_env(environ: Mapping[str, str], drain_token: str) -> dict[str, str]:
-    """The engine's environment: the pod's, the drain token, and a keep-alive that outlasts
-    the clients' (keepalive.py), unless the pod sets its own."""
-    env = {**environ, "AUTOGLM_DRAIN_TOKEN": drain_token}
+    """The engine's environment: the pod's, what the engine must run with (ENGINE_ENV), the
+    drain token, and a keep-alive that outlasts the clients' (keepalive.py) unless the pod sets
+    its own."""
+    env = {**environ, **ENGINE_ENV, "AUTOGLM_DRAIN_TOKEN": drain_token}
     env.setdefault(VLLM_KEEP_ALIVE_ENV, str(SERVER_KEEP_ALIVE_SECONDS))
     return env
 

@@ -28,6 +28,7 @@ from autoglm_runtime.config import (
     load_runtime_config,
     read_admin_token,
 )
+from autoglm_runtime.engine_args import EngineSettings
 from autoglm_runtime.metrics import nvml_source, runtime_metrics
 from autoglm_runtime.profiles import DRAIN_PATH, MODE_PATH, Mode
 from autoglm_runtime.requests import (
@@ -75,11 +76,18 @@ class ModeMiddleware:
         self.app = app
         self.settings = settings if settings is not None else RuntimeSettings()
         self.config = config if config is not None else load_runtime_config(self.settings)
+        engine = self.config.engine or EngineSettings(model="")
+        profiles = self.config.profiles
         self.rules = RequestRules(
             served_model_name=self.config.served_model_name,
             max_model_len=self.config.max_model_len,
             default_max_tokens=self.config.default_max_tokens,
             max_chars_per_token=self.config.max_chars_per_token,
+            # The engine is told the same (engine_args.build_vllm_argv).
+            images_per_prompt=engine.images_per_prompt,
+            allowed_media_domains=engine.allowed_media_domains,
+            max_sequences=min(profiles.streaming.max_concurrency,
+                              profiles.batching.max_concurrency),
         )
         # Read once, as vLLM reads VLLM_API_KEY once when it builds its app.
         api_key = self.settings.vllm_api_key
@@ -174,7 +182,10 @@ class ModeMiddleware:
             await self.app(scope, receive, send)
 
     def _refuses_the_key(self, method: str, path: str, scope: Scope) -> bool:
-        if not self.api_key_digests or not is_guarded(method, path):
+        # A refused route outside vLLM's guarded prefixes (/tokenize) needs the key too: a
+        # client without it learns nothing of what this server serves.
+        if not self.api_key_digests or not (
+                is_guarded(method, path) or refusal_for(path) is not None):
             return False
         return not presents_a_key(_header(scope, b"authorization"), self.api_key_digests)
 
@@ -197,7 +208,7 @@ class ModeMiddleware:
         body = json.dumps(prepared.body).encode()
         scope = _with_content_length(scope, len(body))
         # The body is read, so the next receive() only returns on disconnect: watch it.
-        ticket = await self._admit(prepared.priority, receive, send)
+        ticket = await self._admit(prepared.priority, receive, send, prepared.sequences)
         if ticket is None:
             return
         # The profile in force at admission shapes the response, even after a later switch.
@@ -233,11 +244,13 @@ class ModeMiddleware:
             await _respond(send, exc.status, error_body(exc.message, exc.status, exc.param))
         return None
 
-    async def _admit(self, priority: int, watch: Receive, send: Send) -> Ticket | None:
-        """A slot for the request; None when it was refused (and answered) or its client left."""
+    async def _admit(self, priority: int, watch: Receive, send: Send,
+                     slots: int = 1) -> Ticket | None:
+        """Slots for the request (one per sequence); None when it was refused (and answered)
+        or its client left."""
         start = time.monotonic()
         try:
-            ticket = await self._acquire(priority, watch)
+            ticket = await self._acquire(priority, watch, slots)
         except Rejected as exc:
             self.metrics.rejected.labels(exc.reason).inc()
             headers = {"retry-after": str(exc.retry_after)} if exc.retry_after else {}
@@ -253,11 +266,11 @@ class ModeMiddleware:
     def _release(self, ticket: Ticket) -> None:
         self.controller.release(ticket)
 
-    async def _acquire(self, priority: int, watch: Receive) -> Ticket | None:
+    async def _acquire(self, priority: int, watch: Receive, slots: int = 1) -> Ticket | None:
         """Admission; while queued, a client that disconnects gives up its place (None)."""
-        if self.controller.has_free_slot():
-            return await self.controller.acquire(priority)
-        acquiring = asyncio.ensure_future(self.controller.acquire(priority))
+        if self.controller.has_free_slot(slots):
+            return await self.controller.acquire(priority, slots)
+        acquiring = asyncio.ensure_future(self.controller.acquire(priority, slots))
         watching = asyncio.ensure_future(watch())
         try:
             await asyncio.wait({acquiring, watching}, return_when=asyncio.FIRST_COMPLETED)

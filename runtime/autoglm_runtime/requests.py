@@ -7,11 +7,15 @@ OpenAI's shape (`{"error": {"message", "type", "param", "code"}}`) so clients ra
 
 from __future__ import annotations
 
+import ipaddress
 import json
-from dataclasses import dataclass
+import math
+import re
+from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
-from autoglm_runtime.routes import CHAT_PATH, RESPONSES_PATH
+from autoglm_runtime.routes import CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH
 
 # The project's session header: read from requests, echoed on responses.
 SESSION_HEADER = "x-autoglm-session-id"
@@ -24,6 +28,16 @@ _MAX_SESSION_CHARS = 256
 # vLLM priority: lower is served first.
 STREAM_PRIORITY = 0
 DEFAULT_PRIORITY = 1
+# vLLM's default --max-logprobs.
+MAX_LOGPROBS = 20
+# Longer integers are refused before int() (Python's own limit is 4300 digits, a ValueError).
+_MAX_INT_DIGITS = 30
+# Names that resolve inside the cluster or to a cloud's metadata service.
+_INTERNAL_SUFFIXES = (".svc", ".local", ".internal", ".cluster", "localhost")
+IMAGE_PART_TYPES = frozenset({"image_url", "image", "input_image", "image_pil", "image_embeds"})
+# Media the model does not take here: refused rather than fetched.
+REFUSED_PART_TYPES = frozenset({"video_url", "video", "audio_url", "input_audio", "audio",
+                                "file", "input_file"})
 
 
 class RequestError(Exception):
@@ -49,6 +63,11 @@ class RequestRules:
     max_model_len: int
     default_max_tokens: int
     max_chars_per_token: int
+    images_per_prompt: int = 2
+    # Hosts an image_url may name besides data: URLs (vLLM's --allowed-media-domains).
+    allowed_media_domains: tuple[str, ...] = field(default=())
+    # The smallest concurrency cap of the modes: a request's `n` sequences must fit in it.
+    max_sequences: int = 8
 
 
 @dataclass
@@ -57,6 +76,7 @@ class PreparedRequest:
     stream: bool
     session_id: str | None
     priority: int
+    sequences: int = 1  # its `n`: admission slots it takes
 
 
 @dataclass(frozen=True)
@@ -67,13 +87,52 @@ class SessionHeaders:
     project: str | None = None
 
 
+class _BadNumber(ValueError):
+    def __init__(self, token: str) -> None:
+        super().__init__(token)
+        self.token = token
+
+
+def _refuse_constant(token: str) -> Any:
+    raise _BadNumber(token)  # NaN, Infinity, -Infinity: not JSON, and no setting takes them
+
+
+def _bounded_int(token: str) -> int:
+    if len(token.lstrip("-")) > _MAX_INT_DIGITS:
+        raise _BadNumber(token)
+    return int(token)
+
+
+def _finite_float(token: str) -> float:
+    value = float(token)
+    if not math.isfinite(value):
+        raise _BadNumber(token)  # 1e400
+    return value
+
+
+def _field_holding(raw: bytes, token: str) -> str | None:
+    """The key whose value is `token` (the first one), to name it in the error."""
+    text = raw.decode("utf-8", "replace")
+    match = re.search(r'"([^"\\]{1,64})"\s*:\s*' + re.escape(token[:64]), text)
+    return match.group(1) if match else None
+
+
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, parse_constant=_refuse_constant, parse_int=_bounded_int,
+                          parse_float=_finite_float)
+    except _BadNumber as exc:
+        name = _field_holding(raw, exc.token)
+        where = f"`{name}`" if name else "A field"
+        raise RequestError(f"{where} holds a number that is not allowed: {exc.token[:20]}"
+                           f"{'...' if len(exc.token) > 20 else ''} (too long, or not finite).",
+                           param=name) from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RequestError(f"The request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise RequestError("The request body nests too deeply.") from None
+    except ValueError as exc:
+        raise RequestError(f"The request body holds a value that cannot be read: {exc}") from None
     if not isinstance(data, dict):
         raise RequestError("The request body must be a JSON object.")
     return data
@@ -120,6 +179,8 @@ def prepare(
     """Validate a request to an admitted path and rewrite it into what vLLM 0.33 reads."""
     _check_model(body, rules)
     stream = _stream_of(body)
+    sequences = _check_fan_out(path, body, rules)
+    _check_media(path, body, rules)
     if path == RESPONSES_PATH:
         _check_responses(body)
     else:
@@ -135,7 +196,104 @@ def prepare(
     # The mode owns scheduling order; a client-chosen priority would let anyone jump the line.
     priority = mode_priority(stream, prioritize_streams)
     body["priority"] = priority
-    return PreparedRequest(body=body, stream=stream, session_id=session, priority=priority)
+    return PreparedRequest(body=body, stream=stream, session_id=session, priority=priority,
+                           sequences=sequences)
+
+
+def _check_fan_out(path: str, body: dict[str, Any], rules: RequestRules) -> int:
+    """The request's sequences (`n`, `best_of`), each bounded, and the logprobs it asks for."""
+    sequences = 1
+    for name in ("n", "best_of"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise RequestError(f"`{name}` must be a positive integer.", param=name)
+        if value > rules.max_sequences:
+            raise RequestError(
+                f"`{name}` is {value}; at most {rules.max_sequences} sequences fit in one "
+                "request (the smallest mode's concurrency cap).", param=name)
+        sequences = max(sequences, value)
+    for name in ("top_logprobs", "logprobs", "prompt_logprobs"):
+        value = body.get(name)
+        if isinstance(value, bool) or value is None:
+            continue  # chat's `logprobs` is a switch
+        if not isinstance(value, int) or not 0 <= value <= MAX_LOGPROBS:
+            raise RequestError(f"`{name}` must be an integer from 0 to {MAX_LOGPROBS}.",
+                               param=name)
+    return sequences
+
+
+def _check_media(path: str, body: dict[str, Any], rules: RequestRules) -> None:
+    """Images inline (data:) or from an allowed domain, never an internal address, and no
+    more of them than the engine is told to take."""
+    images = 0
+    for part in _content_parts_of(path, body):
+        kind = part.get("type")
+        if kind in REFUSED_PART_TYPES:
+            raise RequestError(f"`{kind}` parts are not served: the model takes text and images.",
+                               param="messages")
+        if kind not in IMAGE_PART_TYPES and "image_url" not in part:
+            continue
+        images += 1
+        if images > rules.images_per_prompt:
+            raise RequestError(
+                f"The request has more than {rules.images_per_prompt} images per prompt, this "
+                "server's limit.", param="messages")
+        url = _image_url_of(part)
+        if url is not None:
+            problem = media_url_problem(url, rules.allowed_media_domains)
+            if problem:
+                raise RequestError(f"This `image_url` is not allowed: {problem}.",
+                                   param="messages")
+
+
+def _content_parts_of(path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    found = body.get("input") if path == RESPONSES_PATH else body.get("messages")
+    messages: list[Any] = found if isinstance(found, list) and path != COMPLETIONS_PATH else []
+    parts: list[dict[str, Any]] = []
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            parts += [p for p in content if isinstance(p, dict)]
+        if isinstance(message, dict) and message.get("type") in IMAGE_PART_TYPES:
+            parts.append(message)
+    return parts
+
+
+def _image_url_of(part: dict[str, Any]) -> str | None:
+    value = part.get("image_url", part.get("image"))
+    if isinstance(value, dict):
+        value = value.get("url")
+    return value if isinstance(value, str) else None
+
+
+def media_url_problem(url: str, allowed_domains: tuple[str, ...]) -> str | None:
+    """Why the engine may not fetch `url`, or None. data: URLs are inline, never fetched."""
+    parts = urlsplit(url.strip())
+    scheme = parts.scheme.lower()
+    if scheme == "data":
+        return None
+    if scheme not in ("http", "https"):
+        return f"only data: and http(s) URLs are taken, not {scheme or 'this'}:"
+    host = (parts.hostname or "").lower().rstrip(".")
+    if _is_internal(host):
+        return f"{host or 'its host'} is a loopback, link-local or cluster-internal address"
+    if host not in allowed_domains:
+        if not allowed_domains:
+            return "send images inline as data: URLs (no remote media domain is allowed)"
+        return f"{host} is not one of the allowed media domains"
+    return None
+
+
+def _is_internal(host: str) -> bool:
+    if not host or host.endswith(_INTERNAL_SUFFIXES) or "." not in host.strip("[]"):
+        return True  # a bare name resolves through the cluster's search domains
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return not address.is_global
 
 
 def mode_priority(stream: bool, prioritize_streams: bool) -> int:

@@ -46,6 +46,10 @@ _POOLING = Refusal(
     "the served model is generative; pooling (embed, score, rerank, classify) is not served."
 )
 _AUDIO = Refusal("the served model does not take audio.")
+_RENDERS = Refusal(
+    "it renders chat messages (and so fetches their image URLs) outside admission, with no "
+    "limit on what it fetches; a client of the model does not need it."
+)
 
 REFUSED_ROUTES: dict[str, Refusal] = {
     "/v1/chat/completions/batch": _BATCH,
@@ -66,6 +70,17 @@ REFUSED_ROUTES: dict[str, Refusal] = {
     "/rerank": _POOLING,
     "/v1/rerank": _POOLING,
     "/v2/rerank": _POOLING,
+    # vLLM 0.33's tokenizer and render routes (vllm/entrypoints/serve/tokenize,
+    # vllm/entrypoints/scale_out/render and derender).
+    "/tokenize": _RENDERS,
+    "/detokenize": _RENDERS,
+    "/v1/chat/completions/render": _RENDERS,
+    "/v1/completions/render": _RENDERS,
+    "/v1/responses/render": _RENDERS,
+    "/v1/messages/render": _RENDERS,
+    "/v1/messages/count_tokens": _RENDERS,
+    "/v1/chat/completions/derender": _RENDERS,
+    "/v1/completions/derender": _RENDERS,
 }
 # Cohere's v2 chat (VLLM_ENABLE_COHERE_API=1) and whatever vLLM adds under it.
 REFUSED_PREFIXES: dict[str, Refusal] = {"/cohere/": _OTHER_API}

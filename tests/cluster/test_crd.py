@@ -645,7 +645,7 @@ def test_extra_args_that_set_no_managed_flag_are_accepted(
     """Flags of their own, also ones sharing a prefix with a managed flag, pass the rules."""
     extra = ["--enforce-eager", "--seed=0", "--max-num-partial-prefills", "2",
              "--reasoning-parser-plugin", "/p.py", "--config-format=hf", "--pooler-config", "{}",
-             "--disable-log-stats", "--limit-mm-per-prompt.image", "2"]
+             "--disable-log-stats", "--max-logprobs", "10"]
     cluster.apply(_object("extras", _with(VALID, "engine.extraArgs", extra)), namespace)
     stored = cluster.get_json("agd", "extras", "-n", namespace)["spec"]
     assert stored["engine"]["extraArgs"] == extra

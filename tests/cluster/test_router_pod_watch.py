@@ -279,15 +279,16 @@ def test_requests_reach_sims_at_pod_addresses_by_their_mode_label(
     for url in sims.values():
         wait_for(f"sim at {url}", lambda url=url: answers(url + "/health"), timeout=30)
 
-    router = f"http://127.0.0.1:{free_port()}"
+    router, ops = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
     processes.append(subprocess.Popen(
         [sys.executable, "-m", "autoglm_router.cli", "--host", "127.0.0.1",
-         "--port", router.rsplit(":", 1)[1], "--kubernetes", "--selector", SELECTOR,
+         "--port", router.rsplit(":", 1)[1], "--metrics-port", ops.rsplit(":", 1)[1],
+         "--kubernetes", "--selector", SELECTOR,
          "--target-port", str(port), "--kubeconfig", str(service_account_kubeconfig(
              cluster, folder))],
         stdout=(tmp_path / "router.log").open("wb"), stderr=subprocess.STDOUT,
     ))
-    wait_for("router healthy", lambda: answers(router + "/health"), timeout=30)
+    wait_for("router healthy", lambda: answers(ops + "/health"), timeout=30)
     before = {name: admitted(url) for name, url in sims.items()}
     for _ in range(3):
         chat(router, stream=True)
@@ -298,10 +299,10 @@ def test_requests_reach_sims_at_pod_addresses_by_their_mode_label(
     # Flip b's label: streamed chats now have two streaming replicas to share.
     cluster.kubectl("label", "pod", "b", "-n", namespace, "--overwrite",
                     "autoglm.io/mode=streaming")
-    wait_for("flip seen by the router", lambda: replicas_by_mode(router) == {
+    wait_for("flip seen by the router", lambda: replicas_by_mode(ops) == {
         "streaming": 2, "batching": 0, "unknown": 0}, timeout=5)
     cluster.kubectl("delete", "pod", "s", "-n", namespace, "--wait=false")
-    wait_for("deleted pod gone from the router", lambda: replicas_by_mode(router) == {
+    wait_for("deleted pod gone from the router", lambda: replicas_by_mode(ops) == {
         "streaming": 1, "batching": 0, "unknown": 0}, timeout=5)
     before = {name: admitted(url) for name, url in sims.items()}
     for _ in range(3):
@@ -310,8 +311,9 @@ def test_requests_reach_sims_at_pod_addresses_by_their_mode_label(
     assert served == {"s": 0, "b": 3}, served
 
 
-def replicas_by_mode(router: str) -> dict[str, int]:
-    with urllib.request.urlopen(router + "/health", timeout=5) as response:
+def replicas_by_mode(ops: str) -> dict[str, int]:
+    """The router's /health, on its metrics port."""
+    with urllib.request.urlopen(ops + "/health", timeout=5) as response:
         return json.loads(response.read())["replicas"]  # type: ignore[no-any-return]
 
 

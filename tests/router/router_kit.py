@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from autoglm_runtime.sim.process import ServerProcess, SimProcess
+from autoglm_runtime.sim.process import ServerProcess, SimProcess, free_port
 
 ADMIN_TOKEN = "router-test-token"
 MODEL = "autoglm-phone-9b"
@@ -28,10 +28,21 @@ class RouterProcess(ServerProcess):
                  wait_healthy: bool = True) -> None:
         super().__init__(*args, log_path=log_path, wait_healthy=wait_healthy)
         self.endpoints = endpoints
+        self.metrics_port = free_port()
+
+    @property
+    def ops_url(self) -> str:
+        """/health and /metrics: the router serves them on a port of their own."""
+        return f"http://127.0.0.1:{self.metrics_port}"
+
+    @property
+    def health_url(self) -> str:
+        return self.ops_url + "/health"
 
     def command(self) -> list[str]:
         argv = [sys.executable, "-m", "autoglm_router.cli", "--host", "127.0.0.1",
-                "--port", str(self.port), "--log-level", "info", *self.args]
+                "--port", str(self.port), "--metrics-port", str(self.metrics_port),
+                "--log-level", "info", *self.args]
         for endpoint in self.endpoints:
             argv += ["--endpoint", endpoint]
         return argv

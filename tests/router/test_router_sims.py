@@ -61,7 +61,7 @@ def chat_messages(text: str) -> Any:
 
 
 def modes_seen(router: RouterProcess) -> dict[str, int]:
-    return httpx.get(router.base_url + "/health", timeout=5).json()["replicas"]
+    return httpx.get(router.ops_url + "/health", timeout=5).json()["replicas"]
 
 
 def test_openai_streamed_chats_reach_streaming_and_the_rest_batching(
@@ -83,17 +83,17 @@ def test_openai_streamed_chats_reach_streaming_and_the_rest_batching(
     assert admitted(streaming) - before[0] == 3
     assert sum(admitted(b) for b in batching) - before[1] == 4
     # The router counts a request once its response ends, which the client may not wait for.
-    wait_for(lambda: metric(router.base_url, "autoglm_router_requests_total",
+    wait_for(lambda: metric(router.ops_url, "autoglm_router_requests_total",
                             traffic_class="other", mode="batching", outcome="ok") >= 4, 2)
-    assert metric(router.base_url, "autoglm_router_requests_total",
+    assert metric(router.ops_url, "autoglm_router_requests_total",
                   traffic_class="streamed_chat", mode="streaming", outcome="ok") >= 3
-    assert metric(router.base_url, "autoglm_router_requests_total", outcome="client_gone") == 0
-    assert metric(router.base_url, "autoglm_router_upstream_ttft_seconds_count",
+    assert metric(router.ops_url, "autoglm_router_requests_total", outcome="client_gone") == 0
+    assert metric(router.ops_url, "autoglm_router_upstream_ttft_seconds_count",
                   traffic_class="streamed_chat") >= 3
-    assert metric(router.base_url, "autoglm_router_added_latency_seconds_count",
+    assert metric(router.ops_url, "autoglm_router_added_latency_seconds_count",
                   phase="first_byte") >= 7
-    assert metric(router.base_url, "autoglm_router_replicas", mode="batching") == 2
-    assert metric(router.base_url, "autoglm_router_decisions_total", reason="hashed") >= 7
+    assert metric(router.ops_url, "autoglm_router_replicas", mode="batching") == 2
+    assert metric(router.ops_url, "autoglm_router_decisions_total", reason="hashed") >= 7
 
 
 def test_langchain_client_streamed_and_not(
@@ -120,7 +120,7 @@ def test_sessions_stick_to_their_replica(
     router: RouterProcess, replicas: tuple[SimProcess, SimProcess, SimProcess]
 ) -> None:
     _, *batching = replicas
-    before = {p: metric(router.base_url, "autoglm_router_session_placements_total",
+    before = {p: metric(router.ops_url, "autoglm_router_session_placements_total",
                         placement=p) for p in ("new", "hit", "moved")}
     per_replica = [admitted(b) for b in batching]
     c = client(router)
@@ -135,7 +135,7 @@ def test_sessions_stick_to_their_replica(
             history = [*history, {"role": "assistant",
                                   "content": reply.choices[0].message.content},
                        {"role": "user", "content": f"turn {turn}"}]
-    after = {p: metric(router.base_url, "autoglm_router_session_placements_total",
+    after = {p: metric(router.ops_url, "autoglm_router_session_placements_total",
                        placement=p) for p in ("new", "hit", "moved")}
     assert after["new"] - before["new"] == 16
     assert after["hit"] - before["hit"] == 32
@@ -197,7 +197,7 @@ def test_a_full_streaming_replica_spills_streamed_chats_to_batching(
             model=MODEL, messages=chat_messages("spill"), stream=True, max_tokens=4)
         assert "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
         assert admitted(batching) == before + 1
-    assert metric(router.base_url, "autoglm_router_decisions_total", reason="spilled") == 1
+    assert metric(router.ops_url, "autoglm_router_decisions_total", reason="spilled") == 1
 
 
 def test_every_replica_at_its_cap_sheds_with_429(
@@ -215,7 +215,7 @@ def test_every_replica_at_its_cap_sheds_with_429(
         reply = http.post(router.base_url + "/v1/chat/completions", json={**body, "max_tokens": 4})
         assert reply.status_code == 429 and reply.headers["retry-after"] == "1"
         assert admitted(slow) == before  # refused by the router, never queued on the replica
-    assert metric(router.base_url, "autoglm_router_requests_total", traffic_class="streamed_chat",
+    assert metric(router.ops_url, "autoglm_router_requests_total", traffic_class="streamed_chat",
                   mode="none", outcome="refused") == 1
 
 
@@ -233,8 +233,8 @@ def test_client_disconnect_cancels_the_upstream_request(
         assert metric(slow.base_url, "autoglm_requests_inflight") == 1
     # The client closed its connection: the router closes the upstream one, the sim stops.
     wait_for(lambda: metric(slow.base_url, "autoglm_requests_inflight") == 0, timeout=3)
-    wait_for(lambda: metric(router.base_url, "autoglm_router_inflight") == 0, timeout=3)
-    assert metric(router.base_url, "autoglm_router_requests_total", outcome="client_gone") == 1
+    wait_for(lambda: metric(router.ops_url, "autoglm_router_inflight") == 0, timeout=3)
+    assert metric(router.ops_url, "autoglm_router_requests_total", outcome="client_gone") == 1
 
 
 def test_sigterm_stops_new_connections_and_lets_streams_finish(
@@ -280,7 +280,7 @@ def _refuses_connections(router: RouterProcess) -> bool:
     """No new connection gets an answer: refused, or (one the kernel queued just before the
     listening socket closed) reset before any response byte."""
     try:
-        httpx.get(router.base_url + "/health", timeout=1)
+        httpx.get(router.base_url + "/v1/models", timeout=1)
     except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
         return True
     return False
@@ -326,7 +326,7 @@ def test_a_draining_replica_fails_no_client_request(
     assert failures == []
     assert served[0] > 20
     assert admitted(first) <= at_drain + 3  # only requests already on their way
-    assert metric(router.base_url, "autoglm_router_retries_total", reason="draining") >= 1
+    assert metric(router.ops_url, "autoglm_router_retries_total", reason="draining") >= 1
 
 
 async def test_concurrent_mixed_traffic_all_succeeds_and_leaves_nothing_open(
@@ -347,13 +347,13 @@ async def test_concurrent_mixed_traffic_all_succeeds_and_leaves_nothing_open(
                                                 max_tokens=16, extra_body=extra)
         return reply.choices[0].message.content or ""
 
-    gone_before = metric(router.base_url, "autoglm_router_requests_total",
+    gone_before = metric(router.ops_url, "autoglm_router_requests_total",
                          outcome="client_gone")
     texts = await asyncio.gather(*(one(i) for i in range(60)))
     assert all(texts)
     await c.close()
-    wait_for(lambda: metric(router.base_url, "autoglm_router_inflight") == 0, 2)
+    wait_for(lambda: metric(router.ops_url, "autoglm_router_inflight") == 0, 2)
     assert all(metric(sim.base_url, "autoglm_requests_inflight") == 0 for sim in replicas)
     # Clients that hang up after `data: [DONE]` finished their request: none counts as gone.
-    assert metric(router.base_url, "autoglm_router_requests_total",
+    assert metric(router.ops_url, "autoglm_router_requests_total",
                   outcome="client_gone") == gone_before

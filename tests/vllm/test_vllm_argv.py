@@ -40,11 +40,11 @@ SPECS: dict[str, dict[str, Any]] = {
     "wide-envelope": {"profiles": {"streaming": {"maxConcurrency": 16},
                                    "batching": {"maxConcurrency": 256}}},
     "extra-args": {"engine": {"extraArgs": [
-        "--enforce-eager", "--seed=0", "--limit-mm-per-prompt", '{"image": 2}',
+        "--enforce-eager", "--seed=0", "--max-logprobs", "10",
     ]}},
 }
 # What each extraArgs example must become in vLLM's parsed args.
-EXTRA_ARGS_PARSED = {"enforce_eager": True, "seed": 0, "limit_mm_per_prompt": {"image": 2}}
+EXTRA_ARGS_PARSED = {"enforce_eager": True, "seed": 0, "max_logprobs": 10}
 VLLM_DTYPE = {"float16": "half", "bfloat16": "bfloat16"}
 
 

@@ -51,6 +51,10 @@ class ServerProcess:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def health_url(self) -> str:
+        return self.base_url + "/health"
+
     def start(self, timeout: float = 30.0) -> Self:
         out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(
@@ -61,7 +65,7 @@ class ServerProcess:
             if self.process.poll() is not None:
                 raise RuntimeError(f"{self.kind} exited with {self.process.returncode} at start")
             try:
-                with urllib.request.urlopen(self.base_url + "/health", timeout=1) as response:
+                with urllib.request.urlopen(self.health_url, timeout=1) as response:
                     if response.status == 200 or not self.wait_healthy:
                         return self
             except urllib.error.HTTPError:

@@ -132,6 +132,8 @@ def test_one_endpoint_per_address_the_ready_pod_first() -> None:
     # A new pod may get the IP of one that just went, before the old one's DELETED arrives.
     table = listed(pod("old", ready=False), pod("new"))
     assert table.endpoints() == [Endpoint("http://10.1.0.7:8000", Mode.STREAMING, True)]
+    # Metrics name the pod, not its IP (which the next pod may reuse).
+    assert [e.label for e in table.endpoints()] == ["new"]
 
 
 def test_data_path_reports_mark_endpoints() -> None:

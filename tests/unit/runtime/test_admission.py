@@ -149,3 +149,22 @@ async def test_draining_refuses_new_and_waits_for_admitted() -> None:
     assert await ctrl.wait_idle(0.05) is False
     asyncio.get_running_loop().call_later(0.05, ctrl.release, ticket)
     assert await ctrl.wait_idle(2) is True
+
+
+async def test_a_request_of_n_sequences_takes_n_slots_and_waits_for_all_of_them() -> None:
+    ctrl = AdmissionController(profile(max_concurrency=3))
+    one = await ctrl.acquire()
+    pair = await ctrl.acquire(slots=2)
+    assert ctrl.inflight == 3 and not ctrl.has_free_slot()
+    ctrl.release(one)
+    # One slot is free, but the next in line needs two: it waits, and nothing passes it.
+    waiting = asyncio.create_task(ctrl.acquire(slots=2))
+    behind = asyncio.create_task(ctrl.acquire())
+    await settle()
+    assert (ctrl.inflight, ctrl.queued) == (2, 2)
+    ctrl.release(pair)
+    await settle()
+    assert waiting.done() and behind.done() and ctrl.inflight == 3
+    ctrl.release(waiting.result())
+    ctrl.release(behind.result())
+    assert ctrl.inflight == 0

@@ -1,0 +1,237 @@
+"""Tools for the abuse suite: raw HTTP/1.1 on a socket, a replica that records what reached it,
+the router's peak memory.
+
+Clients like httpx normalise a request-target and refuse malformed framing, so the attacks are
+written as bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+
+from autoglm_runtime.sim.process import ServerProcess, SimProcess, free_port
+
+Message = MutableMapping[str, Any]
+API_KEY = "abuse-suite-key"
+FLOOD_CHUNK = b"x" * 65536
+
+
+class RouterProcess(ServerProcess):
+    """`autoglm-router` in its own process, in front of `endpoints`."""
+
+    kind = "router"
+
+    def __init__(self, endpoints: list[str], *args: str, env: dict[str, str] | None = None,
+                 log_path: Any = None) -> None:
+        super().__init__(*args, env=env, log_path=log_path)
+        self.endpoints = endpoints
+        self.metrics_port = free_port()
+
+    def command(self) -> list[str]:
+        argv = [sys.executable, "-m", "autoglm_router.cli", "--host", "127.0.0.1",
+                "--port", str(self.port), "--metrics-port", str(self.metrics_port),
+                "--poll-interval", "0.2", *self.args]
+        for endpoint in self.endpoints:
+            argv += ["--endpoint", endpoint]
+        return argv
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    @property
+    def ops_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}"
+
+    @property
+    def health_url(self) -> str:
+        return self.ops_url + "/health"
+
+    @property
+    def metrics_url(self) -> str:
+        return self.ops_url + "/metrics"
+
+
+StartRouter = Callable[..., RouterProcess]
+StartSim = Callable[..., SimProcess]
+
+
+@dataclass
+class Reply:
+    status: int  # 0: the server closed the connection without an answer
+    headers: dict[str, str]
+    body: bytes
+
+
+def exchange(port: int, request: bytes, timeout: float = 5.0) -> Reply:
+    """Send raw bytes, read one response (or the close), within `timeout` seconds."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(request)
+        return read_reply(sock, timeout)
+
+
+def read_reply(sock: socket.socket, timeout: float) -> Reply:
+    deadline = time.monotonic() + timeout
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = _recv(sock, deadline)
+        if not chunk:
+            return Reply(0, {}, data)
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ")[1])
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    length = int(headers.get("content-length", "-1"))
+    while length >= 0 and len(body) < length:
+        chunk = _recv(sock, deadline)
+        if not chunk:
+            break
+        body += chunk
+    return Reply(status, headers, body)
+
+
+def _recv(sock: socket.socket, deadline: float) -> bytes:
+    sock.settimeout(max(0.01, deadline - time.monotonic()))
+    try:
+        return sock.recv(65536)
+    except (TimeoutError, ConnectionResetError):
+        return b""
+
+
+def closed_within(sock: socket.socket, seconds: float) -> bool:
+    """True if the server closed the connection (answered or not) within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            if sock.recv(65536) == b"":
+                return True
+        except TimeoutError:
+            return False
+        except ConnectionResetError:
+            return True
+    return False
+
+
+def request(method: str, target: str, body: bytes = b"", headers: dict[str, str] | None = None,
+            host: str = "127.0.0.1") -> bytes:
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {host}", "Connection: close"]
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    if body or method in ("POST", "PUT"):
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """The process's peak resident set (VmHWM): catches a spike between two samples."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmHWM for pid {pid}")
+
+
+@dataclass
+class Seen:
+    method: str
+    raw_path: str
+    query: str
+    headers: list[tuple[str, str]]
+    body: bytes
+
+    def header(self, name: str) -> list[str]:
+        return [v for k, v in self.headers if k == name]
+
+
+@dataclass
+class RecordingReplica:
+    """A replica that answers like the runtime's /health and /metrics and records every other
+    request exactly as it arrived (raw path, headers, body). Chat bodies holding "flood" get a
+    50 MiB stream; "slow" ones an answer after 2 s."""
+
+    seen: list[Seen] = field(default_factory=list)
+    port: int = field(default_factory=free_port)
+
+    def __post_init__(self) -> None:
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="error",
+                                lifespan="off", interface="asgi3")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> RecordingReplica:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            assert time.monotonic() < deadline, "recording replica did not start"
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+    def forwarded(self) -> list[Seen]:
+        """Requests a router forwarded (its own polls carry no X-Forwarded-For)."""
+        return [s for s in self.seen if s.header("x-forwarded-for")]
+
+    async def app(self, scope: Message, receive: Callable[[], Awaitable[Message]],
+                  send: Callable[[Message], Awaitable[None]]) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/health":
+            await _answer(send, 200, b"{}")
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        raw_path = scope.get("raw_path") or scope["path"].encode()
+        self.seen.append(Seen(
+            scope["method"], raw_path.decode("latin-1"),
+            scope.get("query_string", b"").decode("latin-1"),
+            [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]], body))
+        if scope["path"] == "/metrics":
+            # The router's own poll reads this too: mode and load like a runtime's.
+            await _answer(send, 200, b'autoglm_mode{mode="batching"} 1.0\n', "text/plain")
+        elif b"flood" in body:
+            await self._flood(send)
+        elif b"slow" in body:
+            await asyncio.sleep(2)
+            await _answer(send, 200, b'{"ok": true}')
+        else:
+            await _answer(send, 200, json.dumps({"object": "list", "data": []}).encode())
+
+    async def _flood(self, send: Callable[[Message], Awaitable[None]]) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        for _ in range(800):
+            await send({"type": "http.response.body", "body": FLOOD_CHUNK, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _answer(send: Callable[[Message], Awaitable[None]], status: int, body: bytes,
+                  content_type: str = "application/json") -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body, "more_body": False})

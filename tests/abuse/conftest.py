@@ -1,0 +1,60 @@
+"""The abuse suite's servers: the real router and sims through their CLIs on loopback, and a
+replica that records what reached it. Every process a module starts is stopped when it ends."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from abuse_kit import RecordingReplica, RouterProcess, StartRouter, StartSim
+
+from autoglm_runtime.sim.process import SimProcess
+
+ADMIN_TOKEN = "abuse-admin-token"
+
+
+@pytest.fixture(scope="module")
+def recorder() -> Iterator[RecordingReplica]:
+    replica = RecordingReplica().start()
+    yield replica
+    replica.stop()
+
+
+@pytest.fixture(scope="module")
+def start_router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartRouter]:
+    started: list[RouterProcess] = []
+
+    def start(endpoints: list[str], *args: str,
+              env: dict[str, str] | None = None) -> RouterProcess:
+        log = tmp_path_factory.mktemp("router") / "router.log"
+        router = RouterProcess(endpoints, *args, env=env, log_path=log)
+        started.append(router)
+        return router.start(timeout=20.0)
+
+    yield start
+    for router in started:
+        router.stop()
+
+
+@pytest.fixture(scope="module")
+def start_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartSim]:
+    started: list[SimProcess] = []
+
+    def start(*args: str, config: dict[str, Any] | None = None,
+              env: dict[str, str] | None = None) -> SimProcess:
+        folder = tmp_path_factory.mktemp("sim")
+        (folder / "config.json").write_text(json.dumps(config or {}))
+        sim = SimProcess("--time-factor", "0.02", *args, env={
+            "AUTOGLM_CONFIG_FILE": str(folder / "config.json"),
+            "AUTOGLM_LABELS_FILE": str(folder / "labels"),
+            "AUTOGLM_ADMIN_TOKEN": ADMIN_TOKEN,
+            **(env or {}),
+        }, log_path=folder / "sim.log")
+        started.append(sim)
+        return sim.start()
+
+    yield start
+    for sim in started:
+        sim.stop()
