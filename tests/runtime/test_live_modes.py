@@ -12,6 +12,9 @@ import pytest
 from sim_kit import MODEL, StartSim, admin_headers, log_of
 
 pytestmark = pytest.mark.timeout(120)
+# Long enough that every stream is still open when the test flips the mode or sends SIGTERM,
+# on a loaded machine too.
+STREAM_TOKENS = 400
 
 
 async def stream_one(aclient: openai.AsyncOpenAI, index: int, tokens: int,
@@ -31,6 +34,18 @@ async def stream_one(aclient: openai.AsyncOpenAI, index: int, tokens: int,
     return chunks, finish
 
 
+async def all_arrived(admin: httpx.AsyncClient, mode_url: str, count: int) -> None:
+    """Wait until the runtime holds all `count` requests, admitted or queued behind the mode's
+    cap: the first tokens of some streams are no sign that the others have arrived."""
+    deadline = time.monotonic() + 30
+    while True:
+        state = (await admin.get(mode_url)).json()
+        if state["inflight"] + state["queued"] >= count:
+            return
+        assert time.monotonic() < deadline, f"only {state} of {count} arrived"
+        await asyncio.sleep(0.02)
+
+
 async def test_switch_under_load_drops_nothing(start_sim: StartSim) -> None:
     sim = start_sim("--time-factor", "0.25")
     mode_url = sim.base_url + "/autoglm/v1/mode"
@@ -40,9 +55,9 @@ async def test_switch_under_load_drops_nothing(start_sim: StartSim) -> None:
                            max_retries=0, timeout=60) as aclient,
         httpx.AsyncClient(headers=admin_headers()) as admin,
     ):
-        streams = [asyncio.create_task(stream_one(aclient, i, 80, arrivals)) for i in range(12)]
-        while len(arrivals) < 12:  # every stream is producing tokens
-            await asyncio.sleep(0.02)
+        streams = [asyncio.create_task(stream_one(aclient, i, STREAM_TOKENS, arrivals))
+                   for i in range(12)]
+        await all_arrived(admin, mode_url, 12)
         switched_at = time.monotonic()
         state = (await admin.put(mode_url, json={"mode": "batching"})).json()
         assert state["mode"] == "batching" and state["inflight"] == 12
@@ -52,9 +67,10 @@ async def test_switch_under_load_drops_nothing(start_sim: StartSim) -> None:
         back = (await admin.put(mode_url, json={"mode": "streaming"})).json()
         assert back["switches"] == 2
         results = await asyncio.gather(*streams, *late)
-    assert results[:12] == [(80, "length")] * 12
+    assert results[:12] == [(STREAM_TOKENS, "length")] * 12
     assert results[12:] == [(20, "length")] * 4
-    assert sum(1 for t in arrivals if t > switched_at) > 12 * 40  # kept streaming after the flip
+    # Kept streaming after the flip: each stream had most of its tokens still to send.
+    assert sum(1 for t in arrivals if t > switched_at) > 12 * STREAM_TOKENS // 2
     metrics = httpx.get(sim.base_url + "/metrics").text
     assert "autoglm_mode_switches_total 2.0" in metrics
     assert 'autoglm_requests_rejected_total{reason="queue_timeout"} 0.0' in metrics
@@ -69,9 +85,10 @@ async def test_sigterm_drains_then_exits(start_sim: StartSim) -> None:
                            max_retries=0, timeout=60) as aclient,
         httpx.AsyncClient(base_url=sim.base_url) as http,
     ):
-        admitted = [asyncio.create_task(stream_one(aclient, i, 120, arrivals)) for i in range(8)]
-        while len(arrivals) < 8:
-            await asyncio.sleep(0.02)
+        admitted = [asyncio.create_task(stream_one(aclient, i, STREAM_TOKENS, arrivals))
+                    for i in range(8)]
+        async with httpx.AsyncClient(headers=admin_headers()) as admin:
+            await all_arrived(admin, sim.base_url + "/autoglm/v1/mode", 8)
         sim.process.send_signal(signal.SIGTERM)
         await asyncio.sleep(0.1)
         assert (await http.get("/health")).status_code == 503
@@ -80,7 +97,7 @@ async def test_sigterm_drains_then_exits(start_sim: StartSim) -> None:
         assert refused.status_code == 503
         assert refused.json()["error"]["message"]
         results = await asyncio.gather(*admitted)
-    assert results == [(120, "length")] * 8  # every admitted request completed
+    assert results == [(STREAM_TOKENS, "length")] * 8  # every admitted request completed
     code = await asyncio.to_thread(sim.process.wait, 30)
     assert code == 0, log_of(sim)
     assert "Drained (all done)" in log_of(sim)
