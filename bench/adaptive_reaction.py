@@ -75,8 +75,8 @@ from reaction_timing import (  # noqa: E402
     verdicts,
 )
 
-from autoglm_operator import builders  # noqa: E402
-from autoglm_operator import spec as crd  # noqa: E402
+from autoglm_operator.reconcile.children import serving as builders  # noqa: E402
+from autoglm_operator.resource import spec as crd  # noqa: E402
 from autoglm_runtime.profiles import MODE_PATH  # noqa: E402
 from loadgen import LoadReport, run_load  # noqa: E402
 from localcluster import LocalCluster, loopback_pod_cidr, running_cluster  # noqa: E402

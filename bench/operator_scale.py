@@ -70,8 +70,8 @@ from operator_kit import Operator, agd_object, apiserver_requests  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from urllib3.exceptions import HTTPError  # noqa: E402
 
-from autoglm_operator import prom  # noqa: E402
-from autoglm_operator import spec as crd  # noqa: E402
+from autoglm_operator.io import prom  # noqa: E402
+from autoglm_operator.resource import spec as crd  # noqa: E402
 from localcluster import (  # noqa: E402
     LocalCluster,
     ensure_binaries,

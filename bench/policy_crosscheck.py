@@ -7,8 +7,8 @@ Takes 2 x --minutes of wall time plus start-up; skips (exit 0) when no binary is
 Runs the diurnal trace compressed into a few minutes, in real time, against 4 replicas, each
 the runtime's ModeMiddleware (the real class, in-process, its own metrics registry) in front of
 a small reverse proxy to its own llm-d-inference-sim (--force-dummy-tokenizer), twice: pinned
-all-streaming, and adaptive (autoglm_operator.policy.decide every intervalSeconds, flips applied
-with ModeMiddleware.switch, the method the admin endpoint calls). Its routing (chats to the
+all-streaming, and adaptive (autoglm_operator.adaptive.policy.decide every intervalSeconds, flips
+applied with ModeMiddleware.switch, the method the admin endpoint calls). Its routing (chats to the
 streaming replicas, batch jobs to the batching ones, least outstanding first) and its SLOs (a
 chat's first token within 0.5 s, a batch job done in 30 s) are the ones policy_goodput.py used
 before it routed with the router's own `routing.decide` and added a time-per-token target; this
@@ -43,8 +43,8 @@ sys.path[:0] = [str(HERE), str(HERE / "traces")]
 
 import policy_traces as traces  # noqa: E402
 
-from autoglm_operator import policy as pol  # noqa: E402
-from autoglm_operator.spec import AdaptiveSettings, ModePolicy  # noqa: E402
+from autoglm_operator.adaptive import policy as pol  # noqa: E402
+from autoglm_operator.resource.spec import AdaptiveSettings, ModePolicy  # noqa: E402
 from autoglm_runtime.config import RuntimeConfig  # noqa: E402
 from autoglm_runtime.middleware import ModeMiddleware  # noqa: E402
 from autoglm_runtime.profiles import Mode, ModeProfiles  # noqa: E402

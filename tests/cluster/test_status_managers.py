@@ -11,7 +11,7 @@ import pytest
 from kubernetes import config
 from operator_kit import NAME, Operator, agd_object, condition, get, status, wait_for
 
-from autoglm_operator import kube
+from autoglm_operator.io import kube
 from localcluster import LocalCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]

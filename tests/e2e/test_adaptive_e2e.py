@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import pytest
 from operator_kit import Operator, admin_token, pod_modes, runtime_state
 
-from autoglm_operator.prom import demand_query
+from autoglm_operator.io.prom import demand_query
 from loadgen import LoadReport, run_load
 from localcluster import LocalCluster
 from localprom import LocalPrometheus

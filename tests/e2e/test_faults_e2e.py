@@ -50,8 +50,8 @@ from operator_kit import (
     wait_for,
 )
 
-from autoglm_operator.policy import parse_iso
-from autoglm_operator.prom import demand_query
+from autoglm_operator.adaptive.policy import parse_iso
+from autoglm_operator.io.prom import demand_query
 from loadgen import LoadReport, run_load
 from localcluster import LocalCluster
 from localprom import LocalPrometheus

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from autoglm_operator import builders, spec
-from autoglm_operator.crd import build_crd, render_crd_yaml
+from autoglm_operator.reconcile.children import serving as builders
+from autoglm_operator.resource import spec
+from autoglm_operator.resource.crd import build_crd, render_crd_yaml
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "autoglm.io_autoglmdeployments.yaml"

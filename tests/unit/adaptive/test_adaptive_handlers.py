@@ -6,12 +6,13 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from autoglm_operator import adaptive, pods
-from autoglm_operator import adaptive_handlers as ah
-from autoglm_operator import policy as pol
-from autoglm_operator.adaptive import FlipOutcome, PassResult, PodView, RepairOutcome
-from autoglm_operator.operator_metrics import OperatorMetrics
-from autoglm_operator.prom import Availability, QueryOutcome, Reading
+from autoglm_operator.adaptive import planning as adaptive
+from autoglm_operator.adaptive import policy as pol
+from autoglm_operator.adaptive.planning import FlipOutcome, PassResult, PodView, RepairOutcome
+from autoglm_operator.adaptive.signals import Availability, QueryOutcome, Reading
+from autoglm_operator.handlers import adaptive_pass as ah
+from autoglm_operator.io.metrics import OperatorMetrics
+from autoglm_operator.resource import pods
 from autoglm_runtime.profiles import Mode
 
 

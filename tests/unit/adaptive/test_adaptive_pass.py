@@ -7,12 +7,15 @@ from typing import Any
 
 from adaptive_fakes import FakeIO, FakePod
 
-from autoglm_operator import adaptive, executor, plan
-from autoglm_operator import policy as pol
-from autoglm_operator.adaptive import PassInput, PodView, merge_conditions
-from autoglm_operator.adaptive_handlers import ReadIO, observe
-from autoglm_operator.prom import Availability, Reading
-from autoglm_operator.spec import AutoGLMDeploymentSpec, Condition
+from autoglm_operator.adaptive import planning as adaptive
+from autoglm_operator.adaptive import policy as pol
+from autoglm_operator.adaptive.planning import PassInput, PodView
+from autoglm_operator.adaptive.signals import Availability, Reading
+from autoglm_operator.handlers.adaptive_pass import ReadIO, observe
+from autoglm_operator.io import executor
+from autoglm_operator.reconcile import plan
+from autoglm_operator.resource.conditions import merge_conditions
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec, Condition
 from autoglm_runtime.profiles import Mode
 
 NOW = 1_800_000_000.0

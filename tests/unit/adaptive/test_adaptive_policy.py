@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoglm_operator import policy as pol
+from autoglm_operator.adaptive import policy as pol
 from autoglm_operator.replay import Step, simulate, summarize
-from autoglm_operator.spec import AdaptiveLoopState, AdaptiveSettings, ModePolicy
+from autoglm_operator.resource.spec import AdaptiveLoopState, AdaptiveSettings, ModePolicy
 from autoglm_runtime.profiles import Mode
 
 INTERVAL = 15.0

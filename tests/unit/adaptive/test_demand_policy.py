@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from autoglm_operator import demand as dm
-from autoglm_operator import policy as pol
+from autoglm_operator.adaptive import demand as dm
+from autoglm_operator.adaptive import policy as pol
 from autoglm_operator.replay import read_trace, simulate
-from autoglm_operator.spec import AdaptiveSettings, ModePolicy, ServiceLevelObjectives
+from autoglm_operator.resource.spec import AdaptiveSettings, ModePolicy, ServiceLevelObjectives
 from autoglm_runtime.profiles import Mode
 
 T0 = 1_000_000.0

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from test_adaptive_pass import NOW, healthy, rolling_spec, spec, three_streaming, views
 
-from autoglm_operator import adaptive, plan
-from autoglm_operator.adaptive import Observation, PassInput, RepairOutcome
+from autoglm_operator.adaptive import planning as adaptive
+from autoglm_operator.adaptive.planning import Observation, PassInput, RepairOutcome
+from autoglm_operator.reconcile import plan
 from autoglm_runtime.profiles import Mode
 
 STREAMING = {f"agd-{i}": Mode.STREAMING for i in range(3)}

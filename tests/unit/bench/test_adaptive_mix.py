@@ -25,8 +25,8 @@ from adaptive_mix import (
     side_by_side,
 )
 
-from autoglm_operator import spec as crd
-from autoglm_operator.policy import Capacity
+from autoglm_operator.adaptive.policy import Capacity
+from autoglm_operator.resource import spec as crd
 from autoglm_runtime.metrics import TRAFFIC_CLASSES
 from loadgen import RequestResult
 

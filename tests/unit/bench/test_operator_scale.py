@@ -14,7 +14,7 @@ sys.path[:0] = [str(BENCH)]
 
 import scale_stats as stats  # noqa: E402
 
-from autoglm_operator import prom  # noqa: E402
+from autoglm_operator.io import prom  # noqa: E402
 
 
 def test_percentile_is_nearest_rank() -> None:

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import k8s_schema
-from autoglm_operator import spec
+from autoglm_operator.resource import spec
 
 _P = "#/components/schemas/io.k8s.api.core.v1."
 DOCUMENT: dict[str, Any] = {

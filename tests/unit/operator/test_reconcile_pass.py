@@ -12,7 +12,10 @@ from kubernetes.client.exceptions import ApiException
 from operator_fakes import FakeKube
 from prometheus_client import REGISTRY
 
-from autoglm_operator import builders, executor, handlers, kube, plan
+from autoglm_operator.handlers import reconcile as handlers
+from autoglm_operator.io import executor, kube
+from autoglm_operator.reconcile import plan
+from autoglm_operator.reconcile.children import serving as builders
 
 NS, NAME, UID = "serving", "phone-9b", "uid-1"
 

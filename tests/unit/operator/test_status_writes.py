@@ -9,9 +9,11 @@ from typing import Any
 from operator_fakes import FakeKube
 from test_reconcile_pass import NAME, NS, body, observed, recorded_events  # noqa: F401
 
-from autoglm_operator import adaptive, executor, handlers, kube
-from autoglm_operator.spec import AutoGLMDeploymentSpec
-from autoglm_operator.status import without_empty
+from autoglm_operator.adaptive import planning as adaptive
+from autoglm_operator.handlers import reconcile as handlers
+from autoglm_operator.io import executor, kube
+from autoglm_operator.resource.conditions import without_empty
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
 
 
 class StatusKube(FakeKube):

@@ -25,7 +25,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from autoglm_operator import spec as crd
+from autoglm_operator.resource import spec as crd
 
 FIELD_MANAGER = "autoglm-operator"
 STATUS_FIELD_MANAGER = "autoglm-operator-status"

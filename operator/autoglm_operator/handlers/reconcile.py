@@ -26,22 +26,27 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from autoglm_operator import adaptive, adaptive_handlers, builders, executor, plan
-from autoglm_operator import pods as pods_
-from autoglm_operator import settings as settings_
-from autoglm_operator import spec as crd
-from autoglm_operator import status as status_
-from autoglm_operator.observe import INDEXES, Observed, observe
-from autoglm_operator.operator_metrics import METRICS
+from autoglm_operator.adaptive import planning
+from autoglm_operator.handlers import adaptive_pass
+from autoglm_operator.handlers import settings as settings_
+from autoglm_operator.io import executor
+from autoglm_operator.io.metrics import METRICS
+from autoglm_operator.reconcile import plan
+from autoglm_operator.reconcile import status as status_
+from autoglm_operator.reconcile.children import serving
+from autoglm_operator.reconcile.observe import INDEXES, Observed, observe
+from autoglm_operator.resource import names
+from autoglm_operator.resource import pods as pods_
+from autoglm_operator.resource import spec as crd
 
 AGD = (crd.GROUP, crd.VERSION, crd.PLURAL)
-CHILD_FILTER = {builders.MANAGED_BY_LABEL: builders.MANAGER}
+CHILD_FILTER = {names.MANAGED_BY_LABEL: names.MANAGER}
 
 # -- indexes: the children, in memory, keyed by (namespace, owner name) ----------------------
 
 
 def _key(namespace: str | None, labels: kopf.Labels) -> tuple[str, str]:
-    return str(namespace), str(labels.get(builders.INSTANCE_LABEL, ""))
+    return str(namespace), str(labels.get(names.INSTANCE_LABEL, ""))
 
 
 def _trim(body: kopf.Body) -> dict[str, Any]:
@@ -101,7 +106,7 @@ def owned_secrets(namespace: str | None, labels: kopf.Labels, body: kopf.Body, *
         _key(namespace, labels): {
             "kind": "Secret",
             "metadata": _trim(body)["metadata"],
-            "hasToken": bool(data.get(builders.ADMIN_TOKEN_KEY)),
+            "hasToken": bool(data.get(serving.ADMIN_TOKEN_KEY)),
         }
     }
 
@@ -132,9 +137,9 @@ class ModeStep:
     """The adaptive pass of this iteration, observed: its input, what it read, and where the
     plan's mode entries land (pod labels, the runtime admin API, the announce)."""
 
-    input: adaptive.PassInput
-    observation: adaptive.Observation
-    io: adaptive_handlers.KubeIO
+    input: planning.PassInput
+    observation: planning.Observation
+    io: adaptive_pass.KubeIO
 
 
 @dataclass(frozen=True)
@@ -162,7 +167,7 @@ class Reconciler:
         inputs = await self._inputs(body, observed, state, step)
         now = time.monotonic()
         the_plan = plan.plan_iteration(inputs, state, now)
-        flips: list[adaptive.FlipOutcome] = []
+        flips: list[planning.FlipOutcome] = []
         failed = False
         if the_plan.modes is not None and step is not None:
             try:
@@ -203,7 +208,7 @@ class Reconciler:
         elif problem is None and time.monotonic() >= state.retry_at:
             problem = await self._check_references(body, spec, meta["namespace"], generation, state)
         return plan.Inputs(
-            owner=builders.Owner(meta["name"], meta["namespace"], meta["uid"]),
+            owner=serving.Owner(meta["name"], meta["namespace"], meta["uid"]),
             observed=observed,
             spec=spec,
             generation=generation,
@@ -215,12 +220,12 @@ class Reconciler:
 
     async def _modes(
         self, the_plan: plan.IterationPlan, io: executor.ModeActuator, state: LoopState, now: float
-    ) -> tuple[plan.IterationPlan, list[adaptive.FlipOutcome]]:
+    ) -> tuple[plan.IterationPlan, list[planning.FlipOutcome]]:
         """The plan's mode entries; after a repair that did not go as planned, the whole
         iteration is planned again (the Rolling share, and so the children, may change)."""
         carried = [the_plan]
 
-        def replan(repaired: list[adaptive.RepairOutcome]) -> adaptive.ModePlan:
+        def replan(repaired: list[planning.RepairOutcome]) -> planning.ModePlan:
             carried.append(plan.plan_iteration(the_plan.inputs, state, now, repaired))
             assert carried[-1].modes is not None
             return carried[-1].modes
@@ -332,7 +337,7 @@ async def reconcile(
     indexes = {index: kwargs[index] for index in INDEXES}
     reconciler = Reconciler(memo.kube, logger)
     state = LoopState()
-    adaptive_loop = adaptive_handlers.AdaptiveLoop(reconciler.executor, str(namespace), name)
+    adaptive_loop = adaptive_pass.AdaptiveLoop(reconciler.executor, str(namespace), name)
     try:
         while not stopped:
             observed = observe(body, str(namespace), name, uid, indexes)
@@ -356,7 +361,7 @@ async def reconcile(
 
 
 async def _observe_modes(
-    adaptive_loop: adaptive_handlers.AdaptiveLoop,
+    adaptive_loop: adaptive_pass.AdaptiveLoop,
     reconciler: Reconciler,
     observed: Observed,
     state: LoopState,
@@ -385,7 +390,7 @@ async def _observe_modes(
 
 
 def _after_modes(
-    adaptive_loop: adaptive_handlers.AdaptiveLoop,
+    adaptive_loop: adaptive_pass.AdaptiveLoop,
     step: ModeStep | None,
     done: Done,
     body: kopf.Body,

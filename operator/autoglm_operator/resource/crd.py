@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoglm_operator import spec
+from autoglm_operator.resource import spec
 
 PRINTER_COLUMNS = [
     {"name": "Ready", "type": "string", "jsonPath": ".status.ready"},

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoglm_operator import builders
-from autoglm_operator import spec as crd
-from autoglm_operator.builders import Manifest, Owner
+from autoglm_operator.reconcile.children import serving
+from autoglm_operator.reconcile.children.serving import Manifest, Owner
+from autoglm_operator.resource import names
+from autoglm_operator.resource import spec as crd
+from autoglm_operator.resource.names import router_name
 
 ROUTER_COMPONENT = "router"
 CONTAINER_NAME = "router"
-HTTP_PORT = builders.HTTP_PORT
+HTTP_PORT = serving.HTTP_PORT
 # After SIGTERM uvicorn stops listening at once: the preStop sleep gives the endpoints
 # controllers time to drop the pod first, so no new connection meets a closed port.
 PRESTOP_SLEEP_SECONDS = 5
@@ -29,13 +31,8 @@ POD_VERBS = ("list", "watch")
 HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
 
 
-def router_name(name: str) -> str:
-    """The Deployment, PodDisruptionBudget, ServiceAccount, Role and RoleBinding share it."""
-    return f"{name}-router"
-
-
 def router_labels(name: str) -> dict[str, str]:
-    return {**builders.router_selector_labels(name), builders.MANAGED_BY_LABEL: builders.MANAGER}
+    return {**serving.router_selector_labels(name), names.MANAGED_BY_LABEL: names.MANAGER}
 
 
 def _metadata(owner: Owner, **extra: Any) -> dict[str, Any]:
@@ -65,7 +62,7 @@ def router_args(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> list[str]:
         "--port", str(HTTP_PORT),
         "--kubernetes",
         "--namespace", owner.namespace,
-        "--selector", builders.serving_pod_selector(owner.name),
+        "--selector", serving.serving_pod_selector(owner.name),
         "--port-name", "http",
         "--load-factor", router.session_affinity.load_factor,
         # The caps match what each mode admits, so spill starts where a replica's queue would.
@@ -95,7 +92,7 @@ def _container(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
         "args": router_args(owner, spec),
         "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
         "resources": _resources(spec),
-        "volumeMounts": [{"name": "tmp", "mountPath": builders.TMP_DIR}],
+        "volumeMounts": [{"name": "tmp", "mountPath": serving.TMP_DIR}],
         # /health answers 200 only while the router has a replica to send requests to.
         "readinessProbe": {
             "httpGet": {"path": "/health", "port": "http", "scheme": "HTTP"},
@@ -112,13 +109,13 @@ def _container(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
             "failureThreshold": 3,
         },
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_SECONDS)]}}},
-        "securityContext": builders.restricted_container_security(),
+        "securityContext": serving.restricted_container_security(),
     }
 
 
 def pod_template(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
-    selector = builders.router_selector_labels(owner.name)
-    labels = {**router_labels(owner.name), builders.COMPONENT_LABEL: ROUTER_COMPONENT}
+    selector = serving.router_selector_labels(owner.name)
+    labels = {**router_labels(owner.name), names.COMPONENT_LABEL: ROUTER_COMPONENT}
     pod_spec: dict[str, Any] = {
         "serviceAccountName": router_name(owner.name),
         # The pod watch reads the ServiceAccount token (the only pod of ours that needs one).
@@ -127,7 +124,7 @@ def pod_template(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any
         "containers": [_container(owner, spec)],
         "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE_LIMIT}}],
         "terminationGracePeriodSeconds": termination_grace_seconds(spec),
-        "securityContext": builders.restricted_pod_security(),
+        "securityContext": serving.restricted_pod_security(),
         # Replicas on different nodes where there are several: one node's loss leaves a router.
         "topologySpreadConstraints": [
             {
@@ -149,9 +146,9 @@ def deployment(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> Manifest:
         "metadata": _metadata(owner),
         "spec": {
             "replicas": spec.router.replicas,
-            "selector": {"matchLabels": builders.router_selector_labels(owner.name)},
+            "selector": {"matchLabels": serving.router_selector_labels(owner.name)},
             # A router rollout starts the new pod before it stops an old one.
-            "strategy": builders.rolling_strategy(surge=True),
+            "strategy": serving.rolling_strategy(surge=True),
             "revisionHistoryLimit": 3,
             "template": pod_template(owner, spec),
         },
@@ -165,7 +162,7 @@ def pod_disruption_budget(owner: Owner) -> Manifest:
         "metadata": _metadata(owner),
         "spec": {
             "maxUnavailable": 1,
-            "selector": {"matchLabels": builders.router_selector_labels(owner.name)},
+            "selector": {"matchLabels": serving.router_selector_labels(owner.name)},
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
     }

@@ -8,7 +8,7 @@ streamed chats and of everything else, from the router's autoglm_router_requests
 runtime's autoglm_requests_received_total without a router):
 - It estimates what one replica of each mode serves within the SLOs (`Capacity`): the CRD's
   seeds (`adaptive.capacity`) until it has measured anything, then what saturated replicas
-  were seen to complete while they served their own class (autoglm_operator.demand.learn),
+  were seen to complete while they served their own class (autoglm_operator.adaptive.demand.learn),
   kept in status so a restart keeps it.
 - It scores every split that `minStreamingReplicas` allows by expected goodput for that
   demand (demand.best_split: the router's routing, spill, and its shedding of what no replica
@@ -53,8 +53,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from autoglm_operator import demand as dm
-from autoglm_operator.spec import (
+from autoglm_operator.adaptive import demand as dm
+from autoglm_operator.adaptive.signals import Samples
+from autoglm_operator.resource.spec import (
     AdaptiveLoopState,
     AdaptiveSettings,
     LearnedCapacity,
@@ -93,36 +94,6 @@ RATE_WINDOW_SECONDS = 60.0
 
 # The most flip records the state keeps; one per pod, pods that vanished are dropped first.
 MAX_FLIP_RECORDS = 256
-
-
-@dataclass(frozen=True)
-class Samples:
-    """Deployment-wide metric values at one instant; None where the value is unknown.
-
-    qps and queue_depth are totals over the deployment's pods; reporting_replicas is how many
-    pods those totals cover (per-replica figures divide by it, so a pod Prometheus has not yet
-    scraped neither adds load nor dilutes it). problem says why values are missing, for messages.
-    """
-
-    qps: float | None = None
-    gpu_memory_percent: float | None = None
-    queue_depth: float | None = None
-    kv_cache_percent: float | None = None
-    ttft_p95_seconds: float | None = None
-    reporting_replicas: int | None = None
-    problem: str | None = None
-    # Demand by traffic class (requests/s arriving, admitted or not) and, per mode, requests/s
-    # completed, requests in flight or queued, and the share of what its replicas received that
-    # was its own class (streaming: streamed chats; batching: the rest): the learning of each
-    # mode's capacity. An unknown share (an older runtime or trace) learns as if unmixed.
-    chat_rate: float | None = None
-    other_rate: float | None = None
-    streaming_completions: float | None = None
-    batching_completions: float | None = None
-    streaming_busy: float | None = None
-    batching_busy: float | None = None
-    streaming_own_share: float | None = None
-    batching_own_share: float | None = None
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,15 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
-from autoglm_operator import adaptive, builders, kube, plan
-from autoglm_operator import policy as pol
-from autoglm_operator import status as status_
-from autoglm_operator.adaptive import FlipOutcome, RepairOutcome
-from autoglm_operator.observe import Observed
-from autoglm_operator.runtime_client import RuntimeAdminError, SetModeResult
+from autoglm_operator.adaptive import planning
+from autoglm_operator.adaptive import policy as pol
+from autoglm_operator.adaptive.planning import FlipOutcome, RepairOutcome
+from autoglm_operator.io import kube
+from autoglm_operator.io.runtime_client import RuntimeAdminError, SetModeResult
+from autoglm_operator.reconcile import plan
+from autoglm_operator.reconcile.children import serving
+from autoglm_operator.reconcile.observe import Observed
+from autoglm_operator.resource.conditions import without_empty
 from autoglm_runtime.profiles import MODE_LABEL, Mode
 
 ApiError = kube.ApiError
@@ -78,13 +81,13 @@ class Executor:
 
     def read_admin_token(self, namespace: str, name: str) -> str | None:
         """The runtime admin token; None while the Secret does not exist yet."""
-        secret = self.kube.get("Secret", namespace, builders.admin_secret_name(name))
+        secret = self.kube.get("Secret", namespace, serving.admin_secret_name(name))
         if secret is None:
             return None
-        encoded = (secret.get("data") or {}).get(builders.ADMIN_TOKEN_KEY)
+        encoded = (secret.get("data") or {}).get(serving.ADMIN_TOKEN_KEY)
         if not encoded:
             raise MissingAdminToken(
-                f"Secret {builders.admin_secret_name(name)} has no key {builders.ADMIN_TOKEN_KEY!r}"
+                f"Secret {serving.admin_secret_name(name)} has no key {serving.ADMIN_TOKEN_KEY!r}"
             )
         return base64.b64decode(encoded).decode()
 
@@ -107,8 +110,8 @@ class Executor:
         whether it was written. The loop's memory keeps what was written until the watch
         delivers it, so a stale copy never takes a decision back."""
         meta = observed.body["metadata"]
-        pruned = dict(status_.without_empty(full))
-        if pruned == status_.without_empty(plan.latest_status(observed, memory)):
+        pruned = dict(without_empty(full))
+        if pruned == without_empty(plan.latest_status(observed, memory)):
             return False
         await self.write_status(meta["namespace"], meta["name"], pruned)
         memory.status_written = (str(meta.get("resourceVersion")), pruned)
@@ -147,7 +150,7 @@ class Executor:
         event(body, reason=reason, message=message)
         self.logger.info(message)
 
-    async def _retire(self, body: Any, owner: builders.Owner, retire: plan.Retire) -> None:
+    async def _retire(self, body: Any, owner: serving.Owner, retire: plan.Retire) -> None:
         """Mark an old-mode pod a shrinking Deployment must remove (its replacement is ready,
         or cannot start without its GPUs): the ReplicaSet removes the lowest deletion cost
         first."""
@@ -176,7 +179,7 @@ class Executor:
         old = observed.children.get(action.key)
         result = await self.call(self.kube.apply, action.manifest)
         state.written[action.key] = plan.Written(
-            digest=builders.digest(action.manifest),
+            digest=serving.digest(action.manifest),
             resource_version=str(result["metadata"]["resourceVersion"]),
             based_on=str((old or {}).get("metadata", {}).get("resourceVersion") or ""),
             at=now,
@@ -194,9 +197,9 @@ class Executor:
         self, body: Any, the_plan: plan.Plan, observed: Observed, state: plan.LoopState
     ) -> None:
         """A new admin token, in a new Secret or in the emptied one."""
-        key = ("Secret", builders.admin_secret_name(the_plan.owner.name))
+        key = ("Secret", serving.admin_secret_name(the_plan.owner.name))
         seen = str(((observed.secret or {}).get("metadata") or {}).get("resourceVersion") or "")
-        manifest = builders.admin_secret(the_plan.owner, secrets.token_urlsafe(32))
+        manifest = serving.admin_secret(the_plan.owner, secrets.token_urlsafe(32))
         if the_plan.admin_secret == "create":
             result = await self.call(self.kube.create, manifest)
             verb = "Created"
@@ -234,18 +237,18 @@ class ModeActuator(Protocol):
     async def announce(self, status_patch: dict[str, Any]) -> None: ...
 
 
-async def repair(repairs: Sequence[adaptive.Repair], io: ModeActuator) -> list[RepairOutcome]:
+async def repair(repairs: Sequence[planning.Repair], io: ModeActuator) -> list[RepairOutcome]:
     """Carry out a plan's repairs, all pods at once; what each did."""
     return list(await asyncio.gather(*(_repair(r, io) for r in repairs)))
 
 
 async def execute_modes(
-    the_plan: adaptive.ModePlan,
+    the_plan: planning.ModePlan,
     io: ModeActuator,
-    replan: Callable[[list[RepairOutcome]], adaptive.ModePlan],
+    replan: Callable[[list[RepairOutcome]], planning.ModePlan],
     *,
     clock: Callable[[], float] = time.perf_counter,
-) -> tuple[adaptive.ModePlan, list[FlipOutcome]]:
+) -> tuple[planning.ModePlan, list[FlipOutcome]]:
     """Carry out a plan's mode entries: the repairs; when one did not go as planned, `replan`
     from what they did before anything flips; then the announce and the flips. The plan
     carried out, and what each flip did."""
@@ -256,7 +259,7 @@ async def execute_modes(
 
 
 async def switch(
-    the_plan: adaptive.ModePlan,
+    the_plan: planning.ModePlan,
     io: ModeActuator,
     *,
     clock: Callable[[], float] = time.perf_counter,
@@ -305,7 +308,7 @@ async def apply_flip(
     return outcome(True, "", seconds=clock() - started, attempts=result.attempts)
 
 
-async def _repair(entry: adaptive.Repair, io: ModeActuator) -> RepairOutcome:
+async def _repair(entry: planning.Repair, io: ModeActuator) -> RepairOutcome:
     pod, label, runtime = entry.pod, entry.label, entry.runtime
     if label is None:
         try:

@@ -22,17 +22,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from autoglm_operator import policy as pol
-from autoglm_operator.pods import PodView
-from autoglm_operator.prom import Availability, Reading
-from autoglm_operator.spec import (
+from autoglm_operator.adaptive import policy as pol
+from autoglm_operator.adaptive.signals import Availability, Reading
+from autoglm_operator.resource.conditions import merge_conditions, without_empty
+from autoglm_operator.resource.pods import PodView
+from autoglm_operator.resource.spec import (
     AutoGLMDeploymentSpec,
     Condition,
     Decision,
     ModePolicy,
     SwitchStrategy,
 )
-from autoglm_operator.status import merge_conditions, without_empty
 from autoglm_runtime.profiles import Mode
 
 logger = logging.getLogger(__name__)

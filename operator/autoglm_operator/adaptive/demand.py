@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from autoglm_operator.spec import ServiceLevelObjectives
+from autoglm_operator.resource.spec import ServiceLevelObjectives
 from autoglm_runtime.profiles import Mode
 
 # The demand is a minute's count of random arrivals (batch jobs come in groups), so the split is

@@ -23,18 +23,20 @@ from typing import Any, Protocol
 import aiohttp
 import kopf
 
-from autoglm_operator import adaptive, executor
-from autoglm_operator import spec as crd
-from autoglm_operator.adaptive import Observation, PassInput, PassResult, PodView
-from autoglm_operator.operator_metrics import METRICS, start_server
-from autoglm_operator.prom import PrometheusReader, Reading
-from autoglm_operator.runtime_client import (
+from autoglm_operator.adaptive import planning
+from autoglm_operator.adaptive.planning import Observation, PassInput, PassResult, PodView
+from autoglm_operator.adaptive.signals import Reading
+from autoglm_operator.io import executor
+from autoglm_operator.io.metrics import METRICS, start_server
+from autoglm_operator.io.prom import PrometheusReader
+from autoglm_operator.io.runtime_client import (
     RuntimeAdminError,
     RuntimeClient,
     RuntimeUnauthorized,
     SetModeResult,
 )
-from autoglm_operator.spec import ModePolicy
+from autoglm_operator.resource import spec as crd
+from autoglm_operator.resource.spec import ModePolicy
 from autoglm_runtime.profiles import Mode
 
 logger = logging.getLogger(__name__)
@@ -108,7 +110,7 @@ class KubeIO:
             raise
 
     async def announce(self, status_patch: dict[str, Any]) -> None:
-        await self.write_status(adaptive.owned_status(self.status, status_patch))
+        await self.write_status(planning.owned_status(self.status, status_patch))
 
 
 class ReadIO(executor.ModeActuator, Protocol):

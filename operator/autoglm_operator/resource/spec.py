@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field
 from pydantic.json_schema import JsonDict, JsonValue
 
-from autoglm_operator import images
+from autoglm_operator.resource import images
 from autoglm_runtime.engine_args import (
     API_KEY_FLAG_MESSAGE,
     API_KEY_FLAG_PATTERN,
