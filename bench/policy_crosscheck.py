@@ -208,7 +208,7 @@ async def run(
         outcomes.append((kind, met, ttft))
 
     async def loop_policy() -> int:
-        state, flips = pol.LoopState(), 0
+        state, flips = pol.HysteresisState(), 0
         while time.monotonic() - t0 < seconds:
             await asyncio.sleep(SETTINGS.interval_seconds)
             now = time.monotonic()

@@ -293,7 +293,7 @@ class _Run:
         self.pool = pool
         self.cfg = cfg
         self.meter = meter
-        self.state = pol.LoopState()
+        self.state = pol.HysteresisState()
         self.flips: list[tuple[float, int]] = []
         self.timeline: list[tuple[float, int, float | None]] = []  # (t, batching, qps seen)
         self.outcomes: list[Outcome] = []

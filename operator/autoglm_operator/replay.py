@@ -170,14 +170,14 @@ def simulate(
     mode_policy: ModePolicy = ModePolicy.ADAPTIVE,
     *,
     initial: Mode = Mode.STREAMING,
-    state: pol.LoopState | None = None,
+    state: pol.HysteresisState | None = None,
 ) -> list[Step]:
     """Run decide() over a sequence of samples, applying every flip at once."""
     names = (
         [f"replica-{i}" for i in range(replicas)] if isinstance(replicas, int) else list(replicas)
     )
     modes = dict.fromkeys(names, initial)
-    loop = state or pol.LoopState()
+    loop = state or pol.HysteresisState()
     steps = []
     for t, samples in rows:
         replica_states = [pol.ReplicaState(n, modes[n]) for n in names]

@@ -1,4 +1,5 @@
-"""The adaptive mode policy: a pure function from metrics, modes and loop state to a decision.
+"""The adaptive mode policy: a pure function from metrics, modes and its hysteresis state to a
+decision.
 
 No I/O here (an import-linter contract forbids kopf, kubernetes and HTTP clients): the operator's
 loop, the `replay` command and the benchmarks all run this same code.
@@ -141,8 +142,10 @@ class Capacity:
 
 
 @dataclass(frozen=True)
-class LoopState:
-    """Everything the loop remembers between passes; to_status()/from_status() persist it."""
+class HysteresisState:
+    """What the policy remembers between passes (status.adaptiveState): since when load or
+    demand has pointed one way, each pod's last flip, the learned capacity. to_status() and
+    from_status() persist it, so a restart keeps windows and cooldowns."""
 
     high_since: float | None = None
     low_since: float | None = None
@@ -165,7 +168,9 @@ class LoopState:
         )
 
     @classmethod
-    def from_status(cls, stored: AdaptiveLoopState | Mapping[str, object] | None) -> LoopState:
+    def from_status(
+        cls, stored: AdaptiveLoopState | Mapping[str, object] | None
+    ) -> HysteresisState:
         if stored is None:
             return cls()
         if not isinstance(stored, AdaptiveLoopState):
@@ -197,7 +202,7 @@ class PolicyDecision:
     from_batching: int
     to_batching: int
     flips: tuple[Flip, ...]
-    state: LoopState
+    state: HysteresisState
     metrics: MetricSample
 
     @property
@@ -208,7 +213,7 @@ class PolicyDecision:
 def decide(
     samples: Samples | None,
     replicas: Sequence[ReplicaState],
-    history: LoopState,
+    history: HysteresisState,
     config: AdaptiveSettings,
     policy: ModePolicy,
     now: float,
@@ -254,10 +259,10 @@ class _Outcome:
     reason: str
     message: str
     flips: tuple[Flip, ...]
-    state: LoopState
+    state: HysteresisState
 
 
-def _outcome(reason: str, message: str, flips: Sequence[Flip], state: LoopState) -> _Outcome:
+def _outcome(reason: str, message: str, flips: Sequence[Flip], state: HysteresisState) -> _Outcome:
     return _Outcome(reason, _with_flips(message, flips), tuple(flips), state)
 
 
@@ -273,7 +278,7 @@ def _pinned(replicas: Sequence[ReplicaState], policy: ModePolicy, kept: Kept) ->
         if r.ready and r.effective_mode is not target
     ]
     message = f"modePolicy {policy.value} pins every replica to {target.value}"
-    return _outcome(reason, message, flips, LoopState(last_flips=kept))
+    return _outcome(reason, message, flips, HysteresisState(last_flips=kept))
 
 
 @dataclass(frozen=True)
@@ -308,7 +313,7 @@ class _Sizing:
 def _adaptive(
     samples: Samples | None,
     replicas: Sequence[ReplicaState],
-    history: LoopState,
+    history: HysteresisState,
     kept: Kept,
     config: AdaptiveSettings,
     now: float,
@@ -345,13 +350,13 @@ def _adaptive(
 def _toward_batching(
     load: _Load,
     fleet: _Fleet,
-    history: LoopState,
+    history: HysteresisState,
     kept: Kept,
     config: AdaptiveSettings,
     now: float,
 ) -> _Outcome:
     high_since = history.high_since if history.high_since is not None else now
-    state = LoopState(high_since=high_since, low_since=None, last_flips=kept)
+    state = HysteresisState(high_since=high_since, low_since=None, last_flips=kept)
     ready, batching = fleet.ready, fleet.batching
     room = len(ready) - fleet.min_streaming - len(batching)
     if load.high == (QPS_ABOVE_HIGH,) and batching and room > 0:
@@ -386,13 +391,13 @@ def _toward_batching(
 def _toward_streaming(
     load: _Load,
     fleet: _Fleet,
-    history: LoopState,
+    history: HysteresisState,
     kept: Kept,
     config: AdaptiveSettings,
     now: float,
 ) -> _Outcome:
     low_since = history.low_since if history.low_since is not None else now
-    state = LoopState(high_since=None, low_since=low_since, last_flips=kept)
+    state = HysteresisState(high_since=None, low_since=low_since, last_flips=kept)
     if not fleet.batching:
         return _outcome(ALL_STREAMING, f"{load.summary}; every ready replica streaming", [], state)
     waited = now - low_since
@@ -420,7 +425,7 @@ def _demand(samples: Samples | None) -> dm.Demand | None:
 def _learned(
     samples: Samples | None,
     replicas: Sequence[ReplicaState],
-    history: LoopState,
+    history: HysteresisState,
     config: AdaptiveSettings,
     caps: Mapping[Mode, int],
     now: float,
@@ -484,7 +489,7 @@ def _by_mode(streaming: float | None, batching: float | None) -> dict[Mode, floa
 def _sized(
     demand: dm.Demand,
     fleet: _Fleet,
-    history: LoopState,
+    history: HysteresisState,
     kept: Kept,
     config: AdaptiveSettings,
     now: float,
@@ -515,7 +520,7 @@ def _sized(
     toward = best.batching > k
     summary += f", {best.batching} batching: {best.goodput:.2f}/s"
     started = (history.high_since if toward else history.low_since) or now
-    state = LoopState(
+    state = HysteresisState(
         high_since=started if toward else None,
         low_since=None if toward else started,
         last_flips=kept,
@@ -671,11 +676,13 @@ def _with_flips(message: str, flips: Sequence[Flip]) -> str:
     return f"{message}; flipping {moves}"
 
 
-def _reset(kept: Mapping[str, tuple[float, Mode]]) -> LoopState:
-    return LoopState(high_since=None, low_since=None, last_flips=kept)
+def _reset(kept: Mapping[str, tuple[float, Mode]]) -> HysteresisState:
+    return HysteresisState(high_since=None, low_since=None, last_flips=kept)
 
 
-def _prune(history: LoopState, replicas: Sequence[ReplicaState]) -> dict[str, tuple[float, Mode]]:
+def _prune(
+    history: HysteresisState, replicas: Sequence[ReplicaState]
+) -> dict[str, tuple[float, Mode]]:
     present = {r.name for r in replicas}
     kept = {pod: rec for pod, rec in history.last_flips.items() if pod in present}
     if len(kept) > MAX_FLIP_RECORDS:

@@ -5,7 +5,7 @@ reads only) and hands the loop the pass's input; the loop's one plan (plan.plan_
 holds its repairs and flips, the executor carries them out through KubeIO, and
 AdaptiveLoop.finish counts what happened.
 
-The pass runs inside each AutoGLMDeployment's one daemon (handlers.reconcile), every
+The pass runs inside each AutoGLMDeployment's one daemon (reconcile.reconcile), every
 spec.adaptive.intervalSeconds (read live from the body on every pass). Pods come from that
 daemon's pod index, not from a list call per pass, so a quiet loop costs the apiserver nothing:
 API calls happen only to flip (pod label patch), to read the admin token (once per daemon,
@@ -23,8 +23,9 @@ from typing import Any, Protocol
 import aiohttp
 import kopf
 
-from autoglm_operator.adaptive import planning
-from autoglm_operator.adaptive.planning import Observation, PassInput, PassResult, PodView
+from autoglm_operator.adaptive import report
+from autoglm_operator.adaptive.pass_data import Observation, PassInput, PassResult
+from autoglm_operator.adaptive.planning import PodView
 from autoglm_operator.adaptive.signals import Reading
 from autoglm_operator.io import executor
 from autoglm_operator.io.metrics import METRICS, start_server
@@ -110,7 +111,7 @@ class KubeIO:
             raise
 
     async def announce(self, status_patch: dict[str, Any]) -> None:
-        await self.write_status(planning.owned_status(self.status, status_patch))
+        await self.write_status(report.owned_status(self.status, status_patch))
 
 
 class ReadIO(executor.ModeActuator, Protocol):
@@ -121,7 +122,7 @@ class ReadIO(executor.ModeActuator, Protocol):
     async def runtime_mode(self, ip: str) -> Mode: ...
 
 
-async def observe(inp: PassInput, io: ReadIO) -> Observation:
+async def read_observation(inp: PassInput, io: ReadIO) -> Observation:
     """Each ready pod's runtime mode (why not, where its admin API failed), and the metrics
     when the policy reads them."""
     targets = [p for p in inp.pods if p.ready and p.ip]
@@ -246,7 +247,7 @@ class AdaptiveLoop:
             now=time.time(),
             deployment_split=deployment_split,
         )
-        return inp, await observe(inp, io), io
+        return inp, await read_observation(inp, io), io
 
     def finish(self, inp: PassInput, result: PassResult, io: KubeIO) -> None:
         """After the pass: its metrics, the admin token to read again, when the next is due."""

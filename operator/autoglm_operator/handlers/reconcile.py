@@ -6,13 +6,13 @@ server-side by the managed-by label). Only a difference costs an API call, so a 
 costs none; a missed event, an operator restart or a hand edit is repaired on the next pass.
 One loop per object also means one writer per object: no two handlers race on its children.
 
-An iteration: observe (observe.py, from the indexes; when spec.adaptive.intervalSeconds is due,
-adaptive_handlers.AdaptiveLoop.observe reads each pod's runtime mode and the metrics), plan
+An iteration: observe (reconcile/observe.py, from the indexes; when spec.adaptive.intervalSeconds
+is due, adaptive_pass.AdaptiveLoop.observe reads each pod's runtime mode and the metrics), plan
 (plan.plan_iteration, pure: one plan holding the mode repairs and flips, the children and the
-planned status), execute (executor.py, the one module that writes to the API server; after a
+planned status), execute (io/executor.py, which carries the plan out on the API server; after a
 repair that did not go as planned the iteration plans again before anything flips), status
 (plan.settle, pure, folds what the executor reported into the planned status; one write, only
-when it changed, apart from the loop state written before a flip touches a pod).
+when it changed, apart from the hysteresis state written before a flip touches a pod).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from autoglm_operator.adaptive import planning
+from autoglm_operator.adaptive import pass_data
 from autoglm_operator.handlers import adaptive_pass
 from autoglm_operator.handlers import settings as settings_
 from autoglm_operator.io import executor
@@ -129,7 +129,7 @@ def owned_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_:
 
 # -- one loop iteration ----------------------------------------------------------------------
 
-LoopState = plan.LoopState
+ReconcileMemory = plan.ReconcileMemory
 
 
 @dataclass(frozen=True)
@@ -137,8 +137,8 @@ class ModeStep:
     """The adaptive pass of this iteration, observed: its input, what it read, and where the
     plan's mode entries land (pod labels, the runtime admin API, the announce)."""
 
-    input: planning.PassInput
-    observation: planning.Observation
+    input: pass_data.PassInput
+    observation: pass_data.Observation
     io: adaptive_pass.KubeIO
 
 
@@ -159,7 +159,11 @@ class Reconciler:
         self.logger = logger
 
     async def pass_once(
-        self, body: kopf.Body, observed: Observed, state: LoopState, step: ModeStep | None = None
+        self,
+        body: kopf.Body,
+        observed: Observed,
+        state: ReconcileMemory,
+        step: ModeStep | None = None,
     ) -> Done:
         """Observe the rest (spec, references), plan once, execute (modes, then children),
         settle the status and write it once. A failed adaptive part is planned away: the
@@ -167,7 +171,7 @@ class Reconciler:
         inputs = await self._inputs(body, observed, state, step)
         now = time.monotonic()
         the_plan = plan.plan_iteration(inputs, state, now)
-        flips: list[planning.FlipOutcome] = []
+        flips: list[pass_data.FlipOutcome] = []
         failed = False
         if the_plan.modes is not None and step is not None:
             try:
@@ -190,7 +194,7 @@ class Reconciler:
         return Done(settled, failed)
 
     async def _inputs(
-        self, body: kopf.Body, observed: Observed, state: LoopState, step: ModeStep | None
+        self, body: kopf.Body, observed: Observed, state: ReconcileMemory, step: ModeStep | None
     ) -> plan.Inputs:
         """The spec (or why it cannot be used) and the referenced objects (observe)."""
         meta = observed.body["metadata"]
@@ -219,13 +223,17 @@ class Reconciler:
         )
 
     async def _modes(
-        self, the_plan: plan.IterationPlan, io: executor.ModeActuator, state: LoopState, now: float
-    ) -> tuple[plan.IterationPlan, list[planning.FlipOutcome]]:
+        self,
+        the_plan: plan.IterationPlan,
+        io: executor.ModeActuator,
+        state: ReconcileMemory,
+        now: float,
+    ) -> tuple[plan.IterationPlan, list[pass_data.FlipOutcome]]:
         """The plan's mode entries; after a repair that did not go as planned, the whole
         iteration is planned again (the Rolling share, and so the children, may change)."""
         carried = [the_plan]
 
-        def replan(repaired: list[planning.RepairOutcome]) -> planning.ModePlan:
+        def replan(repaired: list[pass_data.RepairOutcome]) -> pass_data.ModePlan:
             carried.append(plan.plan_iteration(the_plan.inputs, state, now, repaired))
             assert carried[-1].modes is not None
             return carried[-1].modes
@@ -236,7 +244,7 @@ class Reconciler:
         return carried[-1], flips
 
     async def _children(
-        self, body: kopf.Body, the_plan: plan.IterationPlan, state: LoopState
+        self, body: kopf.Body, the_plan: plan.IterationPlan, state: ReconcileMemory
     ) -> status_.Problem | None:
         """Apply the plan's children; an API error is the iteration's problem (retried)."""
         if not the_plan.reconcile:
@@ -257,7 +265,7 @@ class Reconciler:
         spec: crd.AutoGLMDeploymentSpec,
         namespace: str,
         generation: int,
-        state: LoopState,
+        state: ReconcileMemory,
     ) -> status_.Problem | None:
         """Referenced objects the user owns: checked once per generation (one GET)."""
         if state.checked_generation == generation or spec.api_key_secret_ref is None:
@@ -279,7 +287,7 @@ class Reconciler:
         return None
 
     async def _write_status(
-        self, body: kopf.Body, inputs: plan.Inputs, state: LoopState, settled: plan.Settled
+        self, body: kopf.Body, inputs: plan.Inputs, state: ReconcileMemory, settled: plan.Settled
     ) -> None:
         """The iteration's one status write, only when it changes status; then its Events."""
         observed = inputs.observed
@@ -293,7 +301,9 @@ class Reconciler:
             for cond in settled.flipped:
                 _announce(body, cond, previous=observed.body.get("status") or {})
 
-    async def write_part(self, observed: Observed, state: LoopState, part: dict[str, Any]) -> None:
+    async def write_part(
+        self, observed: Observed, state: ReconcileMemory, part: dict[str, Any]
+    ) -> None:
         """Fields of the adaptive pass over the latest status: the announce before a flip, the
         one write an iteration makes besides its last (a crash mid-flip keeps the cooldown)."""
         latest = plan.latest_status(observed, state)
@@ -336,7 +346,7 @@ async def reconcile(
     pass is due), plan (pure), execute, write status once and only the difference."""
     indexes = {index: kwargs[index] for index in INDEXES}
     reconciler = Reconciler(memo.kube, logger)
-    state = LoopState()
+    state = ReconcileMemory()
     adaptive_loop = adaptive_pass.AdaptiveLoop(reconciler.executor, str(namespace), name)
     try:
         while not stopped:
@@ -364,7 +374,7 @@ async def _observe_modes(
     adaptive_loop: adaptive_pass.AdaptiveLoop,
     reconciler: Reconciler,
     observed: Observed,
-    state: LoopState,
+    state: ReconcileMemory,
     logger: kopf.Logger,
 ) -> ModeStep | None:
     """The adaptive pass's observe step (each pod's runtime mode, the metrics); None when it
@@ -408,7 +418,7 @@ def _failed(
     logger: kopf.Logger,
     body: kopf.Body,
     inputs: plan.Inputs,
-    state: LoopState,
+    state: ReconcileMemory,
     err: executor.ApiError,
 ) -> status_.Problem:
     """Temporary errors retry with exponential backoff; permanent ones wait for a spec change."""

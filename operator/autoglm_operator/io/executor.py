@@ -1,13 +1,14 @@
-"""Execute: the one module that acts on the API server for an AutoGLMDeployment.
+"""Execute: the one module that carries out a pass's plan for an AutoGLMDeployment, on the API
+server (through kube.py's client) and on the runtimes' admin API.
 
 It carries out the parts of an iteration's plan (plan.IterationPlan): the mode entries
-(adaptive.ModePlan: repairs, the announce, in-place flips: pod labels, and the runtime admin API
+(pass_data.ModePlan: repairs, the announce, in-place flips: pod labels, and the runtime admin API
 through runtime_client), reporting each entry's outcome; the children (plan.Plan), reporting what
-it wrote (in the loop's memory, and as Events); it writes status (one writer, one field
+it wrote (in the reconcile memory, and as Events); it writes status (one writer, one field
 manager, only when it changed: write_status_if_changed); and it reads
 the two objects a pass needs beyond the indexes (a referenced Secret, the admin token). Apart
-from leader election (leader.py), nothing else in the operator imports the Kubernetes client
-(kube.py); an import contract keeps it so.
+from leader election (leader.py), nothing else in the operator uses the Kubernetes client
+(kube.py); the import contracts keep it so.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
-from autoglm_operator.adaptive import planning
+from autoglm_operator.adaptive import pass_data
 from autoglm_operator.adaptive import policy as pol
-from autoglm_operator.adaptive.planning import FlipOutcome, RepairOutcome
+from autoglm_operator.adaptive.pass_data import FlipOutcome, RepairOutcome
 from autoglm_operator.io import kube
 from autoglm_operator.io.runtime_client import RuntimeAdminError, SetModeResult
 from autoglm_operator.reconcile import plan
@@ -104,7 +105,7 @@ class Executor:
         return result
 
     async def write_status_if_changed(
-        self, observed: Observed, memory: plan.LoopState, full: Mapping[str, Any]
+        self, observed: Observed, memory: plan.ReconcileMemory, full: Mapping[str, Any]
     ) -> bool:
         """Apply the whole status `full` when it differs from the latest (plan.latest_status);
         whether it was written. The loop's memory keeps what was written until the watch
@@ -126,9 +127,9 @@ class Executor:
             raise LookupError(f"pod {pod} is gone")
 
     async def apply(
-        self, body: Any, the_plan: plan.Plan, observed: Observed, state: plan.LoopState
+        self, body: Any, the_plan: plan.Plan, observed: Observed, state: plan.ReconcileMemory
     ) -> None:
-        """Apply a reconcile plan in order; record each write in the loop's memory."""
+        """Apply a reconcile plan in order; record each write in the reconcile memory."""
         for retire in the_plan.retire:
             await self._retire(body, the_plan.owner, retire)
         now = time.monotonic()
@@ -171,7 +172,7 @@ class Executor:
         the_plan: plan.Plan,
         action: plan.Action,
         observed: Observed,
-        state: plan.LoopState,
+        state: plan.ReconcileMemory,
         now: float,
     ) -> None:
         kind, child = action.key
@@ -194,7 +195,7 @@ class Executor:
             self._report(body, "Updated", message)
 
     async def _admin_secret(
-        self, body: Any, the_plan: plan.Plan, observed: Observed, state: plan.LoopState
+        self, body: Any, the_plan: plan.Plan, observed: Observed, state: plan.ReconcileMemory
     ) -> None:
         """A new admin token, in a new Secret or in the emptied one."""
         key = ("Secret", serving.admin_secret_name(the_plan.owner.name))
@@ -211,7 +212,9 @@ class Executor:
         rv = str(((result or {}).get("metadata") or {}).get("resourceVersion") or "")
         state.written[key] = plan.Written("", rv, seen, time.monotonic())
 
-    async def _label(self, the_plan: plan.Plan, observed: Observed, state: plan.LoopState) -> None:
+    async def _label(
+        self, the_plan: plan.Plan, observed: Observed, state: plan.ReconcileMemory
+    ) -> None:
         """A new pod starts in the initial mode; the label routes it to its mode's Service."""
         names = {p["metadata"]["name"] for p in observed.pods}
         state.labelled = {k: v for k, v in state.labelled.items() if k in names}
@@ -237,18 +240,18 @@ class ModeActuator(Protocol):
     async def announce(self, status_patch: dict[str, Any]) -> None: ...
 
 
-async def repair(repairs: Sequence[planning.Repair], io: ModeActuator) -> list[RepairOutcome]:
+async def repair(repairs: Sequence[pass_data.Repair], io: ModeActuator) -> list[RepairOutcome]:
     """Carry out a plan's repairs, all pods at once; what each did."""
     return list(await asyncio.gather(*(_repair(r, io) for r in repairs)))
 
 
 async def execute_modes(
-    the_plan: planning.ModePlan,
+    the_plan: pass_data.ModePlan,
     io: ModeActuator,
-    replan: Callable[[list[RepairOutcome]], planning.ModePlan],
+    replan: Callable[[list[RepairOutcome]], pass_data.ModePlan],
     *,
     clock: Callable[[], float] = time.perf_counter,
-) -> tuple[planning.ModePlan, list[FlipOutcome]]:
+) -> tuple[pass_data.ModePlan, list[FlipOutcome]]:
     """Carry out a plan's mode entries: the repairs; when one did not go as planned, `replan`
     from what they did before anything flips; then the announce and the flips. The plan
     carried out, and what each flip did."""
@@ -259,12 +262,12 @@ async def execute_modes(
 
 
 async def switch(
-    the_plan: planning.ModePlan,
+    the_plan: pass_data.ModePlan,
     io: ModeActuator,
     *,
     clock: Callable[[], float] = time.perf_counter,
 ) -> list[FlipOutcome]:
-    """Carry out a plan's in-place flips: the announce first (status holds the loop state
+    """Carry out a plan's in-place flips: the announce first (status holds the hysteresis state
     before any pod is touched), then every flip at once; what each did."""
     if not the_plan.switches:
         return []
@@ -308,7 +311,7 @@ async def apply_flip(
     return outcome(True, "", seconds=clock() - started, attempts=result.attempts)
 
 
-async def _repair(entry: planning.Repair, io: ModeActuator) -> RepairOutcome:
+async def _repair(entry: pass_data.Repair, io: ModeActuator) -> RepairOutcome:
     pod, label, runtime = entry.pod, entry.label, entry.runtime
     if label is None:
         try:

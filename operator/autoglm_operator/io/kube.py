@@ -1,4 +1,5 @@
-"""The one module that talks to the Kubernetes API.
+"""The Kubernetes client: the calls, their idempotence and their errors, for its two users
+(executor.py, which acts for an AutoGLMDeployment, and leader.py, which holds the Lease).
 
 Writes are idempotent: children go through server-side apply (PATCH with
 `application/apply-patch+yaml`, one field manager, forced), so applying the same manifest twice

@@ -16,7 +16,7 @@ from autoglm_operator.resource import names
 
 Key = tuple[str, str]  # (kind, name)
 
-# The kopf index handlers (handlers.py) by the kind of child they hold.
+# The kopf index handlers (handlers/reconcile.py) by the kind of child they hold.
 CHILD_INDEXES = (
     ("owned_deployments", "Deployment"),
     ("owned_services", "Service"),

@@ -1,10 +1,10 @@
-"""Pure: from the spec, what the cluster holds and the loop's memory, the plan of one iteration.
+"""Pure: from the spec, what the cluster holds and the reconcile memory, the plan of one iteration.
 
 `plan_iteration` is the one entry: one plan (IterationPlan) holding the adaptive pass's mode
-entries (repairs, the loop state to announce, the flips; plan_modes), the children to create or
-apply, the pods to label or retire, whether the admin Secret needs a token, which child to
-delete (plan_pass), and the status as planned; `settle` folds what the executor reported (how
-each flip went, an API error) into that status. executor.py carries the plan out.
+entries (repairs, the hysteresis state to announce, the flips; plan_modes), the children to
+create or apply, the pods to label or retire, whether the admin Secret needs a token, which
+child to delete (plan_pass), and the status as planned; `settle` folds what the executor
+reported (how each flip went, an API error) into that status. io/executor.py carries the plan out.
 
 A child is in sync when every field the operator sets has the same value in the live object
 (the apiserver adds defaults and status, which do not count), or when the live object is exactly
@@ -20,8 +20,9 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from autoglm_operator.adaptive import planning
+from autoglm_operator.adaptive import pass_data, planning
 from autoglm_operator.adaptive import policy as pol
+from autoglm_operator.adaptive import report as report_
 from autoglm_operator.reconcile import status as status_
 from autoglm_operator.reconcile.children import router, serving
 from autoglm_operator.reconcile.observe import Key, Observed
@@ -373,12 +374,13 @@ def deployment_split(children: Mapping[Key, dict[str, Any]], name: str) -> dict[
     return found or None
 
 
-# -- the loop's memory and the plan of one pass ----------------------------------------------
+# -- the reconcile memory and the plan of one pass -------------------------------------------
 
 
 @dataclass
-class LoopState:
-    """What one object's loop remembers between passes (lost on restart, by design)."""
+class ReconcileMemory:
+    """What one object's reconcile loop remembers between passes, in memory only (lost on
+    restart, by design): what it wrote, which pods it labelled, backoff, the Rolling target."""
 
     written: dict[Key, Written] = field(default_factory=dict)
     labelled: dict[str, str] = field(default_factory=dict)  # pod -> resourceVersion seen
@@ -420,7 +422,7 @@ def plan_pass(
     owner: serving.Owner,
     spec: crd.AutoGLMDeploymentSpec,
     observed: Observed,
-    memory: LoopState,
+    memory: ReconcileMemory,
     now: float,
 ) -> Plan:
     """The one planning function of a reconcile pass (no I/O, no clock: `now` is given)."""
@@ -585,17 +587,17 @@ def _batching_deployment_to_delete(
 
 
 def plan_modes(
-    inp: planning.PassInput,
-    observation: planning.Observation,
-    repaired: Sequence[planning.RepairOutcome] | None = None,
-) -> planning.ModePlan:
+    inp: pass_data.PassInput,
+    observation: pass_data.Observation,
+    repaired: Sequence[pass_data.RepairOutcome] | None = None,
+) -> pass_data.ModePlan:
     """The modes part of an iteration's plan: the repairs, the decision (policy, pure) over the
     pods as they leave them (as planned, or as `repaired` says they went), then flips in place
     or the Rolling share. InPlace and Rolling differ only in the plan this returns."""
     repairs = planning.plan_repairs(inp.pods, observation) if repaired is None else ()
     done = [r.expected for r in repairs] if repaired is None else list(repaired)
     seen = planning.seen(inp, observation, done)
-    decision = planning.decide(inp, seen)
+    decision = planning.pass_decision(inp, seen)
 
     def target(decided: int | None) -> int:
         return rolling_batching_target(inp.spec, decided, inp.deployment_split)
@@ -617,18 +619,18 @@ class Inputs:
     generation: int
     now: float  # wall-clock time, for the status's timestamps
     problem: status_.Problem | None = None  # invalid spec, missing Secret, blocked
-    modes: planning.PassInput | None = None  # the adaptive pass is due
-    observation: planning.Observation | None = None
+    modes: pass_data.PassInput | None = None  # the adaptive pass is due
+    observation: pass_data.Observation | None = None
 
 
 @dataclass(frozen=True)
 class IterationPlan:
     """Everything one loop iteration does, in the order the executor does it: the modes (the
-    repairs, the loop state to announce, the flips), the children (create or apply, pods to
+    repairs, the hysteresis state to announce, the flips), the children (create or apply, pods to
     label or retire, the admin Secret, a child to delete), and the status as planned."""
 
     inputs: Inputs
-    modes: planning.ModePlan | None  # None: the adaptive pass is not due
+    modes: pass_data.ModePlan | None  # None: the adaptive pass is not due
     children: Plan | None  # None: nothing changed since the last pass, or a problem blocks it
     reconcile: bool  # the reconcile pass is due: its status fields are computed
     fingerprint: Any  # what the reconcile pass saw (the loop remembers it once applied)
@@ -643,11 +645,11 @@ class Settled:
 
     status: dict[str, Any]
     flipped: tuple[dict[str, Any], ...] = ()  # reconcile conditions whose status changed
-    report: planning.PassResult | None = None
+    report: pass_data.PassResult | None = None
     ready_replicas: int | None = None
 
 
-def latest_status(observed: Observed, memory: LoopState) -> dict[str, Any]:
+def latest_status(observed: Observed, memory: ReconcileMemory) -> dict[str, Any]:
     """The status as last written when the watch has not delivered that write yet (the object
     is still at the version the write was based on), else as observed."""
     rv = str(observed.body["metadata"].get("resourceVersion"))
@@ -658,9 +660,9 @@ def latest_status(observed: Observed, memory: LoopState) -> dict[str, Any]:
 
 def plan_iteration(
     inputs: Inputs,
-    memory: LoopState,
+    memory: ReconcileMemory,
     now: float,
-    repaired: Sequence[planning.RepairOutcome] | None = None,
+    repaired: Sequence[pass_data.RepairOutcome] | None = None,
 ) -> IterationPlan:
     """The one planning function of a loop iteration (no I/O, no clock: `now` is monotonic
     time, the adaptive pass's wall time is in its input). `repaired`: plan again from what the
@@ -681,7 +683,7 @@ def plan_iteration(
             inputs.owner, inputs.spec, inputs.observed, _with_target(memory, target), now
         )
     expected = [
-        planning.FlipOutcome(s.flip.pod, s.flip.from_mode, s.flip.to_mode, True)
+        pass_data.FlipOutcome(s.flip.pod, s.flip.from_mode, s.flip.to_mode, True)
         for s in (modes.switches if modes is not None else ())
     ]
     partial = IterationPlan(inputs, modes, children, reconcile, fingerprint, target, Settled({}))
@@ -691,7 +693,7 @@ def plan_iteration(
     )  # fmt: skip
 
 
-def _with_target(memory: LoopState, target: int | None) -> LoopState:
+def _with_target(memory: ReconcileMemory, target: int | None) -> ReconcileMemory:
     """The loop's memory as the children plan reads it: with this iteration's Rolling share."""
     if target == memory.batching_target:
         return memory
@@ -700,8 +702,8 @@ def _with_target(memory: LoopState, target: int | None) -> LoopState:
 
 def settle(
     the_plan: IterationPlan,
-    memory: LoopState,
-    flips: Sequence[planning.FlipOutcome],
+    memory: ReconcileMemory,
+    flips: Sequence[pass_data.FlipOutcome],
     problem: status_.Problem | None,
 ) -> Settled:
     """The status the iteration leaves: the planned one with what the executor reported
@@ -710,8 +712,8 @@ def settle(
     report = None
     current = latest_status(inputs.observed, memory)
     if the_plan.modes is not None and inputs.modes is not None:
-        report = planning.report(inputs.modes, the_plan.modes, flips)
-        part = planning.status_part(inputs.modes, report)
+        report = report_.report(inputs.modes, the_plan.modes, flips)
+        part = report_.status_part(inputs.modes, report)
         current = status_.overlay(current, part or {})
     if not the_plan.reconcile and problem is None:
         return Settled(current, (), report)

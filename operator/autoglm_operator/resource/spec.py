@@ -58,7 +58,8 @@ _QUANTITY = (
 )
 
 
-# Where the runtime container mounts its own volumes (builders.py mounts them from here).
+# Where the runtime container mounts its own volumes (reconcile/children/serving.py mounts
+# them from here).
 CONFIG_MOUNT_PATH = "/etc/autoglm"
 ADMIN_MOUNT_PATH = "/etc/autoglm/admin"
 PODINFO_MOUNT_PATH = "/etc/podinfo"

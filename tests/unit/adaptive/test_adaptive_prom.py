@@ -314,7 +314,7 @@ def test_unreachable_prometheus_fails_fast_and_holds(error: Exception, detail: s
     decision = pol.decide(
         reading.samples,
         [pol.ReplicaState("a", None)],
-        pol.LoopState(),
+        pol.HysteresisState(),
         pol.AdaptiveSettings(),
         pol.ModePolicy.ADAPTIVE,
         0,

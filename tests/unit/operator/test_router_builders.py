@@ -153,7 +153,7 @@ def observed(children: list[dict[str, Any]], router_ready: int | None = None) ->
 
 
 def planned(spec: crd.AutoGLMDeploymentSpec, obs: Observed) -> plan.Plan:
-    return plan.plan_pass(OWNER, spec, obs, plan.LoopState(), now=0.0)
+    return plan.plan_pass(OWNER, spec, obs, plan.ReconcileMemory(), now=0.0)
 
 
 def service_selector(the_plan: plan.Plan) -> dict[str, str] | None:

@@ -5,7 +5,7 @@ The router (`autoglm-router --kubernetes`, router/README.md) watches the serving
 own deployment and routes each request by mode and session. It needs only `list` and `watch` on
 pods of its namespace: that is all its Role grants (the operator can grant no more than it
 holds, and the router calls nothing else). Service `<name>` selects its pods
-(builders.service with `via_router`).
+(serving.service with `via_router`).
 """
 
 from __future__ import annotations

@@ -557,7 +557,7 @@ def children(
     via_router: bool = False,
 ) -> list[Manifest]:
     """Every serving child except the admin Secret (whose token is not a function of the spec);
-    the router's are router_builders.children.
+    the router's are router.children.
 
     Under switchStrategy Rolling, `split` is how many replicas each mode's Deployment runs;
     `via_router`: Service `<name>` selects the router pods.
