@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from autoglm_operator.adaptive import capacity
 from autoglm_operator.adaptive import demand as dm
 from autoglm_operator.adaptive import policy as pol
 from autoglm_operator.replay import read_trace, simulate
@@ -252,7 +253,7 @@ def test_idle_modes_and_recent_flips_teach_nothing() -> None:
 
 def _learn(**share: float | None) -> dict[Mode, float]:
     """Both modes saturated, each completing twice its seed per replica (2 of 4 batching)."""
-    return dm.learn(
+    return capacity.learn(
         SEEDS,
         SEEDS,
         {Mode.STREAMING: 2 * 4.1 * 2, Mode.BATCHING: 2 * 11.5 * 2},
@@ -275,7 +276,7 @@ def test_a_mode_that_served_the_other_class_learns_nothing() -> None:
 
 
 def test_the_own_class_share_is_a_bound_and_unknown_learns_as_before() -> None:
-    at_bound = _learn(streaming=dm.OWN_CLASS_SHARE, batching=dm.OWN_CLASS_SHARE - 0.001)
+    at_bound = _learn(streaming=capacity.OWN_CLASS_SHARE, batching=capacity.OWN_CLASS_SHARE - 0.001)
     assert at_bound[Mode.STREAMING] == pytest.approx(4.1 * 1.25)
     assert at_bound[Mode.BATCHING] == pytest.approx(11.5)
     unknown = _learn()  # a runtime without the counter, a trace without the columns
@@ -287,7 +288,7 @@ def test_a_saturated_mode_with_every_replica_may_lower_its_estimate_from_a_mix()
     # streaming capacity here, and a seed above what they deliver must come down, or a batch
     # overload would never move a replica. Never up: short jobs must not double it.
     def alone(delivered: float, share: float, busy: float = 4 * 8.0) -> float:
-        return dm.learn(
+        return capacity.learn(
             SEEDS,
             SEEDS,
             {Mode.STREAMING: 4 * delivered, Mode.BATCHING: None},
@@ -359,7 +360,7 @@ def test_learned_capacity_stays_within_a_factor_of_the_seed() -> None:
     for i in range(40):
         state = pol.decide(stuck, fleet(3), state, config(), ModePolicy.ADAPTIVE, T0 + 15 * i).state
     assert state.capacity is not None
-    assert state.capacity.batching == pytest.approx(11.5 / dm.CAPACITY_RANGE)
+    assert state.capacity.batching == pytest.approx(11.5 / capacity.CAPACITY_RANGE)
 
 
 def test_pinned_policies_keep_the_learned_capacity() -> None:
