@@ -19,7 +19,6 @@ from autoglm_runtime.profiles import Mode
 # reach this share of its replicas' concurrency caps.
 SATURATED = 0.9
 
-
 # A mode's completions are its capacity only while its replicas serve their own class (streaming
 # replicas: streamed chats; batching: the rest), which is what the model sizes. Batch jobs spilled
 # onto streaming replicas are short and complete fast: in a live run they drove the learned
@@ -28,19 +27,17 @@ SATURATED = 0.9
 # two classes' rates, within what LEARNING_RATE averages out.
 OWN_CLASS_SHARE = 0.9
 
-
 # How far one saturated measurement moves the learned capacity (an exponential average over
 # about 1 / LEARNING_RATE passes: a minute at the default 15 s interval).
 LEARNING_RATE = 0.25
 
-
 # Learned capacity stays within this factor of the seed either way: a replica that served
 # nothing for a minute (stuck, draining) must not teach the loop that a mode serves nothing.
 CAPACITY_RANGE = 4.0
+
 # A learned capacity is stored only when it moves by this share in some mode: smaller moves are
 # measurement noise, and storing them would write status every pass of a saturated loop.
 MIN_CAPACITY_CHANGE = 0.02
-
 
 # The window of the default rate queries ([1m]): a replica that flipped within it has its
 # completions counted under a mode it no longer runs, so nothing is learned meanwhile.

@@ -18,56 +18,22 @@ from autoglm_runtime.profiles import Mode
 
 # Reasons (CamelCase, one word each), as they appear in status.lastDecision.reason.
 QPS_ABOVE_HIGH = "QpsAboveHigh"
-
-
 GPU_MEMORY_ABOVE_HIGH = "GpuMemoryAboveHigh"
-
-
 QUEUE_ABOVE_HIGH = "QueueAboveHigh"
-
-
 LOAD_BELOW_LOW = "LoadBelowLow"
-
-
 WITHIN_BAND = "WithinBand"
-
-
 STABILIZING = "Stabilizing"
-
-
 COOLDOWN = "Cooldown"
-
-
 MAX_BATCHING_REACHED = "MaxBatchingReached"
-
-
 KEEPING_UP = "KeepingUp"
-
-
 ALL_STREAMING = "AllStreaming"
-
-
 MIN_STREAMING_REPLICAS = "MinStreamingReplicas"
-
-
 METRICS_UNAVAILABLE = "MetricsUnavailable"
-
-
 NO_READY_REPLICAS = "NoReadyReplicas"
-
-
 PINNED_STREAMING = "PinnedStreaming"
-
-
 PINNED_BATCHING = "PinnedBatching"
-
-
 DEMAND_NEEDS_BATCHING = "DemandNeedsBatching"
-
-
 DEMAND_NEEDS_STREAMING = "DemandNeedsStreaming"
-
-
 SPLIT_FITS_DEMAND = "SplitFitsDemand"
 
 # The most flip records the state keeps; one per pod, pods that vanished are dropped first.

@@ -61,9 +61,11 @@ from autoglm_runtime.profiles import Mode
 # weighted alike: a split that serves the measured demand only at the edge of a cliff scores
 # below one with room to spare.
 DEMAND_SPREAD = (0.8, 1.0, 1.2)
+
 # A move must gain this share of the demand (expected goodput, requests/s): the hysteresis that
 # keeps a split from flapping between two that serve nearly the same.
 MIN_GAIN = 0.02
+
 # Batching only where it pays: once a split with fewer batching replicas serves within this share
 # of the demand of the best one (off-peak, every split serves everything), replicas go back to
 # streaming, which gives every chat its lowest time to first token. Below MIN_GAIN, so a split

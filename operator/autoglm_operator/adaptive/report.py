@@ -25,20 +25,10 @@ from autoglm_operator.resource.spec import AutoGLMDeploymentSpec, Condition, Dec
 from autoglm_runtime.profiles import Mode
 
 METRICS_AVAILABLE = "MetricsAvailable"
-
-
 MODE_TRANSITIONING = "ModeTransitioning"
-
-
 OWNED_CONDITIONS = (METRICS_AVAILABLE, MODE_TRANSITIONING)
-
-
 HISTORY_LIMIT = 10
-
-
 PAUSED = "Paused"
-
-
 NOT_QUERIED = "NotQueried"
 
 
@@ -220,6 +210,9 @@ def _in_place_result(
         flips=list(outcomes),
         repairs=seen.repairs,
     )
+
+
+# -- switchStrategy Rolling: the pass decides the share, the plan replaces the pods -----------
 
 
 def last_decision(status: Mapping[str, Any]) -> Mapping[str, Any]:
