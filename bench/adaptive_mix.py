@@ -20,8 +20,8 @@ The demand queries are the operator's own (autoglm_requests_received_total by tr
 over rate[10s] instead of [1m], so a phase's demand shows within seconds.
 
 Phases: quiet, chat-heavy, batch-heavy, chat-heavy again. For each, the split the policy's own
-demand sizing (autoglm_operator.demand.best_split, the pure code the operator runs) chooses for
-that phase's offered demand from the split in force when the phase starts, with the capacity the
+demand sizing (autoglm_operator.adaptive.demand.best_split, the pure code the operator runs) chooses
+for that phase's offered demand from the split in force when the phase starts, with the capacity the
 operator holds then (status.adaptiveState.capacity, else the seeds). Measured: the batching
 replicas over time (the pods' mode labels, polled every 0.5 s), the time from the phase change
 to the split reaching the chosen one, requests sent and failed, and the streamed chats' time
@@ -71,10 +71,11 @@ from typing import Any
 
 from kubernetes import client, config
 
-from autoglm_operator import builders, prom
-from autoglm_operator import demand as dm
-from autoglm_operator import spec as crd
-from autoglm_operator.policy import Capacity
+from autoglm_operator.adaptive import demand as dm
+from autoglm_operator.adaptive.policy import Capacity
+from autoglm_operator.io import prom
+from autoglm_operator.reconcile.children import serving as builders
+from autoglm_operator.resource import spec as crd
 from autoglm_runtime.profiles import MODE_LABEL, Mode, ModeProfiles
 from testkit.loadgen import LoadReport, RequestResult, run_load
 from testkit.localcluster import LocalCluster

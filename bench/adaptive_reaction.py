@@ -56,8 +56,8 @@ from typing import Any
 
 from kubernetes import client, config
 
-from autoglm_operator import builders
-from autoglm_operator import spec as crd
+from autoglm_operator.reconcile.children import serving as builders
+from autoglm_operator.resource import spec as crd
 from autoglm_runtime.profiles import MODE_PATH
 from testkit.bench.reaction_timing import (
     BATCHING,

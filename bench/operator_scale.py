@@ -64,8 +64,8 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 from urllib3.exceptions import HTTPError
 
-from autoglm_operator import prom
-from autoglm_operator import spec as crd
+from autoglm_operator.io import prom
+from autoglm_operator.resource import spec as crd
 from testkit.bench import scale_stats as stats
 from testkit.localcluster import LocalCluster, ensure_binaries, http_ok, log, loopback_pod_cidr
 from testkit.localprom import LocalPrometheus

@@ -7,8 +7,8 @@ Takes 2 x --minutes of wall time plus start-up; skips (exit 0) when no binary is
 Runs the diurnal trace compressed into a few minutes, in real time, against 4 replicas, each
 the runtime's ModeMiddleware (the real class, in-process, its own metrics registry) in front of
 a small reverse proxy to its own llm-d-inference-sim (--force-dummy-tokenizer), twice: pinned
-all-streaming, and adaptive (autoglm_operator.policy.decide every intervalSeconds, flips applied
-with ModeMiddleware.switch, the method the admin endpoint calls). Its routing (chats to the
+all-streaming, and adaptive (autoglm_operator.adaptive.policy.decide every intervalSeconds, flips
+applied with ModeMiddleware.switch, the method the admin endpoint calls). Its routing (chats to the
 streaming replicas, batch jobs to the batching ones, least outstanding first) and its SLOs (a
 chat's first token within 0.5 s, a batch job done in 30 s) are the ones policy_goodput.py used
 before it routed with the router's own `routing.decide` and added a time-per-token target; this
@@ -37,8 +37,8 @@ import httpx
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from autoglm_operator import policy as pol
-from autoglm_operator.spec import AdaptiveSettings, ModePolicy
+from autoglm_operator.adaptive import policy as pol
+from autoglm_operator.resource.spec import AdaptiveSettings, ModePolicy
 from autoglm_runtime.config import RuntimeConfig
 from autoglm_runtime.middleware import ModeMiddleware
 from autoglm_runtime.profiles import Mode, ModeProfiles
@@ -203,7 +203,7 @@ async def run(
         outcomes.append((kind, met, ttft))
 
     async def loop_policy() -> int:
-        state, flips = pol.LoopState(), 0
+        state, flips = pol.HysteresisState(), 0
         while time.monotonic() - t0 < seconds:
             await asyncio.sleep(SETTINGS.interval_seconds)
             now = time.monotonic()

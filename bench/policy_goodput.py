@@ -24,11 +24,11 @@ Policies:
 - naive: every interval, load high by the same signals and high thresholds as adaptive -> every
   replica but minStreamingReplicas batching at once, else all streaming; no hysteresis band,
   no stabilization window, no cooldown.
-- adaptive: `autoglm_operator.policy.decide`, the operator's own code, every intervalSeconds on
-  the metrics the default PromQL would return from this pool (Pool.scrape, and DemandMeter for
-  each class's demand and each mode's completions and busy requests, so it sizes the split by
-  demand and learns capacity from the CRD's seeds); flips apply at once (an in-place flip takes
-  milliseconds). The spec's SLO defaults are the sim's Workload targets (checked at start).
+- adaptive: `autoglm_operator.adaptive.policy.decide`, the operator's own code, every
+  intervalSeconds on the metrics the default PromQL would return from this pool (Pool.scrape, and
+  DemandMeter for each class's demand and each mode's completions and busy requests, so it sizes the
+  split by demand and learns capacity from the CRD's seeds); flips apply at once (an in-place flip
+  takes milliseconds). The spec's SLO defaults are the sim's Workload targets (checked at start).
 - greedy: a look-ahead in hindsight. Every `GREEDY_INTERVAL` s (the policy's cooldown) it tries
   one replica fewer batching, the same, and one more (one flip per cooldown, the operator's own
   pace; also what keeps it affordable on 2 cores) on copies of the pool over the next interval
@@ -82,8 +82,8 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from autoglm_operator import policy as pol
-from autoglm_operator.spec import AdaptiveSettings, ModePolicy
+from autoglm_operator.adaptive import policy as pol
+from autoglm_operator.resource.spec import AdaptiveSettings, ModePolicy
 from autoglm_runtime.profiles import Mode
 from testkit.bench import policy_traces as traces
 from testkit.bench.policy_run import REPLICAS, WORKLOAD, summarize
@@ -149,7 +149,7 @@ def _samples(s: dict[str, float | None], n: int, demand: dict[str, float | None]
 
 
 class DemandMeter:
-    """The demand-sized policy's PromQL (autoglm_operator.prom) on the simulated pool: demand is
+    """The demand-sized policy's PromQL (autoglm_operator.io.prom) on the simulated pool: demand is
     the router's `rate(autoglm_router_requests_total{traffic_class}[1m])`, every arrival of each
     class in the last minute whatever became of it (the router counts each request once, shed
     or served); per mode, `rate(vllm:request_success_total[1m])` per pod summed under the mode
@@ -290,7 +290,7 @@ class _Run:
         self.pool = pool
         self.cfg = cfg
         self.meter = meter
-        self.state = pol.LoopState()
+        self.state = pol.HysteresisState()
         self.flips: list[tuple[float, int]] = []
         self.timeline: list[tuple[float, int, float | None]] = []  # (t, batching, qps seen)
         self.outcomes: list[Outcome] = []

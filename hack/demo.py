@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from autoglm_operator.prom import demand_query
+from autoglm_operator.io.prom import demand_query
 from testkit.loadgen import LoadReport, run_load
 from testkit.localcluster import LocalCluster, free_port, loopback_pod_cidr, running_cluster
 from testkit.localprom import LocalPrometheus

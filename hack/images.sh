@@ -8,7 +8,7 @@
 # picks one. PUSH=0 builds without pushing; PLATFORM=linux/amd64 builds for another platform.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-# The image names the chart and the CRD default to (operator/autoglm_operator/images.py).
+# The image names the chart and the CRD default to (operator/autoglm_operator/resource/images.py).
 OPERATOR_IMAGE=autoglm-operator
 RUNTIME_IMAGE=autoglm-runtime
 ROUTER_IMAGE=autoglm-router

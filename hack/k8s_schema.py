@@ -4,8 +4,9 @@ Reads the OpenAPI v3 document the Kubernetes source publishes (api/openapi-spec/
 api__v1_openapi.json of the version hack/k8s-bin.sh builds) and writes the definitions the two
 types reach, cut down to what a CRD's structural schema allows: `allOf: [$ref]` wrappers become
 plain `$ref`s, and descriptions, defaults and the strategic-merge-patch hints are dropped. The
-output is committed (operator/autoglm_operator/k8s_scheduling_schema.json), so `make crd` stays
-offline and deterministic; spec.py inlines it and adds the rules the pod validator applies.
+output is committed (operator/autoglm_operator/resource/k8s_scheduling_schema.json), so
+`make crd` stays offline and deterministic; spec.py inlines it and adds the rules the pod
+validator applies.
 
     python hack/k8s_schema.py [OPENAPI_JSON]   # rewrites the committed file
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-OUTPUT = REPO / "operator" / "autoglm_operator" / "k8s_scheduling_schema.json"
+OUTPUT = REPO / "operator" / "autoglm_operator" / "resource" / "k8s_scheduling_schema.json"
 KUBERNETES_VERSION = "v1.34.4"
 ROOTS = ["io.k8s.api.core.v1.Toleration", "io.k8s.api.core.v1.Affinity"]
 _REF_PREFIX = "#/components/schemas/"

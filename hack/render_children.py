@@ -15,8 +15,9 @@ from pathlib import Path
 
 import yaml
 
-from autoglm_operator import builders, router_builders
-from autoglm_operator import spec as crd
+from autoglm_operator.reconcile.children import router as router_builders
+from autoglm_operator.reconcile.children import serving as builders
+from autoglm_operator.resource import spec as crd
 
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Copy the CRD (crds/, generated from operator/autoglm_operator/spec.py) into the Helm chart.
+# Copy the CRD (crds/, generated from operator/autoglm_operator/resource/spec.py) into the Helm chart.
 # `--check` only compares and fails when the chart's copy is stale; tests/unit/chart checks too.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

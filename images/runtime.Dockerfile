@@ -22,7 +22,7 @@ RUN set -eux; \
     autoglm-runtime --help > /dev/null
 
 # The operator runs serving pods as uid 10001 (RUN_AS_USER in operator/autoglm_operator/
-# builders.py): a high uid, so it is no node user's. It gets a passwd entry (getpass, `~`).
+# reconcile/children/serving.py): a high uid, so it is no node user's. It gets a passwd entry (getpass, `~`).
 # vLLM, torch, triton and flashinfer keep JIT caches under $HOME, so HOME is a directory that
 # uid (and group 0, for arbitrary-uid platforms) can write; in a pod the root filesystem is
 # read-only and HOME and /tmp are emptyDirs.

@@ -24,10 +24,10 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from autoglm_operator import settings as settings_
+from autoglm_operator.handlers import settings as settings_
 
 if TYPE_CHECKING:
-    from autoglm_operator.leader import LeaderElector
+    from autoglm_operator.io.leader import LeaderElector
 
 SUBCOMMAND_MODULES = ("autoglm_operator.replay",)
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
 def _elector(args: argparse.Namespace) -> LeaderElector:
     """The Lease elector: the second client that writes to the API server besides the
     executor's."""
-    from autoglm_operator import kube, leader
+    from autoglm_operator.io import kube, leader
 
     return leader.LeaderElector(
         kube.Kube.from_environment(user_agent=f"{kube.USER_AGENT}/leader"),
@@ -121,7 +121,7 @@ def _elector(args: argparse.Namespace) -> LeaderElector:
 
 def _lead(elector: LeaderElector, args: argparse.Namespace, stop: threading.Event) -> bool:
     """Wait for the Lease (answering liveness meanwhile); False when stopped first."""
-    from autoglm_operator import leader
+    from autoglm_operator.io import leader
 
     if args.liveness:
         with leader.StandbyProbe(args.liveness):
@@ -131,11 +131,11 @@ def _lead(elector: LeaderElector, args: argparse.Namespace, stop: threading.Even
 
 def crd(args: argparse.Namespace) -> int:
     if args.reference:
-        from autoglm_operator.crd_reference import render_reference_markdown
+        from autoglm_operator.resource.reference import render_reference_markdown
 
         sys.stdout.write(render_reference_markdown())
         return 0
-    from autoglm_operator.crd import render_crd_yaml
+    from autoglm_operator.resource.crd import render_crd_yaml
 
     sys.stdout.write(render_crd_yaml())
     return 0

@@ -16,7 +16,7 @@ written before them) each mode learns as if it had served only its own class.
 A trace without both rates (every trace written before them) is decided by the threshold rules.
 An empty cell or `NaN` is missing data, which the policy treats as it does live: it holds.
 
-The policy is the one the operator runs (autoglm_operator.policy.decide), stepped every
+The policy is the one the operator runs (autoglm_operator.adaptive.policy.decide), stepped every
 `adaptive.intervalSeconds` of trace time with the latest trace row at or before each step, and
 flips applied at once, so the table shows the decisions the live loop would have made.
 """
@@ -38,8 +38,8 @@ from typing import Any, TextIO
 
 import yaml
 
-from autoglm_operator import policy as pol
-from autoglm_operator.spec import AdaptiveSettings, AutoGLMDeploymentSpec, ModePolicy
+from autoglm_operator.adaptive import policy as pol
+from autoglm_operator.resource.spec import AdaptiveSettings, AutoGLMDeploymentSpec, ModePolicy
 from autoglm_runtime.profiles import Mode
 
 DEFAULT_REPLICAS = 4
@@ -170,14 +170,14 @@ def simulate(
     mode_policy: ModePolicy = ModePolicy.ADAPTIVE,
     *,
     initial: Mode = Mode.STREAMING,
-    state: pol.LoopState | None = None,
+    state: pol.HysteresisState | None = None,
 ) -> list[Step]:
     """Run decide() over a sequence of samples, applying every flip at once."""
     names = (
         [f"replica-{i}" for i in range(replicas)] if isinstance(replicas, int) else list(replicas)
     )
     modes = dict.fromkeys(names, initial)
-    loop = state or pol.LoopState()
+    loop = state or pol.HysteresisState()
     steps = []
     for t, samples in rows:
         replica_states = [pol.ReplicaState(n, modes[n]) for n in names]
@@ -372,7 +372,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def _rows_from_prometheus(
     args: argparse.Namespace, spec: AutoGLMDeploymentSpec
 ) -> list[tuple[float, pol.Samples]]:
-    from autoglm_operator.prom import PrometheusReader  # the HTTP client only where needed
+    from autoglm_operator.io.prom import PrometheusReader  # the HTTP client only where needed
 
     if not args.namespace or not args.name:
         raise TraceError("--prometheus needs --namespace and --name")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
-from autoglm_operator import spec as crd
+from autoglm_operator.resource import spec as crd
 from testkit.localcluster import LocalCluster, loopback_pod_cidr, running_cluster
 from testkit.localprom import LocalPrometheus
 from testkit.operator_kit import Operator, wait_for

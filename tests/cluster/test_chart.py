@@ -50,7 +50,7 @@ from chartkit import (
     set_args,
 )
 
-from autoglm_operator import spec as crd_spec
+from autoglm_operator.resource import spec as crd_spec
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from autoglm_operator import builders
-from autoglm_operator.spec import AutoGLMDeploymentSpec
+from autoglm_operator.reconcile.children import serving as builders
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
 from testkit.localcluster import LocalCluster
 
 pytestmark = pytest.mark.cluster

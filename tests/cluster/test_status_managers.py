@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from kubernetes import config
 
-from autoglm_operator import kube
+from autoglm_operator.io import kube
 from testkit.localcluster import LocalCluster
 from testkit.operator_kit import NAME, Operator, agd_object, condition, get, status, wait_for
 

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from autoglm_operator.prom import demand_query
+from autoglm_operator.io.prom import demand_query
 from testkit.loadgen import LoadReport, run_load
 from testkit.localcluster import LocalCluster
 from testkit.localprom import LocalPrometheus

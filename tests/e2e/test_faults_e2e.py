@@ -33,8 +33,8 @@ from typing import Any
 
 import pytest
 
-from autoglm_operator.policy import parse_iso
-from autoglm_operator.prom import demand_query
+from autoglm_operator.adaptive.policy import parse_iso
+from autoglm_operator.io.prom import demand_query
 from testkit.loadgen import LoadReport, run_load
 from testkit.localcluster import LocalCluster
 from testkit.localprom import LocalPrometheus

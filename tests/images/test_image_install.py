@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from autoglm_operator import builders, router_builders
-from autoglm_operator import spec as crd
+from autoglm_operator.reconcile.children import router as router_builders
+from autoglm_operator.reconcile.children import serving as builders
+from autoglm_operator.resource import spec as crd
 from autoglm_runtime.engine_args import MIDDLEWARE_IMPORT_PATH
 from testkit.dockerfiles import instructions
 
@@ -151,7 +152,10 @@ def test_operator_image_install_runs_the_operator(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout == CRD_FILE.read_text()
     # `run` imports these (kopf, the Kubernetes client, the Prometheus client) before anything.
-    modules = "autoglm_operator.handlers, autoglm_operator.adaptive_handlers, autoglm_operator.kube"
+    modules = (
+        "autoglm_operator.handlers.reconcile, autoglm_operator.handlers.adaptive_pass, "
+        "autoglm_operator.io.kube"
+    )
     result = _run(env_dir, "python", "-c", f"import {modules}")
     assert result.returncode == 0, result.stderr
 

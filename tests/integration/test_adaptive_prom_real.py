@@ -20,9 +20,9 @@ import pytest
 import requests
 import yaml
 
-from autoglm_operator import prom
-from autoglm_operator.prom import Availability, PrometheusReader
-from autoglm_operator.spec import PrometheusSource, QueryOverrides
+from autoglm_operator.io import prom
+from autoglm_operator.io.prom import Availability, PrometheusReader
+from autoglm_operator.resource.spec import PrometheusSource, QueryOverrides
 from testkit.localcluster import free_port
 from testkit.localprom import LocalPrometheus, serve_exposition
 

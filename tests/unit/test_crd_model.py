@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 import yaml
 
-from autoglm_operator import builders, spec
-from autoglm_operator.crd import build_crd, render_crd_yaml
+from autoglm_operator.reconcile.children import serving as builders
+from autoglm_operator.resource import spec
+from autoglm_operator.resource.crd import build_crd, render_crd_yaml
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "autoglm.io_autoglmdeployments.yaml"
-K8S_SCHEMA_FILE = REPO / "operator" / "autoglm_operator" / "k8s_scheduling_schema.json"
+K8S_SCHEMA_FILE = REPO / "operator" / "autoglm_operator" / "resource" / "k8s_scheduling_schema.json"
 
 
 def _walk(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:

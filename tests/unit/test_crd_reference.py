@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from autoglm_operator import cli
-from autoglm_operator.crd import build_crd
-from autoglm_operator.crd_reference import EMBEDDED_SCHEMAS, render_reference_markdown
+from autoglm_operator.resource.crd import build_crd
+from autoglm_operator.resource.reference import EMBEDDED_SCHEMAS, render_reference_markdown
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / "docs" / "reference" / "resource.md"

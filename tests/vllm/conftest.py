@@ -26,7 +26,7 @@ from vllm_kit import (
     vllm_app,
 )
 
-from autoglm_operator import spec as crd
+from autoglm_operator.resource import spec as crd
 from autoglm_runtime.profiles import Mode
 
 HERE = Path(__file__).resolve().parent

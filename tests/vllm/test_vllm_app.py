@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 from vllm_kit import Serve, register_engine_metrics
 
-from autoglm_operator import spec as crd
+from autoglm_operator.resource import spec as crd
 from autoglm_runtime.middleware import ModeMiddleware
 from autoglm_runtime.profiles import DRAIN_PATH, MODE_PATH, Mode
 

@@ -15,8 +15,8 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.reasoning import ReasoningParserManager
 from vllm_kit import OWNER, ArgvRejected, container, parse_serve_argv, serve_flags
 
-from autoglm_operator import builders
-from autoglm_operator import spec as crd
+from autoglm_operator.reconcile.children import serving as builders
+from autoglm_operator.resource import spec as crd
 from autoglm_runtime.engine_args import (
     MANAGED_FLAGS,
     MIDDLEWARE_IMPORT_PATH,

@@ -20,8 +20,8 @@ import yaml
 from prometheus_client import REGISTRY
 from vllm_kit import register_engine_metrics
 
-from autoglm_operator import prom
-from autoglm_operator import spec as crd
+from autoglm_operator.io import prom
+from autoglm_operator.resource import spec as crd
 from autoglm_runtime.sim.metrics import SimMetrics
 
 REPO = Path(__file__).resolve().parents[2]

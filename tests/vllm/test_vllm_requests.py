@@ -13,7 +13,7 @@ from langchain_openai import ChatOpenAI
 from prometheus_client import REGISTRY
 from vllm_kit import BASE_URL, Serve, Served
 
-from autoglm_operator import spec as crd
+from autoglm_operator.resource import spec as crd
 from autoglm_runtime.profiles import Mode
 
 MODEL = "autoglm-phone-9b"

@@ -10,7 +10,7 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionStrea
 from vllm.entrypoints.openai.completion.protocol import CompletionStreamResponse
 from vllm_kit import RecordingServing, Serve
 
-from autoglm_operator import spec as crd
+from autoglm_operator.resource import spec as crd
 from autoglm_runtime.profiles import Mode
 
 ANSWER = "".join(RecordingServing.TOKENS)

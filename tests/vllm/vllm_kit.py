@@ -47,8 +47,8 @@ from vllm.entrypoints.serve.engine.serving import BaseServing
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.metrics.loggers import PrometheusStatLogger
 
-from autoglm_operator import builders
-from autoglm_operator import spec as crd
+from autoglm_operator.reconcile.children import serving as builders
+from autoglm_operator.resource import spec as crd
 from autoglm_runtime.profiles import MODE_LABEL, Mode
 
 OWNER = builders.Owner("agd", "ns", "uid-1")

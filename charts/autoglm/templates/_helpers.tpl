@@ -40,7 +40,7 @@ app.kubernetes.io/component: operator
 {{- end -}}
 {{- end -}}
 
-{{/* The image names hack/images.sh pushes (operator/autoglm_operator/images.py). */}}
+{{/* The image names hack/images.sh pushes (operator/autoglm_operator/resource/images.py). */}}
 {{- define "autoglm.image" -}}
 {{- $repository := .Values.image.repository | default (printf "%s/autoglm-operator" .Values.image.registry) -}}
 {{- if .Values.image.digest -}}
@@ -83,15 +83,15 @@ app.kubernetes.io/component: operator
 {{- printf "__meta_kubernetes_pod_labelpresent_%s" (regexReplaceAll "[^a-zA-Z0-9_]" .Values.monitoring.deploymentLabel "_") -}}
 {{- end -}}
 
-{{/* Labels every serving pod carries (operator/autoglm_operator/builders.py: common_labels and
-the server component); the mode label is not among them, it changes on every flip. */}}
+{{/* Labels every serving pod carries (operator/autoglm_operator/reconcile/children/serving.py:
+common_labels and the server component); the mode label is not among them, it changes on every flip. */}}
 {{- define "autoglm.runtimePodLabels" -}}
 app.kubernetes.io/name: autoglm
 app.kubernetes.io/managed-by: autoglm-operator
 app.kubernetes.io/component: server
 {{- end -}}
 
-{{/* The router pods the operator creates (operator/autoglm_operator/router_builders.py). */}}
+{{/* The router pods the operator creates (operator/autoglm_operator/reconcile/children/router.py). */}}
 {{- define "autoglm.routerPodLabels" -}}
 app.kubernetes.io/name: autoglm-router
 app.kubernetes.io/managed-by: autoglm-operator

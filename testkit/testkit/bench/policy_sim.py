@@ -558,7 +558,7 @@ class Pool:
         return [r for r in seen.values() if r.done < 0 and not r.rejected]
 
     def scrape(self, window: float = 60.0) -> dict[str, float | None]:
-        """The default PromQL of autoglm_operator.prom, evaluated on the simulated pool.
+        """The default PromQL of autoglm_operator.io.prom, evaluated on the simulated pool.
 
         qps: sum(rate(vllm:request_success_total[1m])) -- completions in the last minute / 60
         (the elapsed time while the trace is younger than a minute); queue: vLLM waiting plus the

@@ -11,9 +11,9 @@ from typing import Any
 
 from aiohttp import web
 
-from autoglm_operator.prom import Availability, Reading
-from autoglm_operator.runtime_client import RuntimeMode as RuntimeModeState
-from autoglm_operator.runtime_client import (
+from autoglm_operator.adaptive.signals import Availability, Reading
+from autoglm_operator.io.runtime_client import RuntimeMode as RuntimeModeState
+from autoglm_operator.io.runtime_client import (
     RuntimeRejected,
     RuntimeUnreachable,
     SetModeResult,

@@ -6,12 +6,14 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from autoglm_operator import adaptive, pods
-from autoglm_operator import adaptive_handlers as ah
-from autoglm_operator import policy as pol
-from autoglm_operator.adaptive import FlipOutcome, PassResult, PodView, RepairOutcome
-from autoglm_operator.operator_metrics import OperatorMetrics
-from autoglm_operator.prom import Availability, QueryOutcome, Reading
+from autoglm_operator.adaptive import policy as pol
+from autoglm_operator.adaptive import report
+from autoglm_operator.adaptive.pass_data import FlipOutcome, PassResult, RepairOutcome
+from autoglm_operator.adaptive.planning import PodView
+from autoglm_operator.adaptive.signals import Availability, QueryOutcome, Reading
+from autoglm_operator.handlers import adaptive_pass as ah
+from autoglm_operator.io.metrics import OperatorMetrics
+from autoglm_operator.resource import pods
 from autoglm_runtime.profiles import Mode
 
 
@@ -32,7 +34,7 @@ def test_owned_status_carries_every_owned_field_and_no_empty_object() -> None:
             {"type": "MetricsAvailable", "status": "False", "reason": "PrometheusUnreachable"},
         ],
     }
-    owned = adaptive.owned_status(current, patch)
+    owned = report.owned_status(current, patch)
     assert set(owned) == {"conditions", "lastDecision", "decisionHistory", "adaptiveState"}
     assert [c["type"] for c in owned["conditions"]] == ["MetricsAvailable"], "Ready is not ours"
     assert owned["conditions"][0]["status"] == "False"
@@ -62,7 +64,7 @@ def test_record_counts_decisions_flips_repairs_and_query_errors(
         from_batching=0,
         to_batching=1,
         flips=(pol.Flip("a", Mode.STREAMING, Mode.BATCHING),),
-        state=pol.LoopState(),
+        state=pol.HysteresisState(),
         metrics=pol.metric_sample(None, 0),
     )
     reading = Reading(

@@ -7,12 +7,16 @@ from typing import Any
 
 from adaptive_fakes import FakeIO, FakePod
 
-from autoglm_operator import adaptive, executor, plan
-from autoglm_operator import policy as pol
-from autoglm_operator.adaptive import PassInput, PodView, merge_conditions
-from autoglm_operator.adaptive_handlers import ReadIO, observe
-from autoglm_operator.prom import Availability, Reading
-from autoglm_operator.spec import AutoGLMDeploymentSpec, Condition
+from autoglm_operator.adaptive import pass_data, report
+from autoglm_operator.adaptive import policy as pol
+from autoglm_operator.adaptive.pass_data import PassInput
+from autoglm_operator.adaptive.planning import PodView
+from autoglm_operator.adaptive.signals import Availability, Reading
+from autoglm_operator.handlers.adaptive_pass import ReadIO, read_observation
+from autoglm_operator.io import executor
+from autoglm_operator.reconcile import plan
+from autoglm_operator.resource.conditions import merge_conditions
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec, Condition
 from autoglm_runtime.profiles import Mode
 
 NOW = 1_800_000_000.0
@@ -49,14 +53,14 @@ def views(pods: dict[str, FakePod]) -> list[PodView]:
     return [PodView(p.name, p.ip, p.label, p.ready) for p in pods.values()]
 
 
-async def run_pass(inp: PassInput, io: ReadIO) -> adaptive.PassResult:
+async def run_pass(inp: PassInput, io: ReadIO) -> pass_data.PassResult:
     """The adaptive pass as one loop iteration runs it (handlers.Reconciler): observe, plan
     (pure), the executor's repairs, flips and replan rule, report (pure)."""
-    observation = await observe(inp, io)
+    observation = await read_observation(inp, io)
     the_plan, outcomes = await executor.execute_modes(
         plan.plan_modes(inp, observation), io, lambda done: plan.plan_modes(inp, observation, done)
     )
-    return adaptive.report(inp, the_plan, outcomes)
+    return report.report(inp, the_plan, outcomes)
 
 
 async def one_pass(
@@ -64,7 +68,7 @@ async def one_pass(
     the_spec: AutoGLMDeploymentSpec,
     status: dict[str, Any] | None = None,
     now: float = NOW,
-) -> adaptive.PassResult:
+) -> pass_data.PassResult:
     return await run_pass(
         PassInput("prod", "agd", 4, the_spec, status or {}, views(io.pods), now), io
     )

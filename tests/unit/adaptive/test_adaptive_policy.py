@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoglm_operator import policy as pol
+from autoglm_operator.adaptive import policy as pol
 from autoglm_operator.replay import Step, simulate, summarize
-from autoglm_operator.spec import AdaptiveLoopState, AdaptiveSettings, ModePolicy
+from autoglm_operator.resource.spec import AdaptiveLoopState, AdaptiveSettings, ModePolicy
 from autoglm_runtime.profiles import Mode
 
 INTERVAL = 15.0
@@ -83,7 +83,7 @@ def test_high_qps_without_a_queue_moves_only_the_first_replica() -> None:
 def test_the_further_above_the_threshold_the_shorter_the_wait_and_the_bigger_the_step() -> None:
     replicas = [pol.ReplicaState(f"r{i}", Mode.STREAMING) for i in range(8)]
     cfg = config(maxFlipsPerStep=8)
-    started = pol.LoopState(high_since=1000.0)
+    started = pol.HysteresisState(high_since=1000.0)
 
     def after(seconds: float, queue_per_replica: float) -> pol.PolicyDecision:
         samples = load(0.0, queue=8 * queue_per_replica)
@@ -177,17 +177,19 @@ def test_missing_queue_holds_but_missing_gpu_memory_does_not() -> None:
     replicas = [pol.ReplicaState(f"r{i}", Mode.STREAMING) for i in range(2)]
     cfg = config(toBatchingStabilizationSeconds=0)
     no_queue = pol.decide(
-        load(20, queue=None), replicas, pol.LoopState(), cfg, ModePolicy.ADAPTIVE, 0
+        load(20, queue=None), replicas, pol.HysteresisState(), cfg, ModePolicy.ADAPTIVE, 0
     )
     assert no_queue.reason == pol.METRICS_UNAVAILABLE and not no_queue.flips
-    no_gpu = pol.decide(load(20, gpu=None), replicas, pol.LoopState(), cfg, ModePolicy.ADAPTIVE, 0)
+    no_gpu = pol.decide(
+        load(20, gpu=None), replicas, pol.HysteresisState(), cfg, ModePolicy.ADAPTIVE, 0
+    )
     assert no_gpu.reason == pol.QPS_ABOVE_HIGH and len(no_gpu.flips) == 1
     assert "gpu memory n/a" in no_gpu.message
 
 
 def test_samples_none_holds() -> None:
     replicas = [pol.ReplicaState("r0", Mode.BATCHING), pol.ReplicaState("r1", Mode.STREAMING)]
-    decision = pol.decide(None, replicas, pol.LoopState(), config(), ModePolicy.ADAPTIVE, 0)
+    decision = pol.decide(None, replicas, pol.HysteresisState(), config(), ModePolicy.ADAPTIVE, 0)
     assert decision.reason == pol.METRICS_UNAVAILABLE
     assert decision.flips == () and decision.from_batching == decision.to_batching == 1
 
@@ -204,10 +206,10 @@ def test_each_signal_has_its_reason_and_the_message_carries_values() -> None:
         pol.QUEUE_ABOVE_HIGH: load(1.0, queue=9.0),
     }
     for reason, samples in cases.items():
-        decision = pol.decide(samples, replicas, pol.LoopState(), cfg, ModePolicy.ADAPTIVE, 0)
+        decision = pol.decide(samples, replicas, pol.HysteresisState(), cfg, ModePolicy.ADAPTIVE, 0)
         assert decision.reason == reason
         assert decision.flips == (pol.Flip("r0", Mode.STREAMING, Mode.BATCHING),)
-    decision = pol.decide(load(6.2), replicas, pol.LoopState(), cfg, ModePolicy.ADAPTIVE, 0)
+    decision = pol.decide(load(6.2), replicas, pol.HysteresisState(), cfg, ModePolicy.ADAPTIVE, 0)
     assert "qps 6.20 (3.10/replica over 2, high 3, low 1.5)" in decision.message
     assert decision.metrics.qps == "6.200" and decision.metrics.qps_per_replica == "3.100"
     assert "flipping r0 to batching" in decision.message
@@ -217,10 +219,12 @@ def test_low_needs_every_signal_low() -> None:
     replicas = [pol.ReplicaState("r0", Mode.STREAMING), pol.ReplicaState("r1", Mode.BATCHING)]
     cfg = config(toStreamingStabilizationSeconds=0, minStreamingReplicas=0)
     busy_gpu = pol.decide(
-        load(0.5, gpu=96.5), replicas, pol.LoopState(), cfg, ModePolicy.ADAPTIVE, 0
+        load(0.5, gpu=96.5), replicas, pol.HysteresisState(), cfg, ModePolicy.ADAPTIVE, 0
     )
     assert busy_gpu.reason == pol.WITHIN_BAND
-    quiet = pol.decide(load(0.5, gpu=60), replicas, pol.LoopState(), cfg, ModePolicy.ADAPTIVE, 0)
+    quiet = pol.decide(
+        load(0.5, gpu=60), replicas, pol.HysteresisState(), cfg, ModePolicy.ADAPTIVE, 0
+    )
     assert quiet.reason == pol.LOAD_BELOW_LOW
     assert quiet.flips == (pol.Flip("r1", Mode.BATCHING, Mode.STREAMING),)
 
@@ -230,9 +234,9 @@ def test_per_replica_figures_divide_by_reporting_pods() -> None:
     cfg = config(toBatchingStabilizationSeconds=0)
     # 8 req/s over 4 ready pods is 2/replica (band), but only 2 pods report: 4/replica (high).
     samples = pol.Samples(qps=8.0, queue_depth=0.0, reporting_replicas=2)
-    decision = pol.decide(samples, replicas, pol.LoopState(), cfg, ModePolicy.ADAPTIVE, 0)
+    decision = pol.decide(samples, replicas, pol.HysteresisState(), cfg, ModePolicy.ADAPTIVE, 0)
     assert decision.reason == pol.QPS_ABOVE_HIGH
-    unscoped = pol.decide(load(8.0), replicas, pol.LoopState(), cfg, ModePolicy.ADAPTIVE, 0)
+    unscoped = pol.decide(load(8.0), replicas, pol.HysteresisState(), cfg, ModePolicy.ADAPTIVE, 0)
     assert unscoped.reason == pol.WITHIN_BAND
 
 
@@ -243,11 +247,11 @@ def test_not_ready_replicas_are_never_flipped() -> None:
         pol.ReplicaState("c", Mode.STREAMING),
     ]
     cfg = config(toBatchingStabilizationSeconds=0, maxFlipsPerStep=5)
-    decision = pol.decide(load(30), replicas, pol.LoopState(), cfg, ModePolicy.ADAPTIVE, 0)
+    decision = pol.decide(load(30), replicas, pol.HysteresisState(), cfg, ModePolicy.ADAPTIVE, 0)
     assert [f.pod for f in decision.flips] == ["b"], "2 ready, 1 kept streaming"
     nobody = [pol.ReplicaState("a", Mode.STREAMING, ready=False)]
     assert (
-        pol.decide(load(30), nobody, pol.LoopState(), cfg, ModePolicy.ADAPTIVE, 0).reason
+        pol.decide(load(30), nobody, pol.HysteresisState(), cfg, ModePolicy.ADAPTIVE, 0).reason
         == pol.NO_READY_REPLICAS
     )
 
@@ -269,13 +273,15 @@ def test_cooldown_blocks_a_return_until_it_expires() -> None:
 
 
 def test_oldest_flip_goes_first() -> None:
-    history = pol.LoopState(last_flips={"a": (100.0, Mode.STREAMING), "b": (50.0, Mode.STREAMING)})
+    history = pol.HysteresisState(
+        last_flips={"a": (100.0, Mode.STREAMING), "b": (50.0, Mode.STREAMING)}
+    )
     replicas = [pol.ReplicaState(n, Mode.STREAMING) for n in ("a", "b", "c", "d")]
     cfg = config(toBatchingStabilizationSeconds=0, maxFlipsPerStep=2, cooldownSeconds=10)
     overloaded = load(40, queue=40)  # twice the queue threshold: a step of maxFlipsPerStep
     decision = pol.decide(overloaded, replicas, history, cfg, ModePolicy.ADAPTIVE, 1000)
     assert [f.pod for f in decision.flips] == ["c", "d"], "never flipped first"
-    history = pol.LoopState(
+    history = pol.HysteresisState(
         last_flips={
             n: (t, Mode.STREAMING) for n, t in (("a", 100.0), ("b", 50.0), ("c", 70.0), ("d", 90.0))
         }
@@ -291,7 +297,7 @@ def test_oldest_flip_goes_first() -> None:
 def test_min_streaming_floor_is_restored_whatever_the_load() -> None:
     replicas = [pol.ReplicaState(f"r{i}", Mode.BATCHING) for i in range(3)]
     cfg = config(minStreamingReplicas=1)
-    decision = pol.decide(load(60), replicas, pol.LoopState(), cfg, ModePolicy.ADAPTIVE, 0)
+    decision = pol.decide(load(60), replicas, pol.HysteresisState(), cfg, ModePolicy.ADAPTIVE, 0)
     assert decision.reason == pol.MIN_STREAMING_REPLICAS
     assert decision.flips == (pol.Flip("r0", Mode.BATCHING, Mode.STREAMING),)
     assert decision.to_batching == 2
@@ -313,7 +319,9 @@ def test_pinned_policies_move_every_ready_replica_whatever_the_metrics(
         pol.ReplicaState("c", None),
         pol.ReplicaState("d", Mode.STREAMING, ready=False),
     ]
-    history = pol.LoopState(last_flips={"a": (999.0, Mode.STREAMING), "b": (999.0, Mode.BATCHING)})
+    history = pol.HysteresisState(
+        last_flips={"a": (999.0, Mode.STREAMING), "b": (999.0, Mode.BATCHING)}
+    )
     decision = pol.decide(None, replicas, history, config(), mode_policy, 1000)
     assert decision.reason == reason
     expected = {r.name for r in replicas if r.ready and r.effective_mode is not target}
@@ -327,7 +335,7 @@ def test_pinned_policies_move_every_ready_replica_whatever_the_metrics(
 
 
 def test_loop_state_round_trips_through_status_json() -> None:
-    state = pol.LoopState(
+    state = pol.HysteresisState(
         high_since=1_700_000_000.125,
         low_since=None,
         last_flips={
@@ -342,9 +350,9 @@ def test_loop_state_round_trips_through_status_json() -> None:
         "time": "2023-11-14T22:15:00.500Z",
         "mode": "batching",
     }
-    assert pol.LoopState.from_status(stored) == state
-    assert pol.LoopState.from_status(AdaptiveLoopState.model_validate(stored)) == state
-    assert pol.LoopState.from_status(None) == pol.LoopState()
+    assert pol.HysteresisState.from_status(stored) == state
+    assert pol.HysteresisState.from_status(AdaptiveLoopState.model_validate(stored)) == state
+    assert pol.HysteresisState.from_status(None) == pol.HysteresisState()
 
 
 def test_a_restart_mid_window_and_mid_cooldown_changes_nothing() -> None:
@@ -355,11 +363,11 @@ def test_a_restart_mid_window_and_mid_cooldown_changes_nothing() -> None:
     restarted: list[Step] = []
     # Cut the run every 7 passes; each piece starts from modes and state as status persisted them.
     modes = ["replica-0", "replica-1", "replica-2", "replica-3"]
-    state = pol.LoopState()
+    state = pol.HysteresisState()
     current = dict.fromkeys(modes, Mode.STREAMING)
     for start in range(0, len(rows), 7):
         stored = json.loads(json.dumps(state.to_status().model_dump(by_alias=True)))
-        state = pol.LoopState.from_status(stored)
+        state = pol.HysteresisState.from_status(stored)
         for t, samples in rows[start : start + 7]:
             replicas = [pol.ReplicaState(n, current[n]) for n in modes]
             decision = pol.decide(samples, replicas, state, cfg, ModePolicy.ADAPTIVE, t)
@@ -376,7 +384,7 @@ def test_unreadable_stored_state_is_rejected_field_by_field() -> None:
         "highSince": "not a time",
         "lastFlips": [{"pod": "a", "time": "x", "mode": "batching"}],
     }
-    assert pol.LoopState.from_status(stored) == pol.LoopState()
+    assert pol.HysteresisState.from_status(stored) == pol.HysteresisState()
 
 
 # -- invariants over arbitrary traces --------------------------------------------------------

@@ -13,10 +13,11 @@ import pytest
 import requests
 from requests.adapters import BaseAdapter
 
-from autoglm_operator import policy as pol
-from autoglm_operator import prom
-from autoglm_operator.prom import Availability, PrometheusReader
-from autoglm_operator.spec import PrometheusSource, QueryOverrides
+from autoglm_operator.adaptive import policy as pol
+from autoglm_operator.adaptive.signals import Availability
+from autoglm_operator.io import prom
+from autoglm_operator.io.prom import PrometheusReader
+from autoglm_operator.resource.spec import PrometheusSource, QueryOverrides
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "prometheus"
 URL = "http://prometheus.test:9090"
@@ -313,7 +314,7 @@ def test_unreachable_prometheus_fails_fast_and_holds(error: Exception, detail: s
     decision = pol.decide(
         reading.samples,
         [pol.ReplicaState("a", None)],
-        pol.LoopState(),
+        pol.HysteresisState(),
         pol.AdaptiveSettings(),
         pol.ModePolicy.ADAPTIVE,
         0,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from autoglm_operator import replay
-from autoglm_operator.spec import AdaptiveSettings
+from autoglm_operator.resource.spec import AdaptiveSettings
 
 REPO = Path(__file__).resolve().parents[3]
 DIURNAL = REPO / "examples" / "traces" / "diurnal.csv"

@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 from adaptive_fakes import TOKEN, FakeRuntime, serving
 
-from autoglm_operator.runtime_client import (
+from autoglm_operator.io.runtime_client import (
     RuntimeClient,
     RuntimeModeMismatch,
     RuntimeRejected,

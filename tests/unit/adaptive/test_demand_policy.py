@@ -7,10 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from autoglm_operator import demand as dm
-from autoglm_operator import policy as pol
+from autoglm_operator.adaptive import capacity
+from autoglm_operator.adaptive import demand as dm
+from autoglm_operator.adaptive import policy as pol
 from autoglm_operator.replay import read_trace, simulate
-from autoglm_operator.spec import AdaptiveSettings, ModePolicy, ServiceLevelObjectives
+from autoglm_operator.resource.spec import AdaptiveSettings, ModePolicy, ServiceLevelObjectives
 from autoglm_runtime.profiles import Mode
 
 T0 = 1_000_000.0
@@ -107,7 +108,7 @@ def test_overload_is_shed_not_queued_so_each_mode_serves_its_capacity() -> None:
 
 def test_cold_start_uses_the_seeds_and_says_so() -> None:
     decision = pol.decide(
-        demand(17.0, 17.0), fleet(0), pol.LoopState(), config(), ModePolicy.ADAPTIVE, T0
+        demand(17.0, 17.0), fleet(0), pol.HysteresisState(), config(), ModePolicy.ADAPTIVE, T0
     )
     assert "(seeds)" in decision.message
     assert "streaming serves 4.10/s, batching 11.50/s" in decision.message
@@ -119,7 +120,9 @@ def test_overload_flips_at_once_up_to_max_flips_per_step() -> None:
     # twice the current one, so no window applies; maxFlipsPerStep 2 moves two now, the third
     # once the (shorter: a smaller gain) window has passed.
     cfg = config(maxFlipsPerStep=2)
-    first = pol.decide(demand(4.0, 40.0), fleet(0), pol.LoopState(), cfg, ModePolicy.ADAPTIVE, T0)
+    first = pol.decide(
+        demand(4.0, 40.0), fleet(0), pol.HysteresisState(), cfg, ModePolicy.ADAPTIVE, T0
+    )
     assert first.reason == pol.DEMAND_NEEDS_BATCHING
     assert [f.to_mode for f in first.flips] == [Mode.BATCHING] * 2
     steps = simulate([(T0 + 15 * i, demand(4.0, 40.0)) for i in range(4)], 4, cfg)
@@ -144,7 +147,7 @@ def test_returning_replicas_waits_the_to_streaming_window_then_flips_the_oldest(
     # current split 14.10/s. A gain of 1.42x shortens the 300 s to-streaming window to
     # 300 x (2 - 1.42) = 175 s; then one step returns both replicas the best split frees,
     # the ones that flipped longest ago (never) first: not pod-0, which flipped a minute ago.
-    state = pol.LoopState(last_flips={"pod-0": (T0 - 60, Mode.BATCHING)})
+    state = pol.HysteresisState(last_flips={"pod-0": (T0 - 60, Mode.BATCHING)})
     waited = []
     for i in range(30):
         d = pol.decide(demand(10, 10), fleet(3), state, config(), ModePolicy.ADAPTIVE, T0 + 15 * i)
@@ -164,7 +167,7 @@ def test_returning_replicas_waits_the_to_streaming_window_then_flips_the_oldest(
 def test_cooldown_holds_a_wanted_split() -> None:
     # The window has passed, but every batching replica flipped within cooldownSeconds (120).
     flipped = {f"pod-{i}": (T0 - 100, Mode.BATCHING) for i in range(3)}
-    state = pol.LoopState(low_since=T0 - 400, last_flips=flipped)
+    state = pol.HysteresisState(low_since=T0 - 400, last_flips=flipped)
     held = pol.decide(demand(10, 10), fleet(3), state, config(), ModePolicy.ADAPTIVE, T0)
     assert held.reason == pol.COOLDOWN and not held.flips
     assert "next one free in 20s" in held.message
@@ -181,9 +184,16 @@ def test_noise_around_a_boundary_does_not_flap() -> None:
 
 def test_dry_run_and_pause_are_the_loops_not_the_policys() -> None:
     # The policy decides the same with dryRun (adaptive.py applies nothing): decide ignores it.
-    a = pol.decide(demand(17, 17), fleet(0), pol.LoopState(), config(), ModePolicy.ADAPTIVE, T0)
+    a = pol.decide(
+        demand(17, 17), fleet(0), pol.HysteresisState(), config(), ModePolicy.ADAPTIVE, T0
+    )
     b = pol.decide(
-        demand(17, 17), fleet(0), pol.LoopState(), config(dryRun=True), ModePolicy.ADAPTIVE, T0
+        demand(17, 17),
+        fleet(0),
+        pol.HysteresisState(),
+        config(dryRun=True),
+        ModePolicy.ADAPTIVE,
+        T0,
     )
     assert a.flips == b.flips
 
@@ -191,7 +201,7 @@ def test_dry_run_and_pause_are_the_loops_not_the_policys() -> None:
 def test_without_class_demand_the_threshold_rules_decide() -> None:
     # A runtime without autoglm_requests_received_total (or an old replay trace): QPS alone.
     samples = pol.Samples(qps=40.0, queue_depth=0.0, gpu_memory_percent=50.0)
-    d = pol.decide(samples, fleet(0), pol.LoopState(), config(), ModePolicy.ADAPTIVE, T0)
+    d = pol.decide(samples, fleet(0), pol.HysteresisState(), config(), ModePolicy.ADAPTIVE, T0)
     assert d.reason == pol.QPS_ABOVE_HIGH
 
 
@@ -217,7 +227,7 @@ def test_saturated_mode_teaches_its_capacity() -> None:
     # Three batching replicas hold 3 x 64 requests (saturated) and complete 27 req/s: 9 per
     # replica, below the 11.5 seed: the estimate moves a quarter of the way there.
     samples = demand(1.0, 30.0, batching_completions=27.0, batching_busy=192.0)
-    d = pol.decide(samples, fleet(3), pol.LoopState(), config(), ModePolicy.ADAPTIVE, T0)
+    d = pol.decide(samples, fleet(3), pol.HysteresisState(), config(), ModePolicy.ADAPTIVE, T0)
     assert d.state.capacity is not None
     assert d.state.capacity.batching == pytest.approx(11.5 + 0.25 * (9.0 - 11.5))
     assert d.state.capacity.streaming == pytest.approx(4.1)
@@ -226,24 +236,24 @@ def test_saturated_mode_teaches_its_capacity() -> None:
 
 def test_an_unsaturated_mode_that_delivers_more_raises_its_estimate() -> None:
     samples = demand(6.0, 0.0, streaming_completions=18.0, streaming_busy=10.0)
-    d = pol.decide(samples, fleet(0), pol.LoopState(), config(), ModePolicy.ADAPTIVE, T0)
+    d = pol.decide(samples, fleet(0), pol.HysteresisState(), config(), ModePolicy.ADAPTIVE, T0)
     assert d.state.capacity is not None
     assert d.state.capacity.streaming == pytest.approx(4.5)  # 18 / 4 replicas
 
 
 def test_idle_modes_and_recent_flips_teach_nothing() -> None:
     idle = demand(1.0, 1.0, streaming_completions=1.0, streaming_busy=1.0)
-    d = pol.decide(idle, fleet(0), pol.LoopState(), config(), ModePolicy.ADAPTIVE, T0)
+    d = pol.decide(idle, fleet(0), pol.HysteresisState(), config(), ModePolicy.ADAPTIVE, T0)
     assert d.state.capacity is None
     saturated = demand(1.0, 30.0, batching_completions=27.0, batching_busy=192.0)
-    recent = pol.LoopState(last_flips={"pod-0": (T0 - 30, Mode.BATCHING)})
+    recent = pol.HysteresisState(last_flips={"pod-0": (T0 - 30, Mode.BATCHING)})
     d = pol.decide(saturated, fleet(3), recent, config(), ModePolicy.ADAPTIVE, T0)
     assert d.state.capacity is None  # the [1m] rates still count pod-0 under its old mode
 
 
 def _learn(**share: float | None) -> dict[Mode, float]:
     """Both modes saturated, each completing twice its seed per replica (2 of 4 batching)."""
-    return dm.learn(
+    return capacity.learn(
         SEEDS,
         SEEDS,
         {Mode.STREAMING: 2 * 4.1 * 2, Mode.BATCHING: 2 * 11.5 * 2},
@@ -266,7 +276,7 @@ def test_a_mode_that_served_the_other_class_learns_nothing() -> None:
 
 
 def test_the_own_class_share_is_a_bound_and_unknown_learns_as_before() -> None:
-    at_bound = _learn(streaming=dm.OWN_CLASS_SHARE, batching=dm.OWN_CLASS_SHARE - 0.001)
+    at_bound = _learn(streaming=capacity.OWN_CLASS_SHARE, batching=capacity.OWN_CLASS_SHARE - 0.001)
     assert at_bound[Mode.STREAMING] == pytest.approx(4.1 * 1.25)
     assert at_bound[Mode.BATCHING] == pytest.approx(11.5)
     unknown = _learn()  # a runtime without the counter, a trace without the columns
@@ -278,7 +288,7 @@ def test_a_saturated_mode_with_every_replica_may_lower_its_estimate_from_a_mix()
     # streaming capacity here, and a seed above what they deliver must come down, or a batch
     # overload would never move a replica. Never up: short jobs must not double it.
     def alone(delivered: float, share: float, busy: float = 4 * 8.0) -> float:
-        return dm.learn(
+        return capacity.learn(
             SEEDS,
             SEEDS,
             {Mode.STREAMING: 4 * delivered, Mode.BATCHING: None},
@@ -307,11 +317,11 @@ def test_spilled_batch_jobs_do_not_raise_the_streaming_capacity() -> None:
         streaming_busy=3 * 8.0,
         streaming_own_share=0.45,
     )
-    d = pol.decide(spilled, fleet(1), pol.LoopState(), config(), ModePolicy.ADAPTIVE, T0)
+    d = pol.decide(spilled, fleet(1), pol.HysteresisState(), config(), ModePolicy.ADAPTIVE, T0)
     assert d.state.capacity is None
     assert "(seeds)" in d.message
     own = replace(spilled, streaming_own_share=0.95)
-    d = pol.decide(own, fleet(1), pol.LoopState(), config(), ModePolicy.ADAPTIVE, T0)
+    d = pol.decide(own, fleet(1), pol.HysteresisState(), config(), ModePolicy.ADAPTIVE, T0)
     assert d.state.capacity is not None
     assert d.state.capacity.streaming == pytest.approx(4.1 + 0.25 * (8.2 - 4.1))
 
@@ -334,10 +344,10 @@ def test_replay_reads_the_own_class_shares() -> None:
 
 def test_learned_capacity_survives_a_restart_through_status() -> None:
     samples = demand(1.0, 30.0, batching_completions=27.0, batching_busy=192.0)
-    d = pol.decide(samples, fleet(3), pol.LoopState(), config(), ModePolicy.ADAPTIVE, T0)
+    d = pol.decide(samples, fleet(3), pol.HysteresisState(), config(), ModePolicy.ADAPTIVE, T0)
     stored = d.state.to_status().model_dump(by_alias=True, exclude_none=True)
     assert stored["capacity"] == {"streamingMilli": 4100, "batchingMilli": 10875}
-    restored = pol.LoopState.from_status(stored)
+    restored = pol.HysteresisState.from_status(stored)
     assert restored.capacity == d.state.capacity
     again = pol.decide(demand(1.0, 30.0), fleet(3), restored, config(), ModePolicy.ADAPTIVE, T0)
     assert again.state.capacity == d.state.capacity
@@ -346,15 +356,15 @@ def test_learned_capacity_survives_a_restart_through_status() -> None:
 
 def test_learned_capacity_stays_within_a_factor_of_the_seed() -> None:
     stuck = demand(1.0, 30.0, batching_completions=0.0, batching_busy=192.0)
-    state = pol.LoopState()
+    state = pol.HysteresisState()
     for i in range(40):
         state = pol.decide(stuck, fleet(3), state, config(), ModePolicy.ADAPTIVE, T0 + 15 * i).state
     assert state.capacity is not None
-    assert state.capacity.batching == pytest.approx(11.5 / dm.CAPACITY_RANGE)
+    assert state.capacity.batching == pytest.approx(11.5 / capacity.CAPACITY_RANGE)
 
 
 def test_pinned_policies_keep_the_learned_capacity() -> None:
-    learned = pol.LoopState(capacity=pol.Capacity(4.0, 9.0))
+    learned = pol.HysteresisState(capacity=pol.Capacity(4.0, 9.0))
     d = pol.decide(demand(1, 1), fleet(0), learned, config(), ModePolicy.STREAMING, T0)
     assert d.state.capacity == learned.capacity
 
@@ -378,7 +388,7 @@ def test_old_manifests_with_every_threshold_are_accepted() -> None:
 
 def test_a_change_under_two_percent_is_not_stored() -> None:
     # A saturated loop measures every pass; storing each wobble would write status each pass.
-    stored = pol.LoopState(capacity=pol.Capacity(4.1, 9.0))
+    stored = pol.HysteresisState(capacity=pol.Capacity(4.1, 9.0))
     near = demand(1.0, 30.0, batching_completions=3 * 9.2, batching_busy=192.0)
     d = pol.decide(near, fleet(3), stored, config(), ModePolicy.ADAPTIVE, T0)
     assert d.state.capacity == stored.capacity
@@ -391,8 +401,10 @@ def test_thresholds_set_away_from_defaults_are_accepted_with_a_warning() -> None
     # An existing manifest with its own thresholds keeps working; while demand decides, the
     # decision message (status.lastDecision) says they are not read.
     cfg = config(qpsPerReplicaMilli={"high": 5000, "low": 2000})
-    d = pol.decide(demand(2, 2), fleet(0), pol.LoopState(), cfg, ModePolicy.ADAPTIVE, T0)
+    d = pol.decide(demand(2, 2), fleet(0), pol.HysteresisState(), cfg, ModePolicy.ADAPTIVE, T0)
     assert d.reason == pol.SPLIT_FITS_DEMAND
     assert "qpsPerReplicaMilli set, but read only without per-class demand" in d.message
-    plain = pol.decide(demand(2, 2), fleet(0), pol.LoopState(), config(), ModePolicy.ADAPTIVE, T0)
+    plain = pol.decide(
+        demand(2, 2), fleet(0), pol.HysteresisState(), config(), ModePolicy.ADAPTIVE, T0
+    )
     assert "without per-class demand" not in plain.message

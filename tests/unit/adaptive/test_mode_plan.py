@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from test_adaptive_pass import NOW, healthy, rolling_spec, spec, three_streaming, views
 
-from autoglm_operator import adaptive, plan
-from autoglm_operator.adaptive import Observation, PassInput, RepairOutcome
+from autoglm_operator.adaptive.pass_data import Observation, PassInput, Repair, RepairOutcome
+from autoglm_operator.reconcile import plan
+from autoglm_operator.resource.pods import PodView
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
 from autoglm_runtime.profiles import Mode
 
 STREAMING = {f"agd-{i}": Mode.STREAMING for i in range(3)}
 
 
-def inp(the_spec: adaptive.AutoGLMDeploymentSpec, pods: list[adaptive.PodView]) -> PassInput:
+def inp(the_spec: AutoGLMDeploymentSpec, pods: list[PodView]) -> PassInput:
     return PassInput("prod", "agd", 4, the_spec, {}, pods, NOW)
 
 
@@ -36,10 +38,10 @@ def test_in_place_plans_the_announce_and_the_flip_rolling_plans_the_share() -> N
 
 def test_a_label_runtime_disagreement_is_a_repair_entry_and_the_decision_counts_it_done() -> None:
     pods = views(three_streaming())
-    pods[1] = adaptive.PodView("agd-1", "10.0.0.1", None, True)  # unlabelled
+    pods[1] = PodView("agd-1", "10.0.0.1", None, True)  # unlabelled
     modes = {**STREAMING, "agd-1": Mode.BATCHING}
     the_plan = plan.plan_modes(inp(spec(), pods), Observation(modes, {}, healthy(qps=1.0)))
-    assert the_plan.repairs == (adaptive.Repair("agd-1", "10.0.0.1", None, Mode.BATCHING),)
+    assert the_plan.repairs == (Repair("agd-1", "10.0.0.1", None, Mode.BATCHING),)
     assert the_plan.seen.labels["agd-1"] is Mode.BATCHING, "planned as labelled"
 
     # The label patch failed: planned again from what happened, the pod is not flippable.

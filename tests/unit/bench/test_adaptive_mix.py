@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from autoglm_operator import spec as crd
-from autoglm_operator.policy import Capacity
+from autoglm_operator.adaptive.policy import Capacity
+from autoglm_operator.resource import spec as crd
 from autoglm_runtime.metrics import TRAFFIC_CLASSES
 from testkit.loadgen import RequestResult
 from testkit.paths import load_script

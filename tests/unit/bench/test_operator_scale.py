@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from autoglm_operator import prom
+from autoglm_operator.io import prom
 from testkit.bench import scale_stats as stats
 
 

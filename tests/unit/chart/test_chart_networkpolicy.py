@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 from chartkit import NAMESPACE, RELEASE, by_kind, one, render
 
-from autoglm_operator import builders, router_builders
-from autoglm_operator import spec as crd
+from autoglm_operator.reconcile.children import router as router_builders
+from autoglm_operator.reconcile.children import serving as builders
+from autoglm_operator.resource import spec as crd
 
 pytestmark = pytest.mark.helm
 

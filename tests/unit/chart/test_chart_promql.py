@@ -381,8 +381,9 @@ def _router_registry() -> CollectorRegistry:
 def _router_pod() -> dict[str, Any]:
     """A router pod as the operator builds it (router_builders.pod_template), serving /metrics
     on its http port: the chart's router scrape must select what the operator creates."""
-    from autoglm_operator import builders, router_builders
-    from autoglm_operator.spec import AutoGLMDeploymentSpec
+    from autoglm_operator.reconcile.children import router as router_builders
+    from autoglm_operator.reconcile.children import serving as builders
+    from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
 
     owner = builders.Owner(DEPLOYMENT, NAMESPACE, "uid")
     template = router_builders.pod_template(owner, AutoGLMDeploymentSpec())
@@ -401,7 +402,7 @@ def _helper_labels(name: str) -> str:
 
 
 def _operator_registry() -> CollectorRegistry:
-    from autoglm_operator.operator_metrics import OperatorMetrics
+    from autoglm_operator.io.metrics import OperatorMetrics
 
     registry = CollectorRegistry()
     metrics = OperatorMetrics(registry)
@@ -454,8 +455,8 @@ def _kubernetes_sd_targets(
 
 def _runtime_pod(name: str) -> dict[str, Any]:
     """A serving pod as the operator builds it (its Deployment's pod template, with a name)."""
-    from autoglm_operator import builders
-    from autoglm_operator.spec import AutoGLMDeploymentSpec
+    from autoglm_operator.reconcile.children import serving as builders
+    from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
 
     template = builders.pod_template(DEPLOYMENT, AutoGLMDeploymentSpec())
     labels = {**template["metadata"]["labels"], "autoglm.io/mode": "streaming"}
@@ -559,8 +560,8 @@ def test_alert_rules_load_and_evaluate_without_errors(prometheus: str) -> None:
 
 def test_operator_default_queries_find_the_scraped_pods(prometheus: str) -> None:
     """The labels the chart's scrape configs produce are the ones the adaptive loop selects on."""
-    from autoglm_operator.prom import DEFAULT_QUERIES
-    from autoglm_operator.prom import render as render_query
+    from autoglm_operator.io.prom import DEFAULT_QUERIES
+    from autoglm_operator.io.prom import render as render_query
 
     for name, template in DEFAULT_QUERIES.items():
         body = _query(render_query(template, NAMESPACE, PODS, DEPLOYMENT), prometheus)

@@ -23,8 +23,8 @@ from chartkit import (
     run_helm,
 )
 
-from autoglm_operator import builders
-from autoglm_operator import spec as crd
+from autoglm_operator.reconcile.children import serving as builders
+from autoglm_operator.resource import spec as crd
 
 pytestmark = pytest.mark.helm
 

@@ -16,8 +16,11 @@ import pytest
 import yaml
 from chartkit import CHART, CHART_CRD, CRD_SOURCE, REPO, one, render
 
-from autoglm_operator import builders, cli, images, router_builders
-from autoglm_operator import spec as crd
+from autoglm_operator import cli
+from autoglm_operator.reconcile.children import router as router_builders
+from autoglm_operator.reconcile.children import serving as builders
+from autoglm_operator.resource import images
+from autoglm_operator.resource import spec as crd
 from autoglm_runtime.engine_args import PINNED_VLLM_VERSION
 from testkit.dockerfiles import instructions
 
@@ -151,7 +154,7 @@ def test_operator_default_command_and_chart_args_parse_with_the_real_cli() -> No
 
 @pytest.mark.helm
 def test_chart_metrics_port_env_is_the_one_the_operator_reads() -> None:
-    from autoglm_operator.operator_metrics import DEFAULT_PORT, PORT_ENV
+    from autoglm_operator.io.metrics import DEFAULT_PORT, PORT_ENV
 
     container = one(render(), "Deployment", "agl-autoglm")["spec"]["template"]["spec"][
         "containers"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from autoglm_operator import spec
+from autoglm_operator.resource import spec
 from testkit.paths import load_script
 
 k8s_schema = load_script("hack/k8s_schema.py")

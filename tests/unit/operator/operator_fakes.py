@@ -1,4 +1,4 @@
-"""An in-memory stand-in for autoglm_operator.kube.Kube: objects, resourceVersions, conflicts."""
+"""An in-memory stand-in for autoglm_operator.io.kube.Kube: objects, resourceVersions, conflicts."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import copy
 import itertools
 from typing import Any
 
-from autoglm_operator import kube
+from autoglm_operator.io import kube
 
 
 class FakeKube:

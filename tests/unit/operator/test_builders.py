@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from autoglm_operator import builders
-from autoglm_operator import spec as crd
+from autoglm_operator.reconcile.children import serving as builders
+from autoglm_operator.resource import spec as crd
 from autoglm_runtime.config import ConfigFile
 from autoglm_runtime.engine_args import MIDDLEWARE_IMPORT_PATH
 from autoglm_runtime.profiles import MODE_LABEL, Mode

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from autoglm_operator import cli, settings
-from autoglm_operator.crd import render_crd_yaml
+from autoglm_operator import cli
+from autoglm_operator.handlers import settings
+from autoglm_operator.resource.crd import render_crd_yaml
 
 
 def test_crd_prints_the_generated_crd(capsys: pytest.CaptureFixture[str]) -> None:
@@ -30,6 +31,8 @@ def test_handler_modules_load_and_missing_optional_ones_are_skipped(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(
-        settings, "HANDLER_MODULES", ("autoglm_operator.handlers", "autoglm_operator.not_there")
+        settings,
+        "HANDLER_MODULES",
+        ("autoglm_operator.handlers.reconcile", "autoglm_operator.not_there"),
     )
-    assert cli.load_handlers() == ["autoglm_operator.handlers"]
+    assert cli.load_handlers() == ["autoglm_operator.handlers.reconcile"]

@@ -8,7 +8,7 @@ import time
 import pytest
 from operator_fakes import FakeKube
 
-from autoglm_operator import kube, leader
+from autoglm_operator.io import kube, leader
 
 
 def elector(api: FakeKube, identity: str, lease_seconds: int = 30) -> leader.LeaderElector:

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from autoglm_operator import builders, plan
-from autoglm_operator import spec as crd
+from autoglm_operator.reconcile import plan
+from autoglm_operator.reconcile.children import serving as builders
+from autoglm_operator.resource import spec as crd
 
 OWNER = builders.Owner(name="phone-9b", namespace="serving", uid="u1")
 SPEC = crd.AutoGLMDeploymentSpec.model_validate({"replicas": 2})

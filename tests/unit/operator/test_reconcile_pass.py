@@ -12,7 +12,10 @@ from kubernetes.client.exceptions import ApiException
 from operator_fakes import FakeKube
 from prometheus_client import REGISTRY
 
-from autoglm_operator import builders, executor, handlers, kube, plan
+from autoglm_operator.handlers import reconcile as handlers
+from autoglm_operator.io import executor, kube
+from autoglm_operator.reconcile import plan
+from autoglm_operator.reconcile.children import serving as builders
 
 NS, NAME, UID = "serving", "phone-9b", "uid-1"
 
@@ -75,7 +78,7 @@ def writes(api: FakeKube) -> list[tuple[str, str, str]]:
 
 
 async def run_pass(
-    api: FakeKube, agd: dict[str, Any], state: handlers.LoopState, pods: Any = None
+    api: FakeKube, agd: dict[str, Any], state: handlers.ReconcileMemory, pods: Any = None
 ) -> Any:
     reconciler = handlers.Reconciler(api, logging.getLogger("test"))  # type: ignore[arg-type]
     obs = observed(api, agd, pods)
@@ -84,7 +87,7 @@ async def run_pass(
 
 
 async def test_first_pass_creates_everything_and_the_next_writes_nothing() -> None:
-    api, state = FakeKube(), handlers.LoopState()
+    api, state = FakeKube(), handlers.ReconcileMemory()
     agd = body({"replicas": 2})
     await run_pass(api, agd, state)
     assert sorted(writes(api)) == sorted(
@@ -115,7 +118,7 @@ async def test_first_pass_creates_everything_and_the_next_writes_nothing() -> No
         spec=handlers.crd.AutoGLMDeploymentSpec.model_validate({"replicas": 2}),
         deployment=api.objects[("Deployment", NS, NAME)], pods=[], current=None, now="t",
     ).status  # fmt: skip
-    await run_pass(api, body({"replicas": 2}, status=status), handlers.LoopState())
+    await run_pass(api, body({"replicas": 2}, status=status), handlers.ReconcileMemory())
     assert writes(api) == []
     assert api.objects[("Secret", NS, f"{NAME}-admin")]["data"]["token"] == token
 
@@ -123,7 +126,7 @@ async def test_first_pass_creates_everything_and_the_next_writes_nothing() -> No
 async def test_a_deleted_secret_gets_a_new_token_and_an_edited_service_is_restored(
     recorded_events: list[tuple[str, str]],
 ) -> None:
-    api, state = FakeKube(), handlers.LoopState()
+    api, state = FakeKube(), handlers.ReconcileMemory()
     await run_pass(api, body({}), state)
     old = api.objects.pop(("Secret", NS, f"{NAME}-admin"))["data"]["token"]
     api.objects[("Service", NS, NAME)]["spec"]["ports"][0]["port"] = 1234
@@ -138,7 +141,7 @@ async def test_a_deleted_secret_gets_a_new_token_and_an_edited_service_is_restor
 
 
 async def test_an_admin_token_emptied_right_after_its_creation_is_replaced_at_once() -> None:
-    api, state = FakeKube(), handlers.LoopState()
+    api, state = FakeKube(), handlers.ReconcileMemory()
     await run_pass(api, body({}), state)
     secret = api.objects[("Secret", NS, f"{NAME}-admin")]
     secret["data"]["token"] = ""
@@ -156,7 +159,7 @@ async def test_an_admin_token_emptied_right_after_its_creation_is_replaced_at_on
 
 
 async def test_an_admin_secret_deleted_right_after_its_creation_is_recreated_at_once() -> None:
-    api, state = FakeKube(), handlers.LoopState()
+    api, state = FakeKube(), handlers.ReconcileMemory()
     await run_pass(api, body({}), state)  # creates the Secret
     await run_pass(api, body({}), state)  # sees it come back
     api.objects.pop(("Secret", NS, f"{NAME}-admin"))  # deleted, inside the watch grace time
@@ -168,7 +171,7 @@ async def test_an_admin_secret_deleted_right_after_its_creation_is_recreated_at_
 async def test_missing_api_key_secret_blocks_until_the_generation_changes(
     recorded_events: list[tuple[str, str]],
 ) -> None:
-    api, state = FakeKube(), handlers.LoopState()
+    api, state = FakeKube(), handlers.ReconcileMemory()
     spec = {"apiKeySecretRef": {"name": "keys"}}
     await run_pass(api, body(spec), state)
     assert api.calls[0] == ("get", "Secret", "keys")
@@ -188,7 +191,7 @@ async def test_missing_api_key_secret_blocks_until_the_generation_changes(
 
 @pytest.mark.parametrize(("policy", "mode"), [("Adaptive", "streaming"), ("Batching", "batching")])
 async def test_new_pods_get_the_initial_mode_once(policy: str, mode: str) -> None:
-    api, state = FakeKube(), handlers.LoopState()
+    api, state = FakeKube(), handlers.ReconcileMemory()
     spec = {"modePolicy": policy, "adaptive": {"paused": True}}
     await run_pass(api, body(spec), state)
     pod = {
@@ -226,7 +229,7 @@ def test_api_errors_are_classified() -> None:
 
 
 async def test_replica_gauges_follow_the_status() -> None:
-    api, state = FakeKube(), handlers.LoopState()
+    api, state = FakeKube(), handlers.ReconcileMemory()
     await run_pass(api, body({"replicas": 3}), state)
     labels = {"namespace": NS, "name": NAME}
     assert REGISTRY.get_sample_value("autoglm_operator_replicas", labels) == 3
@@ -243,16 +246,16 @@ async def test_rolling_steps_toward_the_adaptive_target_in_memory_or_the_persist
         "adaptive": {"prometheus": {"url": "http://p:9090"}, "minStreamingReplicas": 0},
     }
 
-    async def batching_replicas(state: handlers.LoopState, status: dict[str, Any]) -> int:
+    async def batching_replicas(state: handlers.ReconcileMemory, status: dict[str, Any]) -> int:
         api = FakeKube()
         await run_pass(api, body(spec, status=status), state)
         deployment = api.objects[("Deployment", NS, f"{NAME}-batching")]
         return int(deployment["spec"]["replicas"])
 
-    assert await batching_replicas(handlers.LoopState(batching_target=1), {}) == 1
+    assert await batching_replicas(handlers.ReconcileMemory(batching_target=1), {}) == 1
     persisted = {"adaptiveState": {"batchingTarget": 2}}
-    assert await batching_replicas(handlers.LoopState(), persisted) == 2
-    assert await batching_replicas(handlers.LoopState(batching_target=1), persisted) == 1
+    assert await batching_replicas(handlers.ReconcileMemory(), persisted) == 2
+    assert await batching_replicas(handlers.ReconcileMemory(batching_target=1), persisted) == 1
 
 
 def test_the_admin_token_is_read_through_the_executor() -> None:

@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from autoglm_operator import builders, plan
-from autoglm_operator import spec as crd
+from autoglm_operator.reconcile import plan
+from autoglm_operator.reconcile.children import serving as builders
+from autoglm_operator.resource import spec as crd
 from autoglm_runtime.engine_args import EngineSettings, build_vllm_argv
 from autoglm_runtime.profiles import MODE_LABEL, Mode
 

@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 
-from autoglm_operator import builders, plan, router_builders
-from autoglm_operator import spec as crd
-from autoglm_operator.observe import CHILD_INDEXES, Observed, observe
+from autoglm_operator.reconcile import plan
+from autoglm_operator.reconcile.children import router as router_builders
+from autoglm_operator.reconcile.children import serving as builders
+from autoglm_operator.reconcile.observe import CHILD_INDEXES, Observed, observe
+from autoglm_operator.resource import spec as crd
 from autoglm_router import cli as router_cli
 
 OWNER = builders.Owner(name="phone-9b", namespace="serving", uid="u1")
@@ -151,7 +153,7 @@ def observed(children: list[dict[str, Any]], router_ready: int | None = None) ->
 
 
 def planned(spec: crd.AutoGLMDeploymentSpec, obs: Observed) -> plan.Plan:
-    return plan.plan_pass(OWNER, spec, obs, plan.LoopState(), now=0.0)
+    return plan.plan_pass(OWNER, spec, obs, plan.ReconcileMemory(), now=0.0)
 
 
 def service_selector(the_plan: plan.Plan) -> dict[str, str] | None:

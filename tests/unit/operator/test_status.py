@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoglm_operator import builders, status
-from autoglm_operator import spec as crd
+from autoglm_operator.reconcile import status
+from autoglm_operator.reconcile.children import serving as builders
+from autoglm_operator.resource import spec as crd
 
 SPEC = crd.AutoGLMDeploymentSpec.model_validate({"replicas": 2})
 HASH = builders.template_hash(builders.pod_template("phone-9b", SPEC))

@@ -9,9 +9,11 @@ from typing import Any
 from operator_fakes import FakeKube
 from test_reconcile_pass import NAME, NS, body, observed, recorded_events  # noqa: F401
 
-from autoglm_operator import adaptive, executor, handlers, kube
-from autoglm_operator.spec import AutoGLMDeploymentSpec
-from autoglm_operator.status import without_empty
+from autoglm_operator.adaptive import pass_data
+from autoglm_operator.handlers import reconcile as handlers
+from autoglm_operator.io import executor, kube
+from autoglm_operator.resource.conditions import without_empty
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
 
 
 class StatusKube(FakeKube):
@@ -46,12 +48,12 @@ def mode_step(agd: dict[str, Any]) -> handlers.ModeStep:
     """An adaptive pass over no pods, Prometheus not answering: it decides to hold, and says
     so in lastDecision, MetricsAvailable and ModeTransitioning."""
     spec = AutoGLMDeploymentSpec.model_validate(agd["spec"])
-    inp = adaptive.PassInput(NS, NAME, 1, spec, agd["status"], [], 1_800_000_000.0)
-    return handlers.ModeStep(inp, adaptive.Observation({}, {}, None), None)  # type: ignore[arg-type]
+    inp = pass_data.PassInput(NS, NAME, 1, spec, agd["status"], [], 1_800_000_000.0)
+    return handlers.ModeStep(inp, pass_data.Observation({}, {}, None), None)  # type: ignore[arg-type]
 
 
 async def test_the_reconcile_fields_and_the_adaptive_part_go_out_in_one_write() -> None:
-    api, state = StatusKube(), handlers.LoopState()
+    api, state = StatusKube(), handlers.ReconcileMemory()
     reconciler = handlers.Reconciler(api, logging.getLogger("test"))  # type: ignore[arg-type]
     agd = body({"replicas": 2})
     done = await reconciler.pass_once(agd, observed(api, agd), state, mode_step(agd))  # type: ignore[arg-type]
@@ -73,7 +75,7 @@ async def test_a_write_from_a_version_the_watch_has_not_replaced_keeps_what_was_
     """The watch lags behind a write: the next write starts from what was written, so the
     decision fields are not taken back to the stale copy, and an unchanged status is not
     written again."""
-    api, state = StatusKube(), handlers.LoopState()
+    api, state = StatusKube(), handlers.ReconcileMemory()
     reconciler = handlers.Reconciler(api, logging.getLogger("test"))  # type: ignore[arg-type]
     agd = body({"replicas": 2})
     obs = observed(api, agd)

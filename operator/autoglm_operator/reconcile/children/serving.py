@@ -16,21 +16,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from autoglm_operator import spec as crd
+from autoglm_operator.resource import spec as crd
+from autoglm_operator.resource.names import (
+    APP_NAME,
+    COMPONENT_LABEL,
+    INSTANCE_LABEL,
+    MANAGED_BY_LABEL,
+    MANAGER,
+    NAME_LABEL,
+    ROUTER_APP_NAME,
+    TEMPLATE_HASH_ANNOTATION,
+)
 from autoglm_runtime.engine_args import EngineSettings, build_vllm_argv
 from autoglm_runtime.profiles import DRAIN_PATH, MODE_LABEL, Mode
 
 Manifest = dict[str, Any]
-
-NAME_LABEL = "app.kubernetes.io/name"
-INSTANCE_LABEL = "app.kubernetes.io/instance"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-COMPONENT_LABEL = "app.kubernetes.io/component"
-APP_NAME = "autoglm"
-ROUTER_APP_NAME = "autoglm-router"
-MANAGER = "autoglm-operator"
-# The pod template's digest: pods carry it, so out-of-date pods are found without a diff.
-TEMPLATE_HASH_ANNOTATION = "autoglm.io/template-hash"
 
 CONTAINER_NAME = "runtime"
 HTTP_PORT = 8000
@@ -557,7 +557,7 @@ def children(
     via_router: bool = False,
 ) -> list[Manifest]:
     """Every serving child except the admin Secret (whose token is not a function of the spec);
-    the router's are router_builders.children.
+    the router's are router.children.
 
     Under switchStrategy Rolling, `split` is how many replicas each mode's Deployment runs;
     `via_router`: Service `<name>` selects the router pods.

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field
 from pydantic.json_schema import JsonDict, JsonValue
 
-from autoglm_operator import images
+from autoglm_operator.resource import images
 from autoglm_runtime.engine_args import (
     API_KEY_FLAG_MESSAGE,
     API_KEY_FLAG_PATTERN,
@@ -58,7 +58,8 @@ _QUANTITY = (
 )
 
 
-# Where the runtime container mounts its own volumes (builders.py mounts them from here).
+# Where the runtime container mounts its own volumes (reconcile/children/serving.py mounts
+# them from here).
 CONFIG_MOUNT_PATH = "/etc/autoglm"
 ADMIN_MOUNT_PATH = "/etc/autoglm/admin"
 PODINFO_MOUNT_PATH = "/etc/podinfo"

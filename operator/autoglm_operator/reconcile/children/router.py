@@ -5,20 +5,22 @@ The router (`autoglm-router --kubernetes`, router/README.md) watches the serving
 own deployment and routes each request by mode and session. It needs only `list` and `watch` on
 pods of its namespace: that is all its Role grants (the operator can grant no more than it
 holds, and the router calls nothing else). Service `<name>` selects its pods
-(builders.service with `via_router`).
+(serving.service with `via_router`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from autoglm_operator import builders
-from autoglm_operator import spec as crd
-from autoglm_operator.builders import Manifest, Owner
+from autoglm_operator.reconcile.children import serving
+from autoglm_operator.reconcile.children.serving import Manifest, Owner
+from autoglm_operator.resource import names
+from autoglm_operator.resource import spec as crd
+from autoglm_operator.resource.names import router_name
 
 ROUTER_COMPONENT = "router"
 CONTAINER_NAME = "router"
-HTTP_PORT = builders.HTTP_PORT
+HTTP_PORT = serving.HTTP_PORT
 # /health and /metrics: apart from the API, so clients reach neither (docs/operations/security.md).
 METRICS_PORT = 9090
 # After SIGTERM uvicorn stops listening at once: the preStop sleep gives the endpoints
@@ -31,13 +33,8 @@ POD_VERBS = ("list", "watch")
 HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
 
 
-def router_name(name: str) -> str:
-    """The Deployment, PodDisruptionBudget, ServiceAccount, Role and RoleBinding share it."""
-    return f"{name}-router"
-
-
 def router_labels(name: str) -> dict[str, str]:
-    return {**builders.router_selector_labels(name), builders.MANAGED_BY_LABEL: builders.MANAGER}
+    return {**serving.router_selector_labels(name), names.MANAGED_BY_LABEL: names.MANAGER}
 
 
 def _metadata(owner: Owner, **extra: Any) -> dict[str, Any]:
@@ -68,7 +65,7 @@ def router_args(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> list[str]:
         "--metrics-port", str(METRICS_PORT),
         "--kubernetes",
         "--namespace", owner.namespace,
-        "--selector", builders.serving_pod_selector(owner.name),
+        "--selector", serving.serving_pod_selector(owner.name),
         "--port-name", "http",
         "--load-factor", router.session_affinity.load_factor,
         # The caps match what each mode admits, so spill starts where a replica's queue would.
@@ -99,7 +96,7 @@ def _container(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
         "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
                   {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         "resources": _resources(spec),
-        "volumeMounts": [{"name": "tmp", "mountPath": builders.TMP_DIR}],
+        "volumeMounts": [{"name": "tmp", "mountPath": serving.TMP_DIR}],
         # /health answers 200 only while the router has a replica to send requests to.
         "readinessProbe": {
             "httpGet": {"path": "/health", "port": "metrics", "scheme": "HTTP"},
@@ -116,7 +113,7 @@ def _container(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
             "failureThreshold": 3,
         },
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_SECONDS)]}}},
-        "securityContext": builders.restricted_container_security(),
+        "securityContext": serving.restricted_container_security(),
         **_api_key_env(spec),
     }
 
@@ -131,8 +128,8 @@ def _api_key_env(spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
 
 
 def pod_template(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
-    selector = builders.router_selector_labels(owner.name)
-    labels = {**router_labels(owner.name), builders.COMPONENT_LABEL: ROUTER_COMPONENT}
+    selector = serving.router_selector_labels(owner.name)
+    labels = {**router_labels(owner.name), names.COMPONENT_LABEL: ROUTER_COMPONENT}
     pod_spec: dict[str, Any] = {
         "serviceAccountName": router_name(owner.name),
         # The pod watch reads the ServiceAccount token (the only pod of ours that needs one).
@@ -141,7 +138,7 @@ def pod_template(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any
         "containers": [_container(owner, spec)],
         "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE_LIMIT}}],
         "terminationGracePeriodSeconds": termination_grace_seconds(spec),
-        "securityContext": builders.restricted_pod_security(),
+        "securityContext": serving.restricted_pod_security(),
         # Replicas on different nodes where there are several: one node's loss leaves a router.
         "topologySpreadConstraints": [
             {
@@ -163,9 +160,9 @@ def deployment(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> Manifest:
         "metadata": _metadata(owner),
         "spec": {
             "replicas": spec.router.replicas,
-            "selector": {"matchLabels": builders.router_selector_labels(owner.name)},
+            "selector": {"matchLabels": serving.router_selector_labels(owner.name)},
             # A router rollout starts the new pod before it stops an old one.
-            "strategy": builders.rolling_strategy(surge=True),
+            "strategy": serving.rolling_strategy(surge=True),
             "revisionHistoryLimit": 3,
             "template": pod_template(owner, spec),
         },
@@ -179,7 +176,7 @@ def pod_disruption_budget(owner: Owner) -> Manifest:
         "metadata": _metadata(owner),
         "spec": {
             "maxUnavailable": 1,
-            "selector": {"matchLabels": builders.router_selector_labels(owner.name)},
+            "selector": {"matchLabels": serving.router_selector_labels(owner.name)},
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
     }

@@ -11,11 +11,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from autoglm_operator import builders
+from autoglm_operator.reconcile.children import serving
+from autoglm_operator.resource import names
 
 Key = tuple[str, str]  # (kind, name)
 
-# The kopf index handlers (handlers.py) by the kind of child they hold.
+# The kopf index handlers (handlers/reconcile.py) by the kind of child they hold.
 CHILD_INDEXES = (
     ("owned_deployments", "Deployment"),
     ("owned_services", "Service"),
@@ -72,17 +73,17 @@ def observe(
     for index, kind in CHILD_INDEXES:
         for obj in owned(index):
             children[(kind, obj["metadata"]["name"])] = {"kind": kind, **obj}
-    secret_name = builders.admin_secret_name(name)
+    secret_name = serving.admin_secret_name(name)
     secret = next((s for s in owned("owned_secrets") if s["metadata"]["name"] == secret_name), None)
     # Pods are owned by ReplicaSets, not by us: the instance label places them, the app name
     # tells the serving pods from the router's.
     placed = list(indexes["owned_pods"].get(key, []))
 
     def app(pod: dict[str, Any]) -> Any:
-        return (pod["metadata"].get("labels") or {}).get(builders.NAME_LABEL)
+        return (pod["metadata"].get("labels") or {}).get(names.NAME_LABEL)
 
-    pods = [p for p in placed if app(p) == builders.APP_NAME]
-    router_pods = [p for p in placed if app(p) == builders.ROUTER_APP_NAME]
+    pods = [p for p in placed if app(p) == names.APP_NAME]
+    router_pods = [p for p in placed if app(p) == names.ROUTER_APP_NAME]
     return Observed(
         body=dict(body),
         deployment=children.get(("Deployment", name)),

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlparse
 
-from autoglm_operator import kube
+from autoglm_operator.io import kube
 
 log = logging.getLogger(__name__)
 REQUEST_JOIN_SECONDS = kube.REQUEST_TIMEOUT_SECONDS + 5

@@ -6,13 +6,13 @@ server-side by the managed-by label). Only a difference costs an API call, so a 
 costs none; a missed event, an operator restart or a hand edit is repaired on the next pass.
 One loop per object also means one writer per object: no two handlers race on its children.
 
-An iteration: observe (observe.py, from the indexes; when spec.adaptive.intervalSeconds is due,
-adaptive_handlers.AdaptiveLoop.observe reads each pod's runtime mode and the metrics), plan
+An iteration: observe (reconcile/observe.py, from the indexes; when spec.adaptive.intervalSeconds
+is due, adaptive_pass.AdaptiveLoop.observe reads each pod's runtime mode and the metrics), plan
 (plan.plan_iteration, pure: one plan holding the mode repairs and flips, the children and the
-planned status), execute (executor.py, the one module that writes to the API server; after a
+planned status), execute (io/executor.py, which carries the plan out on the API server; after a
 repair that did not go as planned the iteration plans again before anything flips), status
 (plan.settle, pure, folds what the executor reported into the planned status; one write, only
-when it changed, apart from the loop state written before a flip touches a pod).
+when it changed, apart from the hysteresis state written before a flip touches a pod).
 """
 
 from __future__ import annotations
@@ -26,22 +26,27 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from autoglm_operator import adaptive, adaptive_handlers, builders, executor, plan
-from autoglm_operator import pods as pods_
-from autoglm_operator import settings as settings_
-from autoglm_operator import spec as crd
-from autoglm_operator import status as status_
-from autoglm_operator.observe import INDEXES, Observed, observe
-from autoglm_operator.operator_metrics import METRICS
+from autoglm_operator.adaptive import pass_data
+from autoglm_operator.handlers import adaptive_pass
+from autoglm_operator.handlers import settings as settings_
+from autoglm_operator.io import executor
+from autoglm_operator.io.metrics import METRICS
+from autoglm_operator.reconcile import plan
+from autoglm_operator.reconcile import status as status_
+from autoglm_operator.reconcile.children import serving
+from autoglm_operator.reconcile.observe import INDEXES, Observed, observe
+from autoglm_operator.resource import names
+from autoglm_operator.resource import pods as pods_
+from autoglm_operator.resource import spec as crd
 
 AGD = (crd.GROUP, crd.VERSION, crd.PLURAL)
-CHILD_FILTER = {builders.MANAGED_BY_LABEL: builders.MANAGER}
+CHILD_FILTER = {names.MANAGED_BY_LABEL: names.MANAGER}
 
 # -- indexes: the children, in memory, keyed by (namespace, owner name) ----------------------
 
 
 def _key(namespace: str | None, labels: kopf.Labels) -> tuple[str, str]:
-    return str(namespace), str(labels.get(builders.INSTANCE_LABEL, ""))
+    return str(namespace), str(labels.get(names.INSTANCE_LABEL, ""))
 
 
 def _trim(body: kopf.Body) -> dict[str, Any]:
@@ -101,7 +106,7 @@ def owned_secrets(namespace: str | None, labels: kopf.Labels, body: kopf.Body, *
         _key(namespace, labels): {
             "kind": "Secret",
             "metadata": _trim(body)["metadata"],
-            "hasToken": bool(data.get(builders.ADMIN_TOKEN_KEY)),
+            "hasToken": bool(data.get(serving.ADMIN_TOKEN_KEY)),
         }
     }
 
@@ -124,7 +129,7 @@ def owned_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_:
 
 # -- one loop iteration ----------------------------------------------------------------------
 
-LoopState = plan.LoopState
+ReconcileMemory = plan.ReconcileMemory
 
 
 @dataclass(frozen=True)
@@ -132,9 +137,9 @@ class ModeStep:
     """The adaptive pass of this iteration, observed: its input, what it read, and where the
     plan's mode entries land (pod labels, the runtime admin API, the announce)."""
 
-    input: adaptive.PassInput
-    observation: adaptive.Observation
-    io: adaptive_handlers.KubeIO
+    input: pass_data.PassInput
+    observation: pass_data.Observation
+    io: adaptive_pass.KubeIO
 
 
 @dataclass(frozen=True)
@@ -154,7 +159,11 @@ class Reconciler:
         self.logger = logger
 
     async def pass_once(
-        self, body: kopf.Body, observed: Observed, state: LoopState, step: ModeStep | None = None
+        self,
+        body: kopf.Body,
+        observed: Observed,
+        state: ReconcileMemory,
+        step: ModeStep | None = None,
     ) -> Done:
         """Observe the rest (spec, references), plan once, execute (modes, then children),
         settle the status and write it once. A failed adaptive part is planned away: the
@@ -162,7 +171,7 @@ class Reconciler:
         inputs = await self._inputs(body, observed, state, step)
         now = time.monotonic()
         the_plan = plan.plan_iteration(inputs, state, now)
-        flips: list[adaptive.FlipOutcome] = []
+        flips: list[pass_data.FlipOutcome] = []
         failed = False
         if the_plan.modes is not None and step is not None:
             try:
@@ -185,7 +194,7 @@ class Reconciler:
         return Done(settled, failed)
 
     async def _inputs(
-        self, body: kopf.Body, observed: Observed, state: LoopState, step: ModeStep | None
+        self, body: kopf.Body, observed: Observed, state: ReconcileMemory, step: ModeStep | None
     ) -> plan.Inputs:
         """The spec (or why it cannot be used) and the referenced objects (observe)."""
         meta = observed.body["metadata"]
@@ -203,7 +212,7 @@ class Reconciler:
         elif problem is None and time.monotonic() >= state.retry_at:
             problem = await self._check_references(body, spec, meta["namespace"], generation, state)
         return plan.Inputs(
-            owner=builders.Owner(meta["name"], meta["namespace"], meta["uid"]),
+            owner=serving.Owner(meta["name"], meta["namespace"], meta["uid"]),
             observed=observed,
             spec=spec,
             generation=generation,
@@ -214,13 +223,17 @@ class Reconciler:
         )
 
     async def _modes(
-        self, the_plan: plan.IterationPlan, io: executor.ModeActuator, state: LoopState, now: float
-    ) -> tuple[plan.IterationPlan, list[adaptive.FlipOutcome]]:
+        self,
+        the_plan: plan.IterationPlan,
+        io: executor.ModeActuator,
+        state: ReconcileMemory,
+        now: float,
+    ) -> tuple[plan.IterationPlan, list[pass_data.FlipOutcome]]:
         """The plan's mode entries; after a repair that did not go as planned, the whole
         iteration is planned again (the Rolling share, and so the children, may change)."""
         carried = [the_plan]
 
-        def replan(repaired: list[adaptive.RepairOutcome]) -> adaptive.ModePlan:
+        def replan(repaired: list[pass_data.RepairOutcome]) -> pass_data.ModePlan:
             carried.append(plan.plan_iteration(the_plan.inputs, state, now, repaired))
             assert carried[-1].modes is not None
             return carried[-1].modes
@@ -231,7 +244,7 @@ class Reconciler:
         return carried[-1], flips
 
     async def _children(
-        self, body: kopf.Body, the_plan: plan.IterationPlan, state: LoopState
+        self, body: kopf.Body, the_plan: plan.IterationPlan, state: ReconcileMemory
     ) -> status_.Problem | None:
         """Apply the plan's children; an API error is the iteration's problem (retried)."""
         if not the_plan.reconcile:
@@ -252,7 +265,7 @@ class Reconciler:
         spec: crd.AutoGLMDeploymentSpec,
         namespace: str,
         generation: int,
-        state: LoopState,
+        state: ReconcileMemory,
     ) -> status_.Problem | None:
         """Referenced objects the user owns: checked once per generation (one GET)."""
         if state.checked_generation == generation or spec.api_key_secret_ref is None:
@@ -274,7 +287,7 @@ class Reconciler:
         return None
 
     async def _write_status(
-        self, body: kopf.Body, inputs: plan.Inputs, state: LoopState, settled: plan.Settled
+        self, body: kopf.Body, inputs: plan.Inputs, state: ReconcileMemory, settled: plan.Settled
     ) -> None:
         """The iteration's one status write, only when it changes status; then its Events."""
         observed = inputs.observed
@@ -288,7 +301,9 @@ class Reconciler:
             for cond in settled.flipped:
                 _announce(body, cond, previous=observed.body.get("status") or {})
 
-    async def write_part(self, observed: Observed, state: LoopState, part: dict[str, Any]) -> None:
+    async def write_part(
+        self, observed: Observed, state: ReconcileMemory, part: dict[str, Any]
+    ) -> None:
         """Fields of the adaptive pass over the latest status: the announce before a flip, the
         one write an iteration makes besides its last (a crash mid-flip keeps the cooldown)."""
         latest = plan.latest_status(observed, state)
@@ -331,8 +346,8 @@ async def reconcile(
     pass is due), plan (pure), execute, write status once and only the difference."""
     indexes = {index: kwargs[index] for index in INDEXES}
     reconciler = Reconciler(memo.kube, logger)
-    state = LoopState()
-    adaptive_loop = adaptive_handlers.AdaptiveLoop(reconciler.executor, str(namespace), name)
+    state = ReconcileMemory()
+    adaptive_loop = adaptive_pass.AdaptiveLoop(reconciler.executor, str(namespace), name)
     try:
         while not stopped:
             observed = observe(body, str(namespace), name, uid, indexes)
@@ -356,10 +371,10 @@ async def reconcile(
 
 
 async def _observe_modes(
-    adaptive_loop: adaptive_handlers.AdaptiveLoop,
+    adaptive_loop: adaptive_pass.AdaptiveLoop,
     reconciler: Reconciler,
     observed: Observed,
-    state: LoopState,
+    state: ReconcileMemory,
     logger: kopf.Logger,
 ) -> ModeStep | None:
     """The adaptive pass's observe step (each pod's runtime mode, the metrics); None when it
@@ -385,7 +400,7 @@ async def _observe_modes(
 
 
 def _after_modes(
-    adaptive_loop: adaptive_handlers.AdaptiveLoop,
+    adaptive_loop: adaptive_pass.AdaptiveLoop,
     step: ModeStep | None,
     done: Done,
     body: kopf.Body,
@@ -403,7 +418,7 @@ def _failed(
     logger: kopf.Logger,
     body: kopf.Body,
     inputs: plan.Inputs,
-    state: LoopState,
+    state: ReconcileMemory,
     err: executor.ApiError,
 ) -> status_.Problem:
     """Temporary errors retry with exponential backoff; permanent ones wait for a spec change."""

@@ -1,4 +1,5 @@
-"""The one module that talks to the Kubernetes API.
+"""The Kubernetes client: the calls, their idempotence and their errors, for its two users
+(executor.py, which acts for an AutoGLMDeployment, and leader.py, which holds the Lease).
 
 Writes are idempotent: children go through server-side apply (PATCH with
 `application/apply-patch+yaml`, one field manager, forced), so applying the same manifest twice
@@ -25,7 +26,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from autoglm_operator import spec as crd
+from autoglm_operator.resource import spec as crd
 
 FIELD_MANAGER = "autoglm-operator"
 STATUS_FIELD_MANAGER = "autoglm-operator-status"

@@ -13,9 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autoglm_operator import builders
-from autoglm_operator import spec as crd
-from autoglm_operator.pods import (
+from autoglm_operator.reconcile.children import serving
+from autoglm_operator.resource import spec as crd
+from autoglm_operator.resource.conditions import transition_time
+from autoglm_operator.resource.pods import (
     condition,
     is_live,
     is_ready,
@@ -82,41 +83,6 @@ def _stuck_container(pod: dict[str, Any]) -> tuple[str, str] | None:
 
 
 # -- conditions ------------------------------------------------------------------------------
-
-
-def transition_time(before: Mapping[str, Any] | None, status: str, now: str) -> str:
-    """lastTransitionTime moves only when a condition's status changes (api-conventions)."""
-    if before is not None and before.get("status") == status:
-        return str(before.get("lastTransitionTime") or now)
-    return now
-
-
-def merge_conditions(
-    existing: Sequence[Mapping[str, Any]], updates: Sequence[crd.Condition], now: str
-) -> list[dict[str, Any]]:
-    """Replace the conditions named in updates, keep every other one as it is (safe to rerun)."""
-    by_type = {u.type: u for u in updates}
-    merged: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    for current in existing:
-        kind = current.get("type")
-        if kind not in by_type:
-            merged.append(dict(current))
-            continue
-        seen.add(kind)
-        merged.append(_condition_dict(by_type[kind], current, now))
-    for kind, update in by_type.items():
-        if kind not in seen:
-            merged.append(_condition_dict(update, None, now))
-    return merged
-
-
-def _condition_dict(
-    update: crd.Condition, before: Mapping[str, Any] | None, now: str
-) -> dict[str, Any]:
-    when = transition_time(before, update.status, now)
-    data = update.model_copy(update={"last_transition_time": when})
-    return data.model_dump(by_alias=True, exclude_none=True)
 
 
 def _cond(kind: str, status: bool, reason: str, message: str) -> dict[str, Any]:
@@ -269,7 +235,7 @@ def compute(
     live = [p for p in pods if is_live(p)]
     ready = sum(1 for p in live if is_ready(p))
     desired = spec.replicas
-    desired_hashes = builders.desired_template_hashes(name, spec)
+    desired_hashes = serving.desired_template_hashes(name, spec)
 
     routers = [p for p in router_pods if is_live(p)] if spec.router.enabled else []
     degraded = _degraded(spec, deployment, live, routers, problem)
@@ -295,8 +261,8 @@ def compute(
         "ready": f"{ready}/{desired}",
         "streamingReplicas": sum(1 for p in live if pod_mode(p) is Mode.STREAMING),
         "batchingReplicas": sum(1 for p in live if pod_mode(p) is Mode.BATCHING),
-        "selector": builders.selector_string(name),
-        "endpoint": builders.endpoint_url(name, namespace, spec),
+        "selector": serving.selector_string(name),
+        "endpoint": serving.endpoint_url(name, namespace, spec),
         "router": routing,
     }
     changed = any(current.get(k) != v for k, v in status.items()) or any(
@@ -317,14 +283,3 @@ def overlay(base: Mapping[str, Any], part: Mapping[str, Any]) -> dict[str, Any]:
         kept = [new.pop(c.get("type"), c) for c in base.get("conditions") or []]
         merged["conditions"] = [*kept, *new.values()]
     return merged
-
-
-def without_empty(value: Any) -> Any:
-    """Drop empty objects: server-side apply stores an applied `{}` as null, which the
-    schema then rejects (`metrics: Invalid value: "null"`); the CRD default fills them back."""
-    if isinstance(value, Mapping):
-        pruned = {k: without_empty(v) for k, v in value.items()}
-        return {k: v for k, v in pruned.items() if v != {} and v is not None}
-    if isinstance(value, list):
-        return [without_empty(v) for v in value]
-    return value

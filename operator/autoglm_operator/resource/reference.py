@@ -11,7 +11,7 @@ import json
 import re
 from typing import Any
 
-from autoglm_operator import crd
+from autoglm_operator.resource import crd
 
 # Kubernetes' own core/v1 schemas, embedded whole: named here rather than unfolded field by field.
 EMBEDDED_SCHEMAS = {

@@ -6,7 +6,7 @@ import logging
 
 import kopf
 
-from autoglm_operator import builders
+from autoglm_operator.resource import names
 
 # How often each object's loop compares memory with the desired state (no API call unless
 # they differ).
@@ -16,8 +16,8 @@ ANNOTATION_PREFIX = "autoglm.io"
 FINALIZER = "autoglm.io/operator"
 # Modules whose import registers kopf handlers; a module that is not installed is skipped.
 HANDLER_MODULES = (
-    "autoglm_operator.handlers",
-    "autoglm_operator.adaptive_handlers",
+    "autoglm_operator.handlers.reconcile",
+    "autoglm_operator.handlers.adaptive_pass",
 )
 # Child kinds the operator watches, each filtered server-side to the objects it manages.
 WATCHED_CHILDREN = (
@@ -34,7 +34,7 @@ WATCHED_CHILDREN = (
 
 
 def managed_selector() -> str:
-    return f"{builders.MANAGED_BY_LABEL}={builders.MANAGER}"
+    return f"{names.MANAGED_BY_LABEL}={names.MANAGER}"
 
 
 def configure_kopf(settings: kopf.OperatorSettings) -> None:

@@ -1,6 +1,6 @@
 """Demand sizing, pure: which split of replicas between the modes serves the most requests
-within their SLOs, for the demand each traffic class brings; and what each mode's replicas can
-serve, learned from what they deliver.
+within their SLOs, for the demand each traffic class brings (best_split), and the policy's step
+toward it (size). What each mode's replicas serve comes from capacity.py.
 
 The model (expected goodput, requests/s meeting their SLO) follows the router's routing
 (`autoglm_router.routing`): streamed chats go to streaming replicas and everything else to
@@ -28,10 +28,32 @@ chat demand `c`, other demand `b` and per-replica capacities `Cs`, `Cb`:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from autoglm_operator.spec import ServiceLevelObjectives
+from autoglm_operator.adaptive.capacity import Capacity
+from autoglm_operator.adaptive.decision import (
+    COOLDOWN,
+    DEMAND_NEEDS_BATCHING,
+    DEMAND_NEEDS_STREAMING,
+    SPLIT_FITS_DEMAND,
+    STABILIZING,
+    Fleet,
+    Flip,
+    HysteresisState,
+    Kept,
+    Outcome,
+    cooldown_message,
+    cooled,
+    evidence_window,
+    finite,
+    oldest_first,
+    outcome,
+    reset,
+)
+from autoglm_operator.adaptive.signals import Samples
+from autoglm_operator.resource.spec import AdaptiveSettings, ServiceLevelObjectives
 from autoglm_runtime.profiles import Mode
 
 # The demand is a minute's count of random arrivals (batch jobs come in groups), so the split is
@@ -39,30 +61,16 @@ from autoglm_runtime.profiles import Mode
 # weighted alike: a split that serves the measured demand only at the edge of a cliff scores
 # below one with room to spare.
 DEMAND_SPREAD = (0.8, 1.0, 1.2)
+
 # A move must gain this share of the demand (expected goodput, requests/s): the hysteresis that
 # keeps a split from flapping between two that serve nearly the same.
 MIN_GAIN = 0.02
+
 # Batching only where it pays: once a split with fewer batching replicas serves within this share
 # of the demand of the best one (off-peak, every split serves everything), replicas go back to
 # streaming, which gives every chat its lowest time to first token. Below MIN_GAIN, so a split
 # that just paid for a move does not flip back at once.
 RELEASE_TOLERANCE = 0.005
-# A mode is saturated (its completions are its capacity) when requests in flight and queued
-# reach this share of its replicas' concurrency caps.
-SATURATED = 0.9
-# A mode's completions are its capacity only while its replicas serve their own class (streaming
-# replicas: streamed chats; batching: the rest), which is what the model sizes. Batch jobs spilled
-# onto streaming replicas are short and complete fast: in a live run they drove the learned
-# streaming capacity to twice its seed and the policy chose the wrong split. With at least 90%
-# own class the other class moves the completion rate by at most a tenth of the gap between the
-# two classes' rates, within what LEARNING_RATE averages out.
-OWN_CLASS_SHARE = 0.9
-# How far one saturated measurement moves the learned capacity (an exponential average over
-# about 1 / LEARNING_RATE passes: a minute at the default 15 s interval).
-LEARNING_RATE = 0.25
-# Learned capacity stays within this factor of the seed either way: a replica that served
-# nothing for a minute (stuck, draining) must not teach the loop that a mode serves nothing.
-CAPACITY_RANGE = 4.0
 
 
 @dataclass(frozen=True)
@@ -147,47 +155,107 @@ def best_split(
     return now, min(near, key=lambda s: abs(s.batching - current))
 
 
-def learn(
-    capacity: Mapping[Mode, float],
-    seeds: Mapping[Mode, float],
-    completions: Mapping[Mode, float | None],
-    busy: Mapping[Mode, float | None],
-    replicas: Mapping[Mode, int],
-    caps: Mapping[Mode, int],
-    own_share: Mapping[Mode, float | None],
-) -> dict[Mode, float]:
-    """Each mode's capacity per replica after one pass's measurements.
+@dataclass(frozen=True)
+class Sizing:
+    """What sizing by demand needs beside the metrics: capacities and the modes' caps."""
 
-    Saturated (in flight + queued at SATURATED of its caps): what its replicas completed per
-    replica is what they can serve; the estimate moves LEARNING_RATE of the way there. Below
-    saturation a mode that completed more than the estimate proves the estimate low: it rises
-    to what was delivered. Otherwise (idle, unknown, no replica in that mode) nothing is learned.
+    capacity: Capacity
+    learned: bool  # False: still the CRD's seeds
+    caps: Mapping[Mode, int]
 
-    A mode whose replicas received less than OWN_CLASS_SHARE of their own class learns nothing,
-    but for one case: it has every ready replica (the model then sizes both classes with its
-    capacity) and is saturated; its estimate may then fall toward what it delivered, never
-    rise. Without that, a seed above what the replicas serve of batch jobs would never be
-    corrected while all of them stream batch load, and the loop would never move; a too-low
-    estimate corrects itself once the mode serves its own class again. An unknown share (a
-    runtime or trace without it) is taken as unmixed: such a mode learns as before.
-    """
-    learned = dict(capacity)
-    for mode, estimate in capacity.items():
-        done, inflight, n = completions.get(mode), busy.get(mode), replicas.get(mode, 0)
-        if n <= 0 or done is None or inflight is None:
-            continue
-        share = own_share.get(mode)
-        mixed = share is not None and share < OWN_CLASS_SHARE
-        alone = all(replicas.get(m, 0) <= 0 for m in Mode if m is not mode)
-        saturated = inflight >= SATURATED * caps[mode] * n
-        delivered = done / n
-        if mixed and not (alone and saturated):
-            continue  # its completions are not its own class's capacity
-        if saturated:
-            target = min(delivered, estimate) if mixed else delivered
-            estimate += LEARNING_RATE * (target - estimate)
-        elif delivered > estimate:
-            estimate = delivered
-        seed = seeds[mode]
-        learned[mode] = min(seed * CAPACITY_RANGE, max(seed / CAPACITY_RANGE, estimate))
-    return learned
+
+def demand_of(samples: Samples | None) -> Demand | None:
+    """Each class's demand, when both rates are known (else the threshold rules decide)."""
+    if samples is None or not (finite(samples.chat_rate) and finite(samples.other_rate)):
+        return None
+    assert samples.chat_rate is not None and samples.other_rate is not None
+    return Demand(max(0.0, samples.chat_rate), max(0.0, samples.other_rate))
+
+
+_THRESHOLDS = {
+    "qps_per_replica_milli": "qpsPerReplicaMilli",
+    "gpu_memory_percent": "gpuMemoryPercent",
+    "queue_depth_per_replica": "queueDepthPerReplica",
+}
+
+
+def _unused_thresholds(config: AdaptiveSettings) -> str:
+    """A warning, in the decision message, for thresholds set away from their defaults: they
+    are accepted, but sizing by demand does not read them (the fallback rules do)."""
+    default = AdaptiveSettings()
+    changed = [
+        camel
+        for name, camel in _THRESHOLDS.items()
+        if getattr(config, name) != getattr(default, name)
+    ]
+    if not changed:
+        return ""
+    return (
+        f" ({', '.join(changed)} set, but read only without per-class demand: ignored while "
+        "sizing by demand)"
+    )
+
+
+def size(
+    demand: Demand,
+    fleet: Fleet,
+    history: HysteresisState,
+    kept: Kept,
+    config: AdaptiveSettings,
+    now: float,
+    sizing: Sizing,
+) -> Outcome:
+    """The split that serves the most demand within the SLOs, approached through the windows,
+    the cooldown and maxFlipsPerStep (the module docstring)."""
+    n, k = len(fleet.ready), len(fleet.batching)
+    cap = sizing.capacity
+    current, best = best_split(
+        k,
+        n,
+        n - fleet.min_streaming,
+        demand,
+        {Mode.STREAMING: cap.streaming, Mode.BATCHING: cap.batching},
+        config.slo,
+        sizing.caps[Mode.BATCHING],
+    )
+    summary = (
+        f"demand {demand.chat:.2f} chats/s, {demand.other:.2f} other/s; per replica "
+        f"streaming serves {cap.streaming:.2f}/s, batching {cap.batching:.2f}/s "
+        f"({'learned' if sizing.learned else 'seeds'}); {k} of {n} batching: "
+        f"{current.goodput:.2f}/s within SLO"
+    )
+    summary += _unused_thresholds(config)
+    if best.batching == k:
+        return outcome(SPLIT_FITS_DEMAND, f"{summary}, the best split", [], reset(kept))
+    toward = best.batching > k
+    summary += f", {best.batching} batching: {best.goodput:.2f}/s"
+    started = (history.high_since if toward else history.low_since) or now
+    state = HysteresisState(
+        high_since=started if toward else None,
+        low_since=None if toward else started,
+        last_flips=kept,
+    )
+    gain = best.goodput / current.goodput if current.goodput > 0 else math.inf
+    window = evidence_window(
+        config.to_batching_stabilization_seconds
+        if toward
+        else config.to_streaming_stabilization_seconds,
+        gain,
+    )
+    waited = now - started
+    if waited < window:
+        message = f"{summary}; wanted for {waited:.0f}s of {window:.0f}s before a flip"
+        return outcome(STABILIZING, message, [], state)
+    movable = fleet.streaming if toward else fleet.batching
+    eligible = [r for r in movable if cooled(r.name, kept, now, config)]
+    if not eligible:
+        return outcome(COOLDOWN, cooldown_message(summary, movable, kept, now, config), [], state)
+    step = min(config.max_flips_per_step, abs(best.batching - k))
+    to_mode = Mode.BATCHING if toward else Mode.STREAMING
+    chosen = oldest_first(eligible, kept)[:step]
+    flips = [Flip(r.name, r.effective_mode, to_mode) for r in chosen]
+    reason = DEMAND_NEEDS_BATCHING if toward else DEMAND_NEEDS_STREAMING
+    restarted = replace(
+        state, high_since=now if toward else None, low_since=None if toward else now
+    )
+    return outcome(reason, summary, flips, restarted)

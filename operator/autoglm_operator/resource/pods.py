@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from autoglm_operator import builders
+from autoglm_operator.resource import names
 from autoglm_runtime.profiles import MODE_LABEL, Mode
 
 Pod = Mapping[str, Any]
@@ -54,7 +54,7 @@ def pod_mode(pod: Pod) -> Mode | None:
 
 def pod_template_hash(pod: Pod) -> str | None:
     value = ((pod.get("metadata") or {}).get("annotations") or {}).get(
-        builders.TEMPLATE_HASH_ANNOTATION
+        names.TEMPLATE_HASH_ANNOTATION
     )
     return str(value) if value is not None else None
 

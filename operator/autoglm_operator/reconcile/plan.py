@@ -1,10 +1,10 @@
-"""Pure: from the spec, what the cluster holds and the loop's memory, the plan of one iteration.
+"""Pure: from the spec, what the cluster holds and the reconcile memory, the plan of one iteration.
 
 `plan_iteration` is the one entry: one plan (IterationPlan) holding the adaptive pass's mode
-entries (repairs, the loop state to announce, the flips; plan_modes), the children to create or
-apply, the pods to label or retire, whether the admin Secret needs a token, which child to
-delete (plan_pass), and the status as planned; `settle` folds what the executor reported (how
-each flip went, an API error) into that status. executor.py carries the plan out.
+entries (repairs, the hysteresis state to announce, the flips; plan_modes), the children to
+create or apply, the pods to label or retire, whether the admin Secret needs a token, which
+child to delete (plan_pass), and the status as planned; `settle` folds what the executor
+reported (how each flip went, an API error) into that status. io/executor.py carries the plan out.
 
 A child is in sync when every field the operator sets has the same value in the live object
 (the apiserver adds defaults and status, which do not count), or when the live object is exactly
@@ -20,12 +20,16 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from autoglm_operator import adaptive, builders, router_builders
-from autoglm_operator import pods as pods_
-from autoglm_operator import policy as pol
-from autoglm_operator import spec as crd
-from autoglm_operator import status as status_
-from autoglm_operator.observe import Key, Observed
+from autoglm_operator.adaptive import pass_data, planning
+from autoglm_operator.adaptive import policy as pol
+from autoglm_operator.adaptive import report as report_
+from autoglm_operator.reconcile import status as status_
+from autoglm_operator.reconcile.children import router, serving
+from autoglm_operator.reconcile.observe import Key, Observed
+from autoglm_operator.resource import names
+from autoglm_operator.resource import pods as pods_
+from autoglm_operator.resource import spec as crd
+from autoglm_operator.resource.conditions import without_empty
 from autoglm_runtime.profiles import Mode
 
 _SUFFIXES = {
@@ -125,7 +129,7 @@ def in_sync(
     now: float,
 ) -> bool:
     """Whether no write is needed for this child now."""
-    if written is not None and written.digest == builders.digest(desired):
+    if written is not None and written.digest == serving.digest(desired):
         if actual is not None and _rv(actual) == written.resource_version:
             return True  # exactly what our write produced
         if _rv(actual) == written.based_on and now - written.at < WATCH_GRACE_SECONDS:
@@ -172,10 +176,10 @@ def describe_update(actual: dict[str, Any] | None, desired: dict[str, Any]) -> s
         if have != want and rest_same:
             return f"scaled from {have} to {want} replicas"
     if desired["kind"] == "Service":
-        have = ((actual.get("spec") or {}).get("selector") or {}).get(builders.NAME_LABEL)
-        want = desired["spec"]["selector"].get(builders.NAME_LABEL)
+        have = ((actual.get("spec") or {}).get("selector") or {}).get(names.NAME_LABEL)
+        want = desired["spec"]["selector"].get(names.NAME_LABEL)
         if have != want:  # the router turned on or off
-            pods = "router" if want == builders.ROUTER_APP_NAME else "serving"
+            pods = "router" if want == names.ROUTER_APP_NAME else "serving"
             return f"now selects the {pods} pods"
     drifted = differing_paths(actual, desired)
     shown = ", ".join(drifted[:3]) + (", ..." if len(drifted) > 3 else "")
@@ -200,8 +204,8 @@ def is_rollout(action: Action, actual: dict[Key, dict[str, Any]]) -> bool:
     if action.verb != "update" or action.manifest["kind"] != "Deployment":
         return False
     live = actual.get(action.key) or {}
-    live_hash = builders.template_hash((live.get("spec") or {}).get("template") or {})
-    return live_hash != builders.template_hash(action.manifest["spec"]["template"])
+    live_hash = serving.template_hash((live.get("spec") or {}).get("template") or {})
+    return live_hash != serving.template_hash(action.manifest["spec"]["template"])
 
 
 def surge_allowed(
@@ -226,7 +230,7 @@ def surge_allowed(
     strategy = ((deployment or {}).get("spec") or {}).get("strategy") or {}
     live_template = ((deployment or {}).get("spec") or {}).get("template") or {}
     already_fell_back = (strategy.get("rollingUpdate") or {}).get("maxSurge") in (0, "0", "0%")
-    return not (already_fell_back and builders.template_hash(live_template) in hashes)
+    return not (already_fell_back and serving.template_hash(live_template) in hashes)
 
 
 def pods_to_label(pods: list[dict[str, Any]]) -> list[str]:
@@ -259,7 +263,7 @@ def rolling_batching_target(
     adaptive = spec.mode_policy is crd.ModePolicy.ADAPTIVE
     if spec.adaptive.dry_run or (adaptive and stored_target is None):
         if current is None:
-            wanted = replicas if builders.initial_mode(spec) is Mode.BATCHING else 0
+            wanted = replicas if serving.initial_mode(spec) is Mode.BATCHING else 0
         else:
             wanted = current.get(Mode.BATCHING, 0)
     elif spec.mode_policy is crd.ModePolicy.BATCHING:
@@ -364,18 +368,19 @@ def deployment_split(children: Mapping[Key, dict[str, Any]], name: str) -> dict[
     """The replicas each mode's Deployment has now under Rolling; None when neither exists."""
     found: dict[Mode, int] = {}
     for mode in Mode:
-        live = children.get(("Deployment", builders.deployment_name(name, mode)))
+        live = children.get(("Deployment", serving.deployment_name(name, mode)))
         if live is not None:
             found[mode] = int((live.get("spec") or {}).get("replicas") or 0)
     return found or None
 
 
-# -- the loop's memory and the plan of one pass ----------------------------------------------
+# -- the reconcile memory and the plan of one pass -------------------------------------------
 
 
 @dataclass
-class LoopState:
-    """What one object's loop remembers between passes (lost on restart, by design)."""
+class ReconcileMemory:
+    """What one object's reconcile loop remembers between passes, in memory only (lost on
+    restart, by design): what it wrote, which pods it labelled, backoff, the Rolling target."""
 
     written: dict[Key, Written] = field(default_factory=dict)
     labelled: dict[str, str] = field(default_factory=dict)  # pod -> resourceVersion seen
@@ -401,7 +406,7 @@ class Retire:
 class Plan:
     """Everything one reconcile pass writes, in the order the executor writes it."""
 
-    owner: builders.Owner
+    owner: serving.Owner
     desired_hash: str  # the pod template digests, for event messages
     retire: tuple[Retire, ...] = ()  # old-mode pods a shrinking Deployment must remove first
     actions: tuple[Action, ...] = ()  # children to create or apply
@@ -414,24 +419,24 @@ class Plan:
 
 
 def plan_pass(
-    owner: builders.Owner,
+    owner: serving.Owner,
     spec: crd.AutoGLMDeploymentSpec,
     observed: Observed,
-    memory: LoopState,
+    memory: ReconcileMemory,
     now: float,
 ) -> Plan:
     """The one planning function of a reconcile pass (no I/O, no clock: `now` is given)."""
-    desired_hashes = builders.desired_template_hashes(owner.name, spec)
+    desired_hashes = serving.desired_template_hashes(owner.name, spec)
     surge = surge_allowed(spec, desired_hashes, observed.deployment, observed.pods)
     split: dict[Mode, int] | None = None
     retire: tuple[Retire, ...] = ()
-    if builders.rolling(spec):
+    if serving.rolling(spec):
         step = rolling_step_for(owner, spec, observed, memory.batching_target)
         split, retire = step.split, _to_mark(step, observed.pods)
     desired = [
-        *builders.children(owner, spec, surge=surge, split=split,
+        *serving.children(owner, spec, surge=surge, split=split,
                            via_router=service_via_router(owner, spec, observed)),
-        *router_builders.children(owner, spec),
+        *router.children(owner, spec),
     ]  # fmt: skip
     secret, settled = admin_secret_action(owner, observed.secret, memory.written, now)
     return Plan(
@@ -442,8 +447,8 @@ def plan_pass(
         admin_secret=secret,
         settled=settled,
         label=_to_label(observed.pods, memory.labelled),
-        label_mode=builders.initial_mode(spec),
-        delete=() if builders.rolling(spec) else _batching_deployment_to_delete(
+        label_mode=serving.initial_mode(spec),
+        delete=() if serving.rolling(spec) else _batching_deployment_to_delete(
             owner, spec, observed, desired_hashes
         ),
         delete_router=router_children_to_delete(owner, spec, observed),
@@ -455,44 +460,44 @@ def plan_pass(
 
 def router_ready_replicas(name: str, observed: Observed) -> int:
     """Ready pods of `<name>-router`, as its Deployment's status says."""
-    live = observed.children.get(("Deployment", router_builders.router_name(name))) or {}
+    live = observed.children.get(("Deployment", router.router_name(name))) or {}
     return int((live.get("status") or {}).get("readyReplicas") or 0)
 
 
 def service_via_router(
-    owner: builders.Owner, spec: crd.AutoGLMDeploymentSpec, observed: Observed
+    owner: serving.Owner, spec: crd.AutoGLMDeploymentSpec, observed: Observed
 ) -> bool:
     """Whether Service `<name>` selects the router: once a router pod is ready (make before
     break: until then it keeps selecting the serving pods), and from then on for good, so a
     router that loses its replicas for a while does not flip the Service back and forth."""
     if not spec.router.enabled:
         return False
-    live = observed.children.get(("Service", builders.service_name(owner.name))) or {}
+    live = observed.children.get(("Service", serving.service_name(owner.name))) or {}
     selector = (live.get("spec") or {}).get("selector") or {}
-    already = selector == builders.router_selector_labels(owner.name)
+    already = selector == serving.router_selector_labels(owner.name)
     return already or router_ready_replicas(owner.name, observed) > 0
 
 
 def router_children_to_delete(
-    owner: builders.Owner, spec: crd.AutoGLMDeploymentSpec, observed: Observed
+    owner: serving.Owner, spec: crd.AutoGLMDeploymentSpec, observed: Observed
 ) -> tuple[Key, ...]:
     """spec.router.enabled false: the router's children that still exist, once Service
     `<name>` selects the serving pods again (this pass's update comes back first)."""
     if spec.router.enabled:
         return ()
-    live = observed.children.get(("Service", builders.service_name(owner.name))) or {}
+    live = observed.children.get(("Service", serving.service_name(owner.name))) or {}
     selector = (live.get("spec") or {}).get("selector") or {}
-    if selector == builders.router_selector_labels(owner.name):
+    if selector == serving.router_selector_labels(owner.name):
         return ()
     return tuple(
         key
-        for key in router_builders.keys(owner.name)
+        for key in router.keys(owner.name)
         if key in observed.children and not pods_.is_terminating(observed.children[key])
     )
 
 
 def rolling_step_for(
-    owner: builders.Owner,
+    owner: serving.Owner,
     spec: crd.AutoGLMDeploymentSpec,
     observed: Observed,
     decided: int | None,
@@ -506,7 +511,7 @@ def rolling_step_for(
         decided = int(stored) if stored is not None else None
     target = rolling_batching_target(spec, decided, current)
     hashes = {
-        mode: builders.template_hash(builders.pod_template(owner.name, spec, mode)) or ""
+        mode: serving.template_hash(serving.pod_template(owner.name, spec, mode)) or ""
         for mode in Mode
     }
     return rolling_step(
@@ -539,7 +544,7 @@ def _to_label(
 
 
 def admin_secret_action(
-    owner: builders.Owner,
+    owner: serving.Owner,
     secret: dict[str, Any] | None,
     written: Mapping[Key, Written],
     now: float,
@@ -547,7 +552,7 @@ def admin_secret_action(
     """Generate the admin token once; only a missing or emptied Secret gets a new one.
 
     Returns the write ("create", "apply" or None) and the keys whose write came back."""
-    key = ("Secret", builders.admin_secret_name(owner.name))
+    key = ("Secret", serving.admin_secret_name(owner.name))
     seen = _rv(secret)
     ours = written.get(key)
     if secret is not None and secret.get("hasToken"):
@@ -559,14 +564,14 @@ def admin_secret_action(
 
 
 def _batching_deployment_to_delete(
-    owner: builders.Owner,
+    owner: serving.Owner,
     spec: crd.AutoGLMDeploymentSpec,
     observed: Observed,
     desired_hashes: frozenset[str],
 ) -> tuple[Key, ...]:
     """Back from Rolling to InPlace: drop `<name>-batching` once `<name>` serves every
     replica with the current template (make-before-break for the strategy change too)."""
-    key = ("Deployment", builders.deployment_name(owner.name, Mode.BATCHING))
+    key = ("Deployment", serving.deployment_name(owner.name, Mode.BATCHING))
     stale = observed.children.get(key)
     if stale is None or pods_.is_terminating(stale):
         return ()
@@ -582,22 +587,22 @@ def _batching_deployment_to_delete(
 
 
 def plan_modes(
-    inp: adaptive.PassInput,
-    observation: adaptive.Observation,
-    repaired: Sequence[adaptive.RepairOutcome] | None = None,
-) -> adaptive.ModePlan:
+    inp: pass_data.PassInput,
+    observation: pass_data.Observation,
+    repaired: Sequence[pass_data.RepairOutcome] | None = None,
+) -> pass_data.ModePlan:
     """The modes part of an iteration's plan: the repairs, the decision (policy, pure) over the
     pods as they leave them (as planned, or as `repaired` says they went), then flips in place
     or the Rolling share. InPlace and Rolling differ only in the plan this returns."""
-    repairs = adaptive.plan_repairs(inp.pods, observation) if repaired is None else ()
+    repairs = planning.plan_repairs(inp.pods, observation) if repaired is None else ()
     done = [r.expected for r in repairs] if repaired is None else list(repaired)
-    seen = adaptive.seen(inp, observation, done)
-    decision = adaptive.decide(inp, seen)
+    seen = planning.seen(inp, observation, done)
+    decision = planning.pass_decision(inp, seen)
 
     def target(decided: int | None) -> int:
         return rolling_batching_target(inp.spec, decided, inp.deployment_split)
 
-    return adaptive.mode_plan(inp, repairs, seen, decision, target)
+    return planning.mode_plan(inp, repairs, seen, decision, target)
 
 
 # -- one loop iteration: one plan --------------------------------------------------------------
@@ -608,24 +613,24 @@ class Inputs:
     """What one loop iteration observed: the object, the spec (or why it cannot be used), and,
     when the adaptive pass is due, what it read (each pod's runtime mode, the metrics)."""
 
-    owner: builders.Owner
+    owner: serving.Owner
     observed: Observed
     spec: crd.AutoGLMDeploymentSpec
     generation: int
     now: float  # wall-clock time, for the status's timestamps
     problem: status_.Problem | None = None  # invalid spec, missing Secret, blocked
-    modes: adaptive.PassInput | None = None  # the adaptive pass is due
-    observation: adaptive.Observation | None = None
+    modes: pass_data.PassInput | None = None  # the adaptive pass is due
+    observation: pass_data.Observation | None = None
 
 
 @dataclass(frozen=True)
 class IterationPlan:
     """Everything one loop iteration does, in the order the executor does it: the modes (the
-    repairs, the loop state to announce, the flips), the children (create or apply, pods to
+    repairs, the hysteresis state to announce, the flips), the children (create or apply, pods to
     label or retire, the admin Secret, a child to delete), and the status as planned."""
 
     inputs: Inputs
-    modes: adaptive.ModePlan | None  # None: the adaptive pass is not due
+    modes: pass_data.ModePlan | None  # None: the adaptive pass is not due
     children: Plan | None  # None: nothing changed since the last pass, or a problem blocks it
     reconcile: bool  # the reconcile pass is due: its status fields are computed
     fingerprint: Any  # what the reconcile pass saw (the loop remembers it once applied)
@@ -640,24 +645,24 @@ class Settled:
 
     status: dict[str, Any]
     flipped: tuple[dict[str, Any], ...] = ()  # reconcile conditions whose status changed
-    report: adaptive.PassResult | None = None
+    report: pass_data.PassResult | None = None
     ready_replicas: int | None = None
 
 
-def latest_status(observed: Observed, memory: LoopState) -> dict[str, Any]:
+def latest_status(observed: Observed, memory: ReconcileMemory) -> dict[str, Any]:
     """The status as last written when the watch has not delivered that write yet (the object
     is still at the version the write was based on), else as observed."""
     rv = str(observed.body["metadata"].get("resourceVersion"))
     if memory.status_written is not None and memory.status_written[0] == rv:
         return memory.status_written[1]
-    return dict(status_.without_empty(observed.body.get("status") or {}))
+    return dict(without_empty(observed.body.get("status") or {}))
 
 
 def plan_iteration(
     inputs: Inputs,
-    memory: LoopState,
+    memory: ReconcileMemory,
     now: float,
-    repaired: Sequence[adaptive.RepairOutcome] | None = None,
+    repaired: Sequence[pass_data.RepairOutcome] | None = None,
 ) -> IterationPlan:
     """The one planning function of a loop iteration (no I/O, no clock: `now` is monotonic
     time, the adaptive pass's wall time is in its input). `repaired`: plan again from what the
@@ -678,7 +683,7 @@ def plan_iteration(
             inputs.owner, inputs.spec, inputs.observed, _with_target(memory, target), now
         )
     expected = [
-        adaptive.FlipOutcome(s.flip.pod, s.flip.from_mode, s.flip.to_mode, True)
+        pass_data.FlipOutcome(s.flip.pod, s.flip.from_mode, s.flip.to_mode, True)
         for s in (modes.switches if modes is not None else ())
     ]
     partial = IterationPlan(inputs, modes, children, reconcile, fingerprint, target, Settled({}))
@@ -688,7 +693,7 @@ def plan_iteration(
     )  # fmt: skip
 
 
-def _with_target(memory: LoopState, target: int | None) -> LoopState:
+def _with_target(memory: ReconcileMemory, target: int | None) -> ReconcileMemory:
     """The loop's memory as the children plan reads it: with this iteration's Rolling share."""
     if target == memory.batching_target:
         return memory
@@ -697,8 +702,8 @@ def _with_target(memory: LoopState, target: int | None) -> LoopState:
 
 def settle(
     the_plan: IterationPlan,
-    memory: LoopState,
-    flips: Sequence[adaptive.FlipOutcome],
+    memory: ReconcileMemory,
+    flips: Sequence[pass_data.FlipOutcome],
     problem: status_.Problem | None,
 ) -> Settled:
     """The status the iteration leaves: the planned one with what the executor reported
@@ -707,13 +712,15 @@ def settle(
     report = None
     current = latest_status(inputs.observed, memory)
     if the_plan.modes is not None and inputs.modes is not None:
-        report = adaptive.report(inputs.modes, the_plan.modes, flips)
-        part = adaptive.status_part(inputs.modes, report)
+        report = report_.report(inputs.modes, the_plan.modes, flips)
+        part = report_.status_part(inputs.modes, report)
         current = status_.overlay(current, part or {})
     if not the_plan.reconcile and problem is None:
         return Settled(current, (), report)
     meta = inputs.observed.body["metadata"]
-    router = inputs.observed.children.get(("Deployment", router_builders.router_name(meta["name"])))
+    router_deployment = inputs.observed.children.get(
+        ("Deployment", router.router_name(meta["name"]))
+    )
     update = status_.compute(
         name=meta["name"],
         namespace=meta["namespace"],
@@ -725,7 +732,7 @@ def settle(
         current=current,
         now=pol.iso_time(inputs.now),
         problem=problem,
-        router=router,
+        router=router_deployment,
     )
     full = status_.overlay(current, update.status)
     return Settled(full, tuple(update.flipped), report, int(update.status["readyReplicas"]))

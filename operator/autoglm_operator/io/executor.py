@@ -1,13 +1,14 @@
-"""Execute: the one module that acts on the API server for an AutoGLMDeployment.
+"""Execute: the one module that carries out a pass's plan for an AutoGLMDeployment, on the API
+server (through kube.py's client) and on the runtimes' admin API.
 
 It carries out the parts of an iteration's plan (plan.IterationPlan): the mode entries
-(adaptive.ModePlan: repairs, the announce, in-place flips: pod labels, and the runtime admin API
+(pass_data.ModePlan: repairs, the announce, in-place flips: pod labels, and the runtime admin API
 through runtime_client), reporting each entry's outcome; the children (plan.Plan), reporting what
-it wrote (in the loop's memory, and as Events); it writes status (one writer, one field
+it wrote (in the reconcile memory, and as Events); it writes status (one writer, one field
 manager, only when it changed: write_status_if_changed); and it reads
 the two objects a pass needs beyond the indexes (a referenced Secret, the admin token). Apart
-from leader election (leader.py), nothing else in the operator imports the Kubernetes client
-(kube.py); an import contract keeps it so.
+from leader election (leader.py), nothing else in the operator uses the Kubernetes client
+(kube.py); the import contracts keep it so.
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
-from autoglm_operator import adaptive, builders, kube, plan
-from autoglm_operator import policy as pol
-from autoglm_operator import status as status_
-from autoglm_operator.adaptive import FlipOutcome, RepairOutcome
-from autoglm_operator.observe import Observed
-from autoglm_operator.runtime_client import RuntimeAdminError, SetModeResult
+from autoglm_operator.adaptive import pass_data
+from autoglm_operator.adaptive import policy as pol
+from autoglm_operator.adaptive.pass_data import FlipOutcome, RepairOutcome
+from autoglm_operator.io import kube
+from autoglm_operator.io.runtime_client import RuntimeAdminError, SetModeResult
+from autoglm_operator.reconcile import plan
+from autoglm_operator.reconcile.children import serving
+from autoglm_operator.reconcile.observe import Observed
+from autoglm_operator.resource.conditions import without_empty
 from autoglm_runtime.profiles import MODE_LABEL, Mode
 
 ApiError = kube.ApiError
@@ -78,13 +82,13 @@ class Executor:
 
     def read_admin_token(self, namespace: str, name: str) -> str | None:
         """The runtime admin token; None while the Secret does not exist yet."""
-        secret = self.kube.get("Secret", namespace, builders.admin_secret_name(name))
+        secret = self.kube.get("Secret", namespace, serving.admin_secret_name(name))
         if secret is None:
             return None
-        encoded = (secret.get("data") or {}).get(builders.ADMIN_TOKEN_KEY)
+        encoded = (secret.get("data") or {}).get(serving.ADMIN_TOKEN_KEY)
         if not encoded:
             raise MissingAdminToken(
-                f"Secret {builders.admin_secret_name(name)} has no key {builders.ADMIN_TOKEN_KEY!r}"
+                f"Secret {serving.admin_secret_name(name)} has no key {serving.ADMIN_TOKEN_KEY!r}"
             )
         return base64.b64decode(encoded).decode()
 
@@ -101,14 +105,14 @@ class Executor:
         return result
 
     async def write_status_if_changed(
-        self, observed: Observed, memory: plan.LoopState, full: Mapping[str, Any]
+        self, observed: Observed, memory: plan.ReconcileMemory, full: Mapping[str, Any]
     ) -> bool:
         """Apply the whole status `full` when it differs from the latest (plan.latest_status);
         whether it was written. The loop's memory keeps what was written until the watch
         delivers it, so a stale copy never takes a decision back."""
         meta = observed.body["metadata"]
-        pruned = dict(status_.without_empty(full))
-        if pruned == status_.without_empty(plan.latest_status(observed, memory)):
+        pruned = dict(without_empty(full))
+        if pruned == without_empty(plan.latest_status(observed, memory)):
             return False
         await self.write_status(meta["namespace"], meta["name"], pruned)
         memory.status_written = (str(meta.get("resourceVersion")), pruned)
@@ -123,9 +127,9 @@ class Executor:
             raise LookupError(f"pod {pod} is gone")
 
     async def apply(
-        self, body: Any, the_plan: plan.Plan, observed: Observed, state: plan.LoopState
+        self, body: Any, the_plan: plan.Plan, observed: Observed, state: plan.ReconcileMemory
     ) -> None:
-        """Apply a reconcile plan in order; record each write in the loop's memory."""
+        """Apply a reconcile plan in order; record each write in the reconcile memory."""
         for retire in the_plan.retire:
             await self._retire(body, the_plan.owner, retire)
         now = time.monotonic()
@@ -147,7 +151,7 @@ class Executor:
         event(body, reason=reason, message=message)
         self.logger.info(message)
 
-    async def _retire(self, body: Any, owner: builders.Owner, retire: plan.Retire) -> None:
+    async def _retire(self, body: Any, owner: serving.Owner, retire: plan.Retire) -> None:
         """Mark an old-mode pod a shrinking Deployment must remove (its replacement is ready,
         or cannot start without its GPUs): the ReplicaSet removes the lowest deletion cost
         first."""
@@ -168,7 +172,7 @@ class Executor:
         the_plan: plan.Plan,
         action: plan.Action,
         observed: Observed,
-        state: plan.LoopState,
+        state: plan.ReconcileMemory,
         now: float,
     ) -> None:
         kind, child = action.key
@@ -176,7 +180,7 @@ class Executor:
         old = observed.children.get(action.key)
         result = await self.call(self.kube.apply, action.manifest)
         state.written[action.key] = plan.Written(
-            digest=builders.digest(action.manifest),
+            digest=serving.digest(action.manifest),
             resource_version=str(result["metadata"]["resourceVersion"]),
             based_on=str((old or {}).get("metadata", {}).get("resourceVersion") or ""),
             at=now,
@@ -191,12 +195,12 @@ class Executor:
             self._report(body, "Updated", message)
 
     async def _admin_secret(
-        self, body: Any, the_plan: plan.Plan, observed: Observed, state: plan.LoopState
+        self, body: Any, the_plan: plan.Plan, observed: Observed, state: plan.ReconcileMemory
     ) -> None:
         """A new admin token, in a new Secret or in the emptied one."""
-        key = ("Secret", builders.admin_secret_name(the_plan.owner.name))
+        key = ("Secret", serving.admin_secret_name(the_plan.owner.name))
         seen = str(((observed.secret or {}).get("metadata") or {}).get("resourceVersion") or "")
-        manifest = builders.admin_secret(the_plan.owner, secrets.token_urlsafe(32))
+        manifest = serving.admin_secret(the_plan.owner, secrets.token_urlsafe(32))
         if the_plan.admin_secret == "create":
             result = await self.call(self.kube.create, manifest)
             verb = "Created"
@@ -208,7 +212,9 @@ class Executor:
         rv = str(((result or {}).get("metadata") or {}).get("resourceVersion") or "")
         state.written[key] = plan.Written("", rv, seen, time.monotonic())
 
-    async def _label(self, the_plan: plan.Plan, observed: Observed, state: plan.LoopState) -> None:
+    async def _label(
+        self, the_plan: plan.Plan, observed: Observed, state: plan.ReconcileMemory
+    ) -> None:
         """A new pod starts in the initial mode; the label routes it to its mode's Service."""
         names = {p["metadata"]["name"] for p in observed.pods}
         state.labelled = {k: v for k, v in state.labelled.items() if k in names}
@@ -234,18 +240,18 @@ class ModeActuator(Protocol):
     async def announce(self, status_patch: dict[str, Any]) -> None: ...
 
 
-async def repair(repairs: Sequence[adaptive.Repair], io: ModeActuator) -> list[RepairOutcome]:
+async def repair(repairs: Sequence[pass_data.Repair], io: ModeActuator) -> list[RepairOutcome]:
     """Carry out a plan's repairs, all pods at once; what each did."""
     return list(await asyncio.gather(*(_repair(r, io) for r in repairs)))
 
 
 async def execute_modes(
-    the_plan: adaptive.ModePlan,
+    the_plan: pass_data.ModePlan,
     io: ModeActuator,
-    replan: Callable[[list[RepairOutcome]], adaptive.ModePlan],
+    replan: Callable[[list[RepairOutcome]], pass_data.ModePlan],
     *,
     clock: Callable[[], float] = time.perf_counter,
-) -> tuple[adaptive.ModePlan, list[FlipOutcome]]:
+) -> tuple[pass_data.ModePlan, list[FlipOutcome]]:
     """Carry out a plan's mode entries: the repairs; when one did not go as planned, `replan`
     from what they did before anything flips; then the announce and the flips. The plan
     carried out, and what each flip did."""
@@ -256,12 +262,12 @@ async def execute_modes(
 
 
 async def switch(
-    the_plan: adaptive.ModePlan,
+    the_plan: pass_data.ModePlan,
     io: ModeActuator,
     *,
     clock: Callable[[], float] = time.perf_counter,
 ) -> list[FlipOutcome]:
-    """Carry out a plan's in-place flips: the announce first (status holds the loop state
+    """Carry out a plan's in-place flips: the announce first (status holds the hysteresis state
     before any pod is touched), then every flip at once; what each did."""
     if not the_plan.switches:
         return []
@@ -305,7 +311,7 @@ async def apply_flip(
     return outcome(True, "", seconds=clock() - started, attempts=result.attempts)
 
 
-async def _repair(entry: adaptive.Repair, io: ModeActuator) -> RepairOutcome:
+async def _repair(entry: pass_data.Repair, io: ModeActuator) -> RepairOutcome:
     pod, label, runtime = entry.pod, entry.label, entry.runtime
     if label is None:
         try:

@@ -12,7 +12,7 @@ import os
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client import start_http_server as _start_http_server
 
-from autoglm_operator.prom import Availability, Reading
+from autoglm_operator.adaptive.signals import Availability, Reading
 
 DEFAULT_PORT = 8081
 PORT_ENV = "AUTOGLM_OPERATOR_METRICS_PORT"

@@ -1,4 +1,4 @@
-"""Generate the CustomResourceDefinition from the pydantic model in spec.py.
+"""Generate the CustomResourceDefinition from the pydantic model in resource/spec.py.
 
 pydantic's JSON schema is close to a Kubernetes structural schema; this converts the rest:
 inline every $ref, drop titles and nulls, mark int-or-string and free-form objects, and give
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoglm_operator import spec
+from autoglm_operator.resource import spec
 
 PRINTER_COLUMNS = [
     {"name": "Ready", "type": "string", "jsonPath": ".status.ready"},

@@ -1,41 +1,28 @@
-"""The adaptive pass's planning, pure: from the spec, the pods and what the pass read (each
-pod's runtime mode, the metrics) to what it sees (repairs), what it decides (the policy) and a
-plan of what to do to pods; and from what the executor did, the status patch and Events.
-
-A plan (ModePlan): make each pod's label and runtime agree (repairs, finishing or reverting a
-flip an operator restart interrupted); then, under switchStrategy InPlace, the loop state to
-write before any pod is touched and the flips (label first, so the mode Services route right,
-then the runtime's admin API, then a GET that confirms); under Rolling, the batching share the
-children plan steps toward. plan.plan_modes puts the steps together (with the one Rolling
-target rule, plan.rolling_batching_target) inside the iteration's one plan; executor.py carries
-the entries out; report turns the outcomes into the status part and Events.
-
-Invariant: after a pass, each ready pod's label and runtime mode agree, or status says which
-do not (ModeTransitioning=True, ModeMismatch) and that pod is never flipped until they do.
+"""The adaptive pass's report, pure: from what the pass saw, decided and did to the status
+fields and conditions it owns (lastDecision, decisionHistory, adaptiveState; MetricsAvailable,
+ModeTransitioning) and its Events, and the status written before a flip touches a pod.
 """
 
 from __future__ import annotations
 
-import enum
-import logging
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from autoglm_operator import policy as pol
-from autoglm_operator.pods import PodView
-from autoglm_operator.prom import Availability, Reading
-from autoglm_operator.spec import (
-    AutoGLMDeploymentSpec,
-    Condition,
-    Decision,
-    ModePolicy,
-    SwitchStrategy,
+from autoglm_operator.adaptive import policy as pol
+from autoglm_operator.adaptive.pass_data import (
+    Event,
+    FlipOutcome,
+    ModePlan,
+    PassInput,
+    PassResult,
+    RepairOutcome,
+    Rolling,
+    Seen,
 )
-from autoglm_operator.status import merge_conditions, without_empty
+from autoglm_operator.adaptive.signals import Availability, Reading
+from autoglm_operator.resource.conditions import merge_conditions, without_empty
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec, Condition, Decision, ModePolicy
 from autoglm_runtime.profiles import Mode
-
-logger = logging.getLogger(__name__)
 
 METRICS_AVAILABLE = "MetricsAvailable"
 MODE_TRANSITIONING = "ModeTransitioning"
@@ -43,49 +30,6 @@ OWNED_CONDITIONS = (METRICS_AVAILABLE, MODE_TRANSITIONING)
 HISTORY_LIMIT = 10
 PAUSED = "Paused"
 NOT_QUERIED = "NotQueried"
-
-
-@dataclass(frozen=True)
-class Event:
-    type: str  # Normal | Warning
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
-class FlipOutcome:
-    pod: str
-    from_mode: Mode
-    to_mode: Mode
-    applied: bool
-    detail: str = ""
-    seconds: float = 0.0  # decision to runtime confirmation
-    attempts: int = 0
-    mismatch: bool = False  # label and runtime left disagreeing (the next pass repairs it)
-
-
-@dataclass(frozen=True)
-class RepairOutcome:
-    pod: str
-    label: Mode | None
-    runtime: Mode
-    action: str  # Adopted | Finished | Reverted | Failed
-    detail: str = ""
-
-
-@dataclass
-class PassResult:
-    status_patch: dict[str, Any]
-    events: list[Event] = field(default_factory=list)
-    decision: pol.PolicyDecision | None = None
-    reading: Reading | None = None
-    flips: list[FlipOutcome] = field(default_factory=list)
-    repairs: list[RepairOutcome] = field(default_factory=list)
-    # switchStrategy Rolling: how many replicas should run batching pods (the plan steps there)
-    batching_target: int | None = None
-
-
-# -- conditions ------------------------------------------------------------------------------
 
 
 def _metrics_condition(
@@ -118,121 +62,6 @@ def _metrics_condition(
         message=reading.message[:1000],
         observed_generation=generation,
     )
-
-
-# -- one pass --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PassInput:
-    namespace: str
-    name: str
-    generation: int | None
-    spec: AutoGLMDeploymentSpec
-    status: Mapping[str, Any]  # the object's current status, as read
-    pods: Sequence[PodView]
-    now: float
-    # switchStrategy Rolling: the replicas each mode's Deployment has now (None: none yet).
-    deployment_split: Mapping[Mode, int] | None = None
-
-
-@dataclass
-class Seen:
-    """What a pass found before deciding: label and runtime made to agree, and what could not."""
-
-    state: pol.LoopState  # the loop state from status, with finished flips counted
-    repairs: list[RepairOutcome]
-    runtime_modes: dict[str, Mode]
-    unreachable: dict[str, str]  # pod -> why its admin API could not be read
-    mismatched: set[str]  # label and runtime still disagree: never flipped
-    labels: dict[str, Mode | None]  # each pod's label after the repairs
-    events: list[Event]  # the repairs' Events; a pass appends its own
-    reading: Reading | None = None
-
-    @property
-    def after_repairs(self) -> int:
-        return len(self.repairs)
-
-
-@dataclass(frozen=True)
-class Observation:
-    """What a pass read before planning: each ready pod's runtime mode, why the admin API of
-    the others failed, and the metrics (None when not queried)."""
-
-    runtime_modes: Mapping[str, Mode]
-    unreachable: Mapping[str, str]
-    reading: Reading | None = None
-
-
-@dataclass(frozen=True)
-class Repair:
-    """Plan entry: make one pod's label and runtime agree. An unlabelled pod gets its runtime's
-    mode as label (Adopted); a label ahead of the runtime is a flip in flight (the label is
-    written first): push it to the runtime (Finished), or put the label back (Reverted)."""
-
-    pod: str
-    ip: str
-    label: Mode | None
-    runtime: Mode
-
-    @property
-    def expected(self) -> RepairOutcome:
-        action = "Adopted" if self.label is None else "Finished"
-        return RepairOutcome(self.pod, self.label, self.runtime, action)
-
-
-@dataclass(frozen=True)
-class Switch:
-    """Plan entry: flip one pod in place: label, runtime PUT and GET, revert on failure."""
-
-    flip: pol.Flip
-    ip: str | None
-
-
-@dataclass(frozen=True)
-class ModePlan:
-    """What one pass does to pods, in the order the executor does it, and what it decided."""
-
-    repairs: tuple[Repair, ...]  # first; empty when planned from repairs already done
-    seen: Seen
-    decision: pol.PolicyDecision
-    announce: dict[str, Any] | None = None  # status written before any flip touches a pod
-    switches: tuple[Switch, ...] = ()
-    rolling: PassResult | None = None  # switchStrategy Rolling: the result; nothing flips live
-
-
-def plan_repairs(pods: Sequence[PodView], observation: Observation) -> tuple[Repair, ...]:
-    """Every ready pod whose label and runtime mode disagree."""
-    modes = observation.runtime_modes
-    return tuple(
-        Repair(p.name, p.ip, p.mode, modes[p.name])
-        for p in pods
-        if p.ready and p.ip and p.name in modes and p.mode is not modes[p.name]
-    )
-
-
-# The Rolling target rule (plan.rolling_batching_target) bound to one pass's spec and split:
-# from the batching share decided (None: nothing decided) to the share to step toward.
-TargetRule = Callable[[int | None], int]
-
-
-def mode_plan(
-    inp: PassInput,
-    repairs: tuple[Repair, ...],
-    seen: Seen,
-    decision: pol.PolicyDecision,
-    target: TargetRule,
-) -> ModePlan:
-    """The plan of one pass once decided: flips in place, or under Rolling the share."""
-    rolling = inp.spec.switch_strategy is SwitchStrategy.ROLLING
-    if inp.spec.adaptive.dry_run or not (decision.flips or rolling):
-        return ModePlan(repairs, seen, decision)
-    if rolling:
-        # A flip replaces pods (the reconcile plan does it); this pass only sets how many
-        # replicas run batching and reports the replacement until it is done.
-        return ModePlan(repairs, seen, decision, rolling=_rolling_pass(inp, seen, decision, target))
-    switches = tuple(Switch(f, _ip(inp, f.pod)) for f in decision.flips)
-    return ModePlan(repairs, seen, decision, _announcement(inp, decision), switches)
 
 
 def report(inp: PassInput, the_plan: ModePlan, outcomes: Sequence[FlipOutcome]) -> PassResult:
@@ -270,64 +99,8 @@ def status_part(inp: PassInput, result: PassResult) -> dict[str, Any] | None:
     return owned_status(inp.status, result.status_patch)
 
 
-def _ip(inp: PassInput, pod: str) -> str | None:
-    return next((p.ip for p in inp.pods if p.name == pod), None)
-
-
-def seen(inp: PassInput, observation: Observation, repairs: Sequence[RepairOutcome]) -> Seen:
-    """The pods as the repairs leave them: label and runtime must agree before deciding."""
-    state = pol.LoopState.from_status(_safe_state(inp.status.get("adaptiveState")))
-    labels = {p.name: p.mode for p in inp.pods}
-    for repair in repairs:
-        if repair.action == "Finished":
-            # A flip that was under way: count it now so the cooldown holds across the restart.
-            records = dict(state.last_flips)
-            records[repair.pod] = (inp.now, repair.label or Mode.STREAMING)
-            state = replace(state, last_flips=records)
-        if repair.action in ("Adopted", "Reverted"):
-            labels[repair.pod] = repair.runtime
-    return Seen(
-        state=state,
-        repairs=list(repairs),
-        runtime_modes=dict(observation.runtime_modes),
-        unreachable=dict(observation.unreachable),
-        mismatched={r.pod for r in repairs if r.action == "Failed"},
-        labels=labels,
-        events=[_repair_event(r) for r in repairs],
-        reading=observation.reading,
-    )
-
-
-def decide(inp: PassInput, seen: Seen) -> pol.PolicyDecision:
-    """Decide: the pure policy over the pods that can flip (runtime answered, agrees with label)."""
-    replicas = [
-        pol.ReplicaState(
-            name=p.name,
-            mode=seen.labels[p.name],
-            ready=p.ready and p.name in seen.runtime_modes and p.name not in seen.mismatched,
-        )
-        for p in inp.pods
-    ]
-    spec = inp.spec
-    if spec.mode_policy is ModePolicy.ADAPTIVE and spec.adaptive.paused:
-        batching = sum(1 for r in replicas if r.effective_mode is Mode.BATCHING)
-        return pol.PolicyDecision(
-            reason=PAUSED,
-            message="adaptive.paused is true: holding every replica in its mode",
-            from_batching=batching,
-            to_batching=batching,
-            flips=(),
-            state=pol.LoopState(last_flips=seen.state.last_flips, capacity=seen.state.capacity),
-            metrics=pol.metric_sample(None, 0),
-        )
-    samples = seen.reading.samples if seen.reading is not None else None
-    return pol.decide(
-        samples, replicas, seen.state, spec.adaptive, spec.mode_policy, inp.now, spec.profiles
-    )
-
-
-def _announcement(inp: PassInput, decision: pol.PolicyDecision) -> dict[str, Any]:
-    """The loop state goes out before any pod is touched: an operator killed after a runtime
+def announcement(inp: PassInput, decision: pol.PolicyDecision) -> dict[str, Any]:
+    """The hysteresis state goes out before any pod is touched: an operator killed after a runtime
     switched but before the final status still finds each flip's cooldown (and the restarted
     stabilization window) when it starts again."""
     moves = ", ".join(f"{f.pod} to {f.to_mode.value}" for f in decision.flips)
@@ -442,57 +215,27 @@ def _in_place_result(
 # -- switchStrategy Rolling: the pass decides the share, the plan replaces the pods -----------
 
 
-class Rolling(enum.Enum):
-    """Where a Rolling replacement stands in this pass."""
-
-    STEADY = "steady"  # every pod runs the wanted mode: decisions are recorded as held
-    STARTING = "starting"  # a replacement starts now: recorded with applied=false
-    REPLACING = "replacing"  # pods are being replaced, recorded already: nothing new decided
-    DONE = "done"  # the pending replacement finished: recorded again with applied=true
-
-
-def _rolling_phase(
-    inp: PassInput, seen: Seen, decision: pol.PolicyDecision, target_rule: TargetRule
-) -> tuple[Rolling, int, pol.LoopState]:
-    """The phase, the batching target (target_rule: plan.rolling_batching_target, the one
-    rule) and the loop state to keep."""
-    spec = inp.spec
-    batching = sum(1 for p in inp.pods if p.mode is Mode.BATCHING)
-    stored = (inp.status.get("adaptiveState") or {}).get("batchingTarget")
-    target = target_rule(None if stored is None else int(stored))
-    in_flight = batching != target or len(inp.pods) > spec.replicas
-    last = _last(inp.status)
-    # While pods are replaced the loop holds its windows where they were; a pass that flips
-    # nothing keeps the policy's (when load turned high or low), or no window would ever fill.
-    kept = seen.state if in_flight or decision.flips else decision.state
-    done = not in_flight and last.get("applied") is False and last.get("toBatching") == target
-    if done:
-        return Rolling.DONE, target, kept
-    if spec.mode_policy is ModePolicy.ADAPTIVE and decision.flips and not in_flight:
-        target = target_rule(decision.to_batching)
-        in_flight, kept = True, decision.state
-    if not in_flight:
-        return Rolling.STEADY, target, kept
-    recorded = last.get("applied") is False and last.get("toBatching") == target
-    return (Rolling.REPLACING if recorded else Rolling.STARTING), target, kept
-
-
-def _last(status: Mapping[str, Any]) -> Mapping[str, Any]:
+def last_decision(status: Mapping[str, Any]) -> Mapping[str, Any]:
     last = status.get("lastDecision")
     return last if isinstance(last, Mapping) else {}
 
 
-def _rolling_pass(
-    inp: PassInput, seen: Seen, decision: pol.PolicyDecision, target_rule: TargetRule
+def rolling_result(
+    inp: PassInput,
+    seen: Seen,
+    decision: pol.PolicyDecision,
+    phase: Rolling,
+    target: int,
+    kept_state: pol.HysteresisState,
 ) -> PassResult:
-    """switchStrategy Rolling: decide the batching share, report the replacement until done.
+    """switchStrategy Rolling: record the batching share decided, report the replacement until
+    done (`phase`, `target`, `kept_state`: planning's reading of where the replacement stands).
 
     The reconcile plan steps the two mode Deployments make-before-break toward the target
     (Adaptive) or the pinned policy. A decision is recorded with applied=false when the
     replacement starts and again with applied=true once every pod runs the decided mode and no
     surplus (old) pod is left; no new flip is decided meanwhile.
     """
-    phase, target, kept_state = _rolling_phase(inp, seen, decision, target_rule)
     record, event = _rolling_record(inp, decision, phase, target)
     events = seen.events + ([event] if event else [])
     if phase in (Rolling.STARTING, Rolling.REPLACING):
@@ -538,7 +281,7 @@ def _rolling_record(
     )
     # The completion record's fromBatching is the count before the replacement: compare
     # with the count now, so the pass after a completion writes nothing.
-    last = _last(inp.status)
+    last = last_decision(inp.status)
     if last and not _differs({**last, "fromBatching": batching}, record):
         return None, None
     return record, None
@@ -570,7 +313,7 @@ def _started(inp: PassInput, decision: pol.PolicyDecision, target: int) -> tuple
 def _replaced(inp: PassInput, decision: pol.PolicyDecision) -> tuple[Decision, Event]:
     replicas = inp.spec.replicas
     batching = sum(1 for p in inp.pods if p.mode is Mode.BATCHING)
-    last = _last(inp.status)
+    last = last_decision(inp.status)
     took = inp.now - (pol.parse_iso(str(last.get("time"))) or inp.now)
     reason = str(last.get("reason") or decision.reason)
     return Decision(
@@ -623,17 +366,6 @@ def _conditions_patch(
     conditions = merge_conditions(current, owned, pol.iso_time(inp.now))
     events[seen.after_repairs : seen.after_repairs] = _availability_events(current, conditions)
     return {"conditions": conditions} if conditions != current else {}
-
-
-def _safe_state(raw: Any) -> Mapping[str, Any] | None:
-    if not isinstance(raw, Mapping):
-        return None
-    try:
-        pol.LoopState.from_status(raw)
-    except ValueError:
-        logger.warning("Ignored an unreadable status.adaptiveState: %r", raw)
-        return None
-    return raw
 
 
 # Holds that differ only in wording: moving between them is not a new decision worth a write.
@@ -717,7 +449,7 @@ def _availability_events(
     return events
 
 
-def _repair_event(repair: RepairOutcome) -> Event:
+def repair_event(repair: RepairOutcome) -> Event:
     label = repair.label.value if repair.label else "none"
     if repair.action == "Adopted":
         return Event(

@@ -1,4 +1,4 @@
-"""The one module that talks to Prometheus: it turns one deployment's pods into policy Samples.
+"""The one module that talks to Prometheus: it reads one deployment's pods into signals.Reading.
 
 Every query is scoped by `$selector`, which expands to `namespace="<ns>",pod=~"<pod1>|<pod2>"`
 built from the operator's own list of pods, so two deployments never read each other's metrics.
@@ -23,18 +23,16 @@ import math
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime
-from enum import StrEnum
 from typing import Any
 
 import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from urllib3.util.retry import Retry
 
-from autoglm_operator.policy import Samples
-from autoglm_operator.router_builders import router_name
-from autoglm_operator.spec import PrometheusSource, QueryOverrides
+from autoglm_operator.adaptive.signals import Availability, QueryOutcome, Reading, Samples
+from autoglm_operator.resource.names import router_name
+from autoglm_operator.resource.spec import PrometheusSource, QueryOverrides
 
 QPS = "qps"
 GPU_MEMORY_PERCENT = "gpu_memory_percent"
@@ -161,18 +159,6 @@ COVERAGE_QUERY = "max by (pod) (timestamp(vllm:num_requests_waiting{$selector}))
 COVERAGE_RANGE_QUERY = "count(vllm:num_requests_waiting{$selector})"
 
 
-class Availability(StrEnum):
-    """Reasons for the MetricsAvailable condition."""
-
-    OK = "QueriesSucceeded"
-    PARTIAL = "PartialData"
-    UNREACHABLE = "PrometheusUnreachable"
-    QUERY_ERROR = "QueryError"
-    NO_DATA = "NoData"
-    STALE = "StaleData"
-    NO_PODS = "NoPods"
-
-
 # Worst first: when several queries fail differently, the condition shows the most basic cause.
 _SEVERITY = [
     Availability.UNREACHABLE,
@@ -181,32 +167,6 @@ _SEVERITY = [
     Availability.NO_DATA,
     Availability.STALE,
 ]
-
-
-@dataclass(frozen=True)
-class QueryOutcome:
-    name: str
-    query: str
-    value: float | None = None
-    failure: Availability | None = None
-    detail: str = ""
-    seconds: float = 0.0
-
-
-@dataclass(frozen=True)
-class Reading:
-    """One Prometheus round for one deployment: the samples and what went wrong, if anything."""
-
-    samples: Samples | None
-    availability: Availability
-    message: str
-    outcomes: Mapping[str, QueryOutcome] = field(default_factory=dict)
-    seconds: float = 0.0
-
-    @property
-    def available(self) -> bool:
-        return self.availability in (Availability.OK, Availability.PARTIAL)
-
 
 Observer = Callable[[str, float, Availability | None], None]
 

@@ -5,7 +5,7 @@ reads only) and hands the loop the pass's input; the loop's one plan (plan.plan_
 holds its repairs and flips, the executor carries them out through KubeIO, and
 AdaptiveLoop.finish counts what happened.
 
-The pass runs inside each AutoGLMDeployment's one daemon (handlers.reconcile), every
+The pass runs inside each AutoGLMDeployment's one daemon (reconcile.reconcile), every
 spec.adaptive.intervalSeconds (read live from the body on every pass). Pods come from that
 daemon's pod index, not from a list call per pass, so a quiet loop costs the apiserver nothing:
 API calls happen only to flip (pod label patch), to read the admin token (once per daemon,
@@ -23,18 +23,21 @@ from typing import Any, Protocol
 import aiohttp
 import kopf
 
-from autoglm_operator import adaptive, executor
-from autoglm_operator import spec as crd
-from autoglm_operator.adaptive import Observation, PassInput, PassResult, PodView
-from autoglm_operator.operator_metrics import METRICS, start_server
-from autoglm_operator.prom import PrometheusReader, Reading
-from autoglm_operator.runtime_client import (
+from autoglm_operator.adaptive import report
+from autoglm_operator.adaptive.pass_data import Observation, PassInput, PassResult
+from autoglm_operator.adaptive.planning import PodView
+from autoglm_operator.adaptive.signals import Reading
+from autoglm_operator.io import executor
+from autoglm_operator.io.metrics import METRICS, start_server
+from autoglm_operator.io.prom import PrometheusReader
+from autoglm_operator.io.runtime_client import (
     RuntimeAdminError,
     RuntimeClient,
     RuntimeUnauthorized,
     SetModeResult,
 )
-from autoglm_operator.spec import ModePolicy
+from autoglm_operator.resource import spec as crd
+from autoglm_operator.resource.spec import ModePolicy
 from autoglm_runtime.keepalive import UPSTREAM_POOL_IDLE_SECONDS
 from autoglm_runtime.profiles import Mode
 
@@ -109,7 +112,7 @@ class KubeIO:
             raise
 
     async def announce(self, status_patch: dict[str, Any]) -> None:
-        await self.write_status(adaptive.owned_status(self.status, status_patch))
+        await self.write_status(report.owned_status(self.status, status_patch))
 
 
 class ReadIO(executor.ModeActuator, Protocol):
@@ -120,7 +123,7 @@ class ReadIO(executor.ModeActuator, Protocol):
     async def runtime_mode(self, ip: str) -> Mode: ...
 
 
-async def observe(inp: PassInput, io: ReadIO) -> Observation:
+async def read_observation(inp: PassInput, io: ReadIO) -> Observation:
     """Each ready pod's runtime mode (why not, where its admin API failed), and the metrics
     when the policy reads them."""
     targets = [p for p in inp.pods if p.ready and p.ip]
@@ -249,7 +252,7 @@ class AdaptiveLoop:
             now=time.time(),
             deployment_split=deployment_split,
         )
-        return inp, await observe(inp, io), io
+        return inp, await read_observation(inp, io), io
 
     def finish(self, inp: PassInput, result: PassResult, io: KubeIO) -> None:
         """After the pass: its metrics, the admin token to read again, when the next is due."""
