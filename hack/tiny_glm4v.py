@@ -184,12 +184,13 @@ def sample_messages(rng: random.Random) -> tuple[list[dict], object | None]:
         messages += [{"role": "user", "content": words(30)},
                      {"role": "assistant", "content": ANSWER}]
     image = None
-    # Small screenshots only: the vision tower is the slow part of a training step on a CPU,
-    # and long text prompts teach the same thing, to ignore what comes before the turn.
-    if rng.random() < 0.15:
+    # Mostly small screenshots (the vision tower is the slow part of a step on a CPU), and
+    # the agent's 540x1200 (~830 tokens): small ones alone leave a long image prompt's turn
+    # repeating its think block.
+    if rng.random() < 0.2:
         from PIL import Image
 
-        width, height = rng.choice(((112, 112), (112, 224), (168, 336)))
+        width, height = rng.choice(((112, 112), (168, 336), (280, 616), (540, 1200)))
         image = Image.open(io.BytesIO(png(width, height, rng)))
         content: object = [{"type": "image"}, {"type": "text", "text": words(60)}]
     else:

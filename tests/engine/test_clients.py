@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 
 import pytest
 from engine_kit import MODEL, Engine
@@ -105,6 +106,9 @@ def test_native_screenshot_exceeds_the_default_context(engine: Engine) -> None:
                                        max_tokens=16)
     message = str(refused.value)
     assert "2048" in message and "context" in message, message
+    # 1080x2400 resizes to 1092x2408: 39 x 86 image tokens, plus the text; the refusal says so.
+    counted = [int(n) for n in re.findall(r"\d+", message)]
+    assert any(39 * 86 < n < 39 * 86 + 60 for n in counted), message
 
 
 def langchain_client(engine: Engine) -> ChatOpenAI:

@@ -81,10 +81,12 @@ async def test_streamed_requests_are_served_before_earlier_batch_work(
 
 async def test_sigterm_drains_admitted_streams_and_refuses_new_ones(
         serial_engine: Engine) -> None:
-    tokens = 48
     async with httpx.AsyncClient(base_url=serial_engine.base_url, timeout=120) as http:
-        streams = [asyncio.create_task(finish_time(http, chat_body(i, True, tokens)))
-                   for i in range(4)]
+        # A long stream holds the engine's one slot, so the other three are still queued.
+        streams = [asyncio.create_task(finish_time(http, chat_body(0, True, 300)))]
+        await waiting(http, 1, "vllm:num_requests_running")
+        streams += [asyncio.create_task(finish_time(http, chat_body(i, True, 48)))
+                    for i in (1, 2, 3)]
         await waiting(http, 3)  # one running, three in vLLM's queue
         serial_engine.process.send_signal(signal.SIGTERM)
         refused = None
