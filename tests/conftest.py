@@ -21,6 +21,7 @@ from testkit.localcluster import LocalCluster, loopback_pod_cidr, running_cluste
 REPO = Path(__file__).resolve().parent.parent
 CRD_FILE = REPO / "crds" / "autoglm.io_autoglmdeployments.yaml"
 VLLM_TESTS = REPO / "tests" / "vllm"
+ENGINE_TESTS = REPO / "tests" / "engine"
 
 
 def _vllm_installed() -> bool:
@@ -35,11 +36,14 @@ def _vllm_installed() -> bool:
 def pytest_configure(config: pytest.Config) -> None:
     if (config.option.markexpr or "").strip() == "vllm" and not _vllm_installed():
         raise pytest.UsageError("the vllm tier needs the pinned vLLM: run `make test-vllm`")
+    if (config.option.markexpr or "").strip() == "engine" and not _vllm_installed():
+        raise pytest.UsageError("the engine tier needs vLLM on the CPU: run `make test-engine`")
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """tests/vllm imports the pinned vLLM, which only `make test-vllm`'s environment has."""
-    return True if collection_path == VLLM_TESTS and not _vllm_installed() else None
+    """tests/vllm and tests/engine import vLLM, which only their tiers' environments have."""
+    vllm_only = collection_path in (VLLM_TESTS, ENGINE_TESTS)
+    return True if vllm_only and not _vllm_installed() else None
 
 
 @pytest.fixture(scope="session")

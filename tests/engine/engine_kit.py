@@ -1,0 +1,171 @@
+"""A real vLLM engine on the CPU, started the way the runtime starts the real model.
+
+The operator's builders turn a spec into the engine settings and the runtime's config file; the
+launcher (`autoglm-runtime serve`) reads that file, builds the argv with build_vllm_argv and
+runs `vllm serve` with the mode middleware. `cpu_overrides` and CPU_ENV are the only changes,
+each with why; the model is hack/tiny_glm4v.py's, the environment hack/vllm-cpu-env.sh's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from autoglm_operator.reconcile.children import serving as builders
+from autoglm_operator.resource import spec as crd
+from autoglm_runtime.engine_args import EngineSettings
+from autoglm_runtime.sim.process import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+ADMIN_TOKEN = "engine-tier-admin-token"
+MODEL = "autoglm-phone-9b"
+STARTUP_SECONDS = 600  # model load, CPU kernel warm-up and the first compile on 2 shared cores
+
+# What the CPU needs in the engine's environment, and why.
+CPU_ENV = {
+    # The CPU backend sizes its KV cache from this (GiB); --gpu-memory-utilization is GPU-only.
+    # 1 GiB holds ~2,000 blocks of 16 tokens for this model: far more than any test needs.
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    # Never reach for a hub: the model is a local directory.
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+}
+
+
+def cpu_overrides(settings: EngineSettings) -> EngineSettings:
+    """The operator's engine settings, changed only where a CPU cannot do what a GPU pod does."""
+    return settings.model_copy(update={
+        # One CPU worker: tensor parallel on the CPU backend is one process per NUMA node.
+        "tensor_parallel_size": 1,
+        "extra_args": (
+            *settings.extra_args,
+            # The start-up profile runs the vision tower on a maximum-size video (~30k
+            # patches) to size GPU memory; the CPU sizes its KV cache from
+            # VLLM_CPU_KVCACHE_SPACE instead, and that profile alone takes >5 min on 2 cores.
+            "--skip-mm-profiling",
+            # No torch.compile warm-up (minutes of inductor builds on 2 cores): eager kernels
+            # give the same tokens, only slower per step.
+            "--enforce-eager",
+        ),
+    })  # fmt: skip
+
+
+def tiny_model() -> Path:
+    """The tiny GLM-4.1V model, made (or found in its cache) by hack/tiny_glm4v.py."""
+    found = os.environ.get("AUTOGLM_TINY_MODEL")
+    if found:
+        return Path(found)
+    out = subprocess.run([sys.executable, str(REPO / "hack" / "tiny_glm4v.py")], check=True,
+                         stdout=subprocess.PIPE, text=True).stdout
+    return Path(out.strip().splitlines()[-1])
+
+
+def answer_of(model_dir: Path) -> dict[str, str]:
+    """The fixed turn the tiny model was trained to give (think, answer, end of turn)."""
+    return json.loads((model_dir / "tiny_glm4v.json").read_text())
+
+
+@dataclass
+class Engine:
+    process: subprocess.Popen[bytes]
+    port: int
+    log: Path
+    settings: EngineSettings
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def admin(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+    def tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def engine_settings(spec: crd.AutoGLMDeploymentSpec, model_dir: Path, port: int,
+                    **test_updates: Any) -> EngineSettings:
+    """The operator's settings for `spec`, on the CPU, on loopback; `test_updates` are a
+    test's own (say, a small --max-num-seqs)."""
+    settings = cpu_overrides(builders.engine_settings(spec))
+    return settings.model_copy(update={"model": str(model_dir), "host": "127.0.0.1",
+                                       "port": port, **test_updates})
+
+
+@contextmanager
+def running_engine(spec: crd.AutoGLMDeploymentSpec, model_dir: Path, workdir: Path,
+                   **test_updates: Any) -> Iterator[Engine]:
+    """`autoglm-runtime serve` from the operator's config for `spec`, until it answers /health."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    settings = engine_settings(spec, model_dir, port, **test_updates)
+    config = workdir / "config.json"
+    config.write_text(json.dumps({**builders.runtime_config(spec),
+                                  "engine": settings.model_dump(by_alias=True, mode="json")}))
+    bin_dir = str(Path(sys.executable).parent)  # the venv's `vllm` console script
+    env = {
+        **os.environ, **CPU_ENV,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "AUTOGLM_CONFIG_FILE": str(config),
+        "AUTOGLM_ADMIN_TOKEN": ADMIN_TOKEN,
+        "AUTOGLM_LABELS_FILE": str(workdir / "no-labels"),
+        "AUTOGLM_DRAIN_GRACE_SECONDS": str(spec.engine.shutdown_timeout_seconds),
+        "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("runtime", "operator")),
+    }
+    env.pop("VLLM_API_KEY", None)
+    log = workdir / "engine.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", "autoglm_runtime.cli", "serve"],
+                                   env=env, stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    engine = Engine(process, port, log, settings)
+    try:
+        wait_healthy(engine)
+        yield engine
+    finally:
+        stop(engine)
+
+
+def wait_healthy(engine: Engine) -> None:
+    deadline = time.monotonic() + STARTUP_SECONDS
+    while time.monotonic() < deadline:
+        if engine.process.poll() is not None:
+            raise RuntimeError(f"the engine exited with {engine.process.returncode}:\n"
+                               f"{engine.tail()}")
+        try:
+            if httpx.get(f"{engine.base_url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"the engine did not answer /health in {STARTUP_SECONDS} s:\n"
+                       f"{engine.tail()}")
+
+
+def stop(engine: Engine) -> None:
+    """SIGTERM to the launcher (which drains, then stops vLLM); the group if it lingers."""
+    if engine.process.poll() is None:
+        engine.process.send_signal(signal.SIGTERM)
+        with suppress(subprocess.TimeoutExpired):
+            engine.process.wait(timeout=90)
+    with suppress(ProcessLookupError):
+        os.killpg(engine.process.pid, signal.SIGKILL)  # the engine core and workers it left
+    engine.process.wait(timeout=30)
+
+
+def metric_samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [(s.labels, s.value) for family in text_string_to_metric_families(text)
+            for s in family.samples if s.name == name]

@@ -1,0 +1,155 @@
+"""The clients users run, against a real vLLM engine with the middleware: the phone agent's
+turn (think, then answer) comes back split by the engine's glm45 reasoning parser."""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+
+import pytest
+from engine_kit import MODEL, Engine
+from langchain_core.messages import AIMessageChunk, HumanMessage, SystemMessage
+from langchain_openai import ChatOpenAI
+from openai import AsyncOpenAI, BadRequestError, OpenAI
+from PIL import Image
+
+pytestmark = pytest.mark.timeout(300)
+
+SYSTEM = "You are a phone agent. Each step you see the screen and answer with one action."
+TASK = "Open the settings app and turn on wifi."
+
+
+def screenshot(width: int, height: int) -> str:
+    """A phone screenshot as the agent sends it: an inline PNG."""
+    image = Image.new("RGB", (width, height), (236, 239, 241))
+    image.paste((33, 150, 243), (0, 0, width, height // 12))  # a status bar
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def agent_messages(width: int = 540, height: int = 1200) -> list[dict]:
+    return [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": [
+            {"type": "text", "text": TASK},
+            {"type": "image_url", "image_url": {"url": screenshot(width, height)}},
+        ]},
+    ]  # fmt: skip
+
+
+def think_and_action(answer: dict[str, str]) -> tuple[str, str]:
+    turn = answer["answer"]
+    think = turn.split("<think>", 1)[1].split("</think>", 1)[0]
+    return think, turn.split("</think>", 1)[1]
+
+
+def test_openai_text_chat_splits_reasoning_and_stops(engine: Engine, answer: dict) -> None:
+    think, action = think_and_action(answer)
+    client = OpenAI(base_url=f"{engine.base_url}/v1", api_key="EMPTY")
+    response = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "system", "content": SYSTEM},
+                               {"role": "user", "content": TASK}],
+        max_tokens=128, temperature=0,
+    )
+    choice = response.choices[0]
+    assert choice.finish_reason == "stop", "the model ends its turn before max_tokens"
+    assert choice.message.content == action
+    assert choice.message.model_extra["reasoning"] == think
+    assert response.usage.completion_tokens < 128
+
+
+def test_openai_streamed_text_chat_is_the_same_turn(engine: Engine, answer: dict) -> None:
+    think, action = think_and_action(answer)
+    client = OpenAI(base_url=f"{engine.base_url}/v1", api_key="EMPTY")
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": TASK}], max_tokens=128,
+        temperature=0, stream=True, stream_options={"include_usage": True},
+    )
+    content, reasoning, finish, chunks, usage = "", "", None, 0, None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            chunks += 1
+            content += choice.delta.content or ""
+            reasoning += (choice.delta.model_extra or {}).get("reasoning") or ""
+            finish = choice.finish_reason or finish
+    assert (reasoning, content, finish) == (think, action, "stop")
+    assert chunks > 5, "tokens arrive as they are generated, not in one piece"
+    assert usage is not None and usage.completion_tokens > 5
+
+
+async def test_openai_screenshot_costs_its_image_tokens(engine: Engine, answer: dict) -> None:
+    think, action = think_and_action(answer)
+    client = AsyncOpenAI(base_url=f"{engine.base_url}/v1", api_key="EMPTY")
+    response = await client.chat.completions.create(
+        model=MODEL, messages=agent_messages(540, 1200), max_tokens=128, temperature=0)
+    # 540x1200 resizes to 532x1204 pixels: 19 x 43 tokens of 28x28 pixels, plus the text.
+    assert 19 * 43 < response.usage.prompt_tokens < 19 * 43 + 60
+    assert response.choices[0].message.content == action
+    assert response.choices[0].message.model_extra["reasoning"] == think
+
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=agent_messages(540, 1200), max_tokens=128, temperature=0,
+        stream=True)
+    streamed = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert streamed == action
+
+
+def test_native_screenshot_exceeds_the_default_context(engine: Engine) -> None:
+    """A 1080x2400 screenshot is ~3.4k tokens: refused at --max-model-len 2048, not truncated."""
+    client = OpenAI(base_url=f"{engine.base_url}/v1", api_key="EMPTY")
+    with pytest.raises(BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, messages=agent_messages(1080, 2400),
+                                       max_tokens=16)
+    message = str(refused.value)
+    assert "2048" in message and "context" in message, message
+    # 1080x2400 resizes to 1092x2408: 39 x 86 image tokens, plus the text; the refusal says so.
+    counted = [int(n) for n in re.findall(r"\d+", message)]
+    assert any(39 * 86 < n < 39 * 86 + 60 for n in counted), message
+
+
+def langchain_client(engine: Engine) -> ChatOpenAI:
+    # The exact call of the deployment this project grew out of.
+    return ChatOpenAI(model="autoglm-phone-9b", base_url=f"{engine.base_url}/v1",
+                      api_key="EMPTY", streaming=True, temperature=0, max_tokens=128,
+                      extra_body={"enable_thinking": True, "return_reasoning": True})
+
+
+def test_langchain_invoke_and_stream(engine: Engine, answer: dict) -> None:
+    _, action = think_and_action(answer)
+    chat = langchain_client(engine)
+    messages = [SystemMessage(SYSTEM), HumanMessage(TASK)]
+    assert chat.invoke(messages).content == action
+    chunks = list(chat.stream(messages))
+    assert len(chunks) > 5
+    assert "".join(str(c.content) for c in chunks) == action
+
+
+async def test_langchain_astream_with_a_screenshot(engine: Engine, answer: dict) -> None:
+    _, action = think_and_action(answer)
+    chat = langchain_client(engine)
+    message = HumanMessage(content=[
+        {"type": "text", "text": TASK},
+        {"type": "image_url", "image_url": {"url": screenshot(540, 1200)}},
+    ])
+    total: AIMessageChunk | None = None
+    async for chunk in chat.astream([SystemMessage(SYSTEM), message]):
+        total = chunk if total is None else total + chunk
+    assert total is not None and total.content == action
+
+
+def test_thinking_off_prefills_an_empty_think_block(engine: Engine) -> None:
+    """enable_thinking=False reaches the chat template (the middleware moves LangChain's extra
+    into chat_template_kwargs): the prompt grows by the pre-filled `<think></think>`."""
+    client = OpenAI(base_url=f"{engine.base_url}/v1", api_key="EMPTY")
+
+    def prompt_tokens(enable_thinking: bool) -> int:
+        response = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": TASK}], max_tokens=4,
+            extra_body={"enable_thinking": enable_thinking})
+        return response.usage.prompt_tokens
+
+    assert prompt_tokens(False) == prompt_tokens(True) + 2

@@ -1,0 +1,83 @@
+"""A live mode flip on a real engine, and the vllm:* metrics the sim claims to export."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from engine_kit import MODEL, Engine
+from openai import AsyncOpenAI
+from prometheus_client.parser import text_string_to_metric_families
+
+from autoglm_runtime.profiles import MODE_PATH
+from autoglm_runtime.sim.metrics import SimMetrics
+
+pytestmark = pytest.mark.timeout(300)
+
+
+async def streamed_chat(client: AsyncOpenAI, i: int) -> tuple[str, str | None, int]:
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": f"Step {i}: tap the search box."}],
+        max_tokens=128, temperature=0, stream=True)
+    text, finish, chunks = "", None, 0
+    async for chunk in stream:
+        for choice in chunk.choices:
+            chunks += 1
+            text += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+    return text, finish, chunks
+
+
+async def test_live_flip_under_load_fails_and_drops_nothing(engine: Engine, answer: dict) -> None:
+    action = answer["answer"].split("</think>", 1)[1]
+    client = AsyncOpenAI(base_url=f"{engine.base_url}/v1", api_key="EMPTY", max_retries=0)
+    async with httpx.AsyncClient(base_url=engine.base_url, headers=engine.admin(),
+                                 timeout=10) as admin:
+        start = (await admin.get(MODE_PATH)).json()
+        assert start["mode"] == "streaming"
+        chats = [asyncio.create_task(streamed_chat(client, i)) for i in range(24)]
+        for _ in range(100):  # until the streaming cap (8) is full and the rest wait
+            state = (await admin.get(MODE_PATH)).json()
+            if state["queued"] > 0:
+                break
+            await asyncio.sleep(0.05)
+        assert state["inflight"] > 0 and state["queued"] > 0, state
+        flipped = await admin.put(MODE_PATH, json={"mode": "batching"})
+        assert flipped.status_code == 200 and flipped.json()["mode"] == "batching"
+        await asyncio.sleep(0.3)
+        back = await admin.put(MODE_PATH, json={"mode": "streaming"})
+        assert back.status_code == 200 and back.json()["mode"] == "streaming"
+        results = await asyncio.gather(*chats)
+        end = (await admin.get(MODE_PATH)).json()
+    assert [(text, finish) for text, finish, _ in results] == [(action, "stop")] * 24
+    assert end["inflight"] == 0 and end["queued"] == 0
+
+
+def families(text: str) -> dict[str, tuple[str, frozenset[str]]]:
+    """{family: (type, label names)} for the vllm:* families in a Prometheus exposition."""
+    found = {}
+    for family in text_string_to_metric_families(text):
+        if family.name.startswith("vllm:"):
+            labels = {name for s in family.samples for name in s.labels if name != "le"}
+            found[family.name] = (family.type, frozenset(labels))
+    return found
+
+
+async def test_every_sim_metric_exists_on_the_real_engine(engine: Engine) -> None:
+    client = AsyncOpenAI(base_url=f"{engine.base_url}/v1", api_key="EMPTY")
+    await streamed_chat(client, 0)  # some series appear with the first finished request
+    async with httpx.AsyncClient(base_url=engine.base_url, timeout=10) as http:
+        real = families((await http.get("/metrics")).text)
+    sim = sim_families(SimMetrics.create(MODEL, engine.settings.max_model_len))
+    assert len(sim) > 15, "the sim exports almost nothing: the check is void"
+    missing = sorted(set(sim) - set(real))
+    assert not missing, f"the sim exports vllm:* families the real engine does not: {missing}"
+    differ = {name: (sim[name], real[name]) for name in sim if sim[name] != real[name]}
+    assert not differ, f"type or labels differ (sim, real): {differ}"
+
+
+def sim_families(metrics: SimMetrics) -> dict[str, tuple[str, frozenset[str]]]:
+    # From the declarations: a histogram has no samples, so no labels, before its first value.
+    return {c._name: (c._type, frozenset(c._labelnames))  # type: ignore[attr-defined]
+            for c in metrics.registry._collector_to_names}  # type: ignore[attr-defined]

@@ -1,0 +1,113 @@
+"""What vLLM's own scheduler does with what the middleware writes: the mode's priority decides
+the order requests are served in; a drain on SIGTERM finishes what was admitted.
+
+One engine of its own, with --max-num-seqs 1, so the engine runs one request at a time and the
+order in which requests finish is the order in which the scheduler chose them. The middleware's
+streaming cap (8) admits every request here at once, so any order comes from vLLM, not from
+the middleware's queue. The drain test ends this engine's life, so it runs last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from engine_kit import MODEL, Engine, metric_samples, running_engine
+
+from autoglm_operator.resource import spec as crd
+
+pytestmark = pytest.mark.timeout(400)
+
+
+@pytest.fixture(scope="module")
+def serial_engine(model_dir: Path, default_spec: crd.AutoGLMDeploymentSpec,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    with running_engine(default_spec, model_dir, tmp_path_factory.mktemp("serial"),
+                        max_num_seqs=1) as started:
+        yield started
+
+
+def chat_body(i: int, stream: bool, tokens: int) -> dict:
+    # min_tokens holds the end of turn off, so each request costs the same known decode.
+    return {"model": MODEL, "messages": [{"role": "user", "content": f"Request {i}."}],
+            "stream": stream, "max_tokens": tokens, "min_tokens": tokens, "temperature": 0}
+
+
+async def finish_time(http: httpx.AsyncClient, body: dict) -> tuple[float, int, str]:
+    """(when it finished, status, the stream's last line or the finish reason)."""
+    if body["stream"]:
+        async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+            lines = [line async for line in response.aiter_lines() if line.strip()]
+            return time.monotonic(), response.status_code, lines[-1] if lines else ""
+    response = await http.post("/v1/chat/completions", json=body)
+    reason = response.json()["choices"][0]["finish_reason"] if response.status_code == 200 else ""
+    return time.monotonic(), response.status_code, reason
+
+
+async def waiting(http: httpx.AsyncClient, count: int,
+                  gauge: str = "vllm:num_requests_waiting") -> None:
+    """Until vLLM's own queue (or `gauge`) holds `count` requests."""
+    for _ in range(400):
+        samples = metric_samples((await http.get("/metrics")).text, gauge)
+        if samples and samples[0][1] >= count:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{gauge} never reached {count}")
+
+
+async def test_streamed_requests_are_served_before_earlier_batch_work(
+        serial_engine: Engine) -> None:
+    async with httpx.AsyncClient(base_url=serial_engine.base_url, timeout=120) as http:
+        blocker = asyncio.create_task(finish_time(http, chat_body(0, False, 120)))
+        await waiting(http, 1, "vllm:num_requests_running")
+        batch = [asyncio.create_task(finish_time(http, chat_body(i, False, 24)))
+                 for i in (1, 2, 3)]
+        await waiting(http, 3)  # the batch work is queued first ...
+        streams = [asyncio.create_task(finish_time(http, chat_body(i, True, 24)))
+                   for i in (4, 5, 6)]
+        await waiting(http, 6)  # ... then the streams arrive behind it
+        blocked, *served = await asyncio.gather(blocker, *batch, *streams)
+    assert [status for _, status, _ in (blocked, *served)] == [200] * 7
+    batch_done = [t for t, _, _ in served[:3]]
+    streams_done = [t for t, _, _ in served[3:]]
+    # Streaming mode writes priority 0 on streams, 1 on the rest; vLLM serves lower first.
+    assert max(streams_done) < min(batch_done), (streams_done, batch_done)
+
+
+async def test_sigterm_drains_admitted_streams_and_refuses_new_ones(
+        serial_engine: Engine) -> None:
+    async with httpx.AsyncClient(base_url=serial_engine.base_url, timeout=120) as http:
+        # A long stream holds the engine's one slot, so the other three are still queued.
+        streams = [asyncio.create_task(finish_time(http, chat_body(0, True, 300)))]
+        await waiting(http, 1, "vllm:num_requests_running")
+        streams += [asyncio.create_task(finish_time(http, chat_body(i, True, 48)))
+                    for i in (1, 2, 3)]
+        await waiting(http, 3)  # one running, three in vLLM's queue
+        serial_engine.process.send_signal(signal.SIGTERM)
+        refused = None
+        for _ in range(100):
+            try:
+                response = await http.post("/v1/chat/completions", json=chat_body(9, False, 4))
+            except httpx.TransportError:
+                break  # the engine stopped listening: also a clean refusal
+            if response.status_code != 200:
+                refused = response
+                break
+            await asyncio.sleep(0.05)
+        results = await asyncio.gather(*streams)
+        health = None
+        if serial_engine.process.poll() is None:
+            try:
+                health = (await http.get("/health")).status_code
+            except httpx.TransportError:
+                health = None
+    assert [(status, last) for _, status, last in results] == [(200, "data: [DONE]")] * 4
+    assert refused is not None and refused.status_code == 503, refused
+    assert refused.headers.get("retry-after") is not None
+    assert health in (None, 503), "a draining engine fails its readiness check"
+    assert serial_engine.process.wait(timeout=120) == 0
