@@ -158,6 +158,30 @@ def managed_flag_pattern(flag: str) -> str:
     return f"^({options})([=.].*)?$"
 
 
+# Flags engine.extraArgs could carry before the runtime managed them. An object admitted then
+# keeps them (the apiserver ratchets unchanged fields); its pods are built without them, since
+# the runtime now sets both, so it keeps reconciling instead of crash-looping at start.
+NEWLY_MANAGED = ("--limit-mm-per-prompt", "--allowed-media-domains")
+
+
+def without_newly_managed(args: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(the args to pass on, the NEWLY_MANAGED flags dropped); the values given apart from a
+    dropped flag (`--allowed-media-domains a.example b.example`) go with it."""
+    kept: list[str] = []
+    dropped: list[str] = []
+    in_dropped_values = False
+    for arg in args:
+        if in_dropped_values and not arg.startswith("-"):
+            continue
+        flag = next((f for f in NEWLY_MANAGED if re.fullmatch(managed_flag_pattern(f), arg)), None)
+        in_dropped_values = flag is not None and "=" not in arg
+        if flag is None:
+            kept.append(arg)
+        else:
+            dropped.append(flag)
+    return kept, dropped
+
+
 class EngineSettings(CamelModel):
     """Everything the engine reads once at start-up; a change means a rolling restart."""
 

@@ -11,7 +11,7 @@ import pytest
 from autoglm_operator.reconcile.children import serving as builders
 from autoglm_operator.resource import spec as crd
 from autoglm_runtime.config import ConfigFile
-from autoglm_runtime.engine_args import MIDDLEWARE_IMPORT_PATH
+from autoglm_runtime.engine_args import MIDDLEWARE_IMPORT_PATH, refused_extra_arg
 from autoglm_runtime.profiles import MODE_LABEL, Mode
 
 OWNER = builders.Owner(name="phone-9b", namespace="serving", uid="0000-1111")
@@ -354,3 +354,21 @@ def test_status_helpers() -> None:
     assert builders.selector_string("phone-9b") == (
         "app.kubernetes.io/instance=phone-9b,app.kubernetes.io/name=autoglm"
     )
+
+
+@pytest.mark.parametrize("legacy", [
+    ["--limit-mm-per-prompt", '{"image":4}'],
+    ['--limit-mm-per-prompt={"image":4}'],
+    ["--allowed-media-domains", "cdn.example", "img.example"],
+])
+def test_an_object_admitted_with_a_now_managed_media_flag_still_gets_pods_that_start(
+    legacy: list[str],
+) -> None:
+    """Objects that carried these flags before the runtime managed them keep them (the
+    apiserver ratchets unchanged fields); their pods are built without them, so the launcher,
+    which refuses them, still starts the engine."""
+    extra_args = [*legacy, "--seed", "7"]
+    spec = crd.AutoGLMDeploymentSpec.model_validate({"engine": {"extraArgs": extra_args}})
+    settings = builders.engine_settings(spec)
+    assert settings.extra_args == ("--seed", "7")
+    assert not [arg for arg in settings.extra_args if refused_extra_arg(arg)]

@@ -27,7 +27,7 @@ from autoglm_operator.resource.names import (
     ROUTER_APP_NAME,
     TEMPLATE_HASH_ANNOTATION,
 )
-from autoglm_runtime.engine_args import EngineSettings, build_vllm_argv
+from autoglm_runtime.engine_args import EngineSettings, build_vllm_argv, without_newly_managed
 from autoglm_runtime.profiles import DRAIN_PATH, MODE_LABEL, Mode
 
 Manifest = dict[str, Any]
@@ -188,7 +188,7 @@ def engine_settings(spec: crd.AutoGLMDeploymentSpec, mode: Mode | None = None) -
         shutdown_timeout_seconds=engine.shutdown_timeout_seconds,
         reasoning_parser=engine.reasoning_parser,
         stream_interval=stream_interval,
-        extra_args=tuple(engine.extra_args),
+        extra_args=tuple(without_newly_managed(engine.extra_args)[0]),
     )
 
 
