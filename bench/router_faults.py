@@ -60,7 +60,7 @@ from typing import Any
 
 import aiohttp
 
-from autoglm_runtime.sim.process import ServerProcess, SimProcess, free_port
+from autoglm_runtime.sim.process import RouterProcess, ServerProcess, SimProcess
 from testkit.paths import OUT_DIR
 from testkit.plots import pyplot
 
@@ -77,34 +77,6 @@ BALANCE_WORKERS = (16, 4)
 BALANCE_MAX_TOKENS = 96
 BALANCE_SECONDS = 15.0
 THINK_SECONDS = 0.02  # a user's mean pause between requests, so connections also sit idle
-
-
-class Router(ServerProcess):
-    kind = "autoglm-router"
-
-    def __init__(self, urls: list[str], log_path: Path, poll_seconds: float) -> None:
-        super().__init__(log_path=log_path)
-        self.urls = urls
-        self.poll_seconds = poll_seconds
-        self.metrics_port = free_port()
-
-    @property
-    def ops_url(self) -> str:
-        """/health and /metrics: on the router's metrics port, not its API port."""
-        return f"http://127.0.0.1:{self.metrics_port}"
-
-    @property
-    def health_url(self) -> str:
-        return self.ops_url + "/health"
-
-    def command(self) -> list[str]:
-        argv = [sys.executable, "-m", "autoglm_router.cli", "--host", "127.0.0.1",
-                "--port", str(self.port), "--metrics-port", str(self.metrics_port),
-                "--log-level", "warning", "--drain-seconds", "30",
-                "--poll-interval", str(self.poll_seconds)]
-        for url in self.urls:
-            argv += ["--endpoint", url]
-        return argv
 
 
 class Processes:
@@ -129,9 +101,10 @@ class Processes:
             list(pool.map(lambda sim: sim.start(timeout=60), sims))
         return sims
 
-    def router(self, sims: list[SimProcess], poll_seconds: float = POLL_SECONDS) -> Router:
-        router = Router([sim.base_url for sim in sims],
-                        self.folder / f"router{len(self.started)}.log", poll_seconds)
+    def router(self, sims: list[SimProcess], poll_seconds: float = POLL_SECONDS) -> RouterProcess:
+        router = RouterProcess([sim.base_url for sim in sims], "--log-level", "warning",
+                               "--drain-seconds", "30", "--poll-interval", str(poll_seconds),
+                               log_path=self.folder / f"router{len(self.started)}.log")
         self.started.append(router)
         return router.start(timeout=30)
 

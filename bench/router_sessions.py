@@ -57,7 +57,7 @@ import aiohttp
 
 from autoglm_runtime.sim.model import LatencyModel
 from autoglm_runtime.sim.prefix_cache import BLOCK_TOKENS, block_hashes
-from autoglm_runtime.sim.process import ServerProcess, SimProcess, free_port
+from autoglm_runtime.sim.process import RouterProcess, ServerProcess, SimProcess
 from autoglm_runtime.sim.serve.chat import chat_prompt
 from testkit.bench import vllm_router
 from testkit.paths import OUT_DIR
@@ -243,32 +243,6 @@ async def drive(trace: list[Conversation], seed: int, start: Callable[[Conversat
 
 # --- processes --------------------------------------------------------------------------------
 
-class AutoglmRouter(ServerProcess):
-    kind = "autoglm-router"
-
-    def __init__(self, *args: str, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.metrics_port = free_port()
-
-    @property
-    def ops_url(self) -> str:
-        """/health and /metrics: on the router's metrics port, not its API port."""
-        return f"http://127.0.0.1:{self.metrics_port}"
-
-    @property
-    def health_url(self) -> str:
-        return self.ops_url + "/health"
-
-    def command(self) -> list[str]:
-        *urls, flag, factor = self.args
-        argv = [sys.executable, "-m", "autoglm_router.cli", "--host", "127.0.0.1",
-                "--port", str(self.port), "--metrics-port", str(self.metrics_port),
-                "--log-level", "warning", flag, factor]
-        for url in urls:
-            argv += ["--endpoint", url]
-        return argv
-
-
 class VllmRouter(ServerProcess):
     kind = "vllm-router"
     binary = ""
@@ -336,8 +310,8 @@ def run_one(name: str, trace: list[Conversation], seed: int, args: argparse.Name
         if name.startswith("autoglm-router"):
             factor = "2" if name.endswith("lf2") else "1.25"
             for i in range(2 if name.endswith("2x") else 1):
-                fronts.append(AutoglmRouter(*urls, "--load-factor", factor,
-                                            log_path=folder / f"router{i}.log"))
+                fronts.append(RouterProcess(urls, "--log-level", "warning", "--load-factor",
+                                            factor, log_path=folder / f"router{i}.log"))
                 fronts[-1].start(timeout=30)
         elif name == "vllm-router":
             fronts.append(VllmRouter(*urls, log_path=folder / "vllm-router.log",
@@ -350,7 +324,7 @@ def run_one(name: str, trace: list[Conversation], seed: int, args: argparse.Name
         start = policy(name, urls, [front.base_url for front in fronts], seed)
         result = asyncio.run(drive(trace, seed, start, args.time_factor, args.concurrent))
         for front in fronts:
-            if isinstance(front, AutoglmRouter):
+            if isinstance(front, RouterProcess):
                 for key, count in router_placements(front.ops_url).items():
                     result.placements[key] = result.placements.get(key, 0.0) + count
         result.replicas = [{key: value - old[key] for key, value in scrape(url).items()}

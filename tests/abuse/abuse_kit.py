@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -19,48 +18,11 @@ from typing import Any
 
 import uvicorn
 
-from autoglm_runtime.sim.process import ServerProcess, SimProcess, free_port
+from autoglm_runtime.sim.process import RouterProcess, SimProcess, free_port
 
 Message = MutableMapping[str, Any]
 API_KEY = "abuse-suite-key"
 FLOOD_CHUNK = b"x" * 65536
-
-
-class RouterProcess(ServerProcess):
-    """`autoglm-router` in its own process, in front of `endpoints`."""
-
-    kind = "router"
-
-    def __init__(self, endpoints: list[str], *args: str, env: dict[str, str] | None = None,
-                 log_path: Any = None) -> None:
-        super().__init__(*args, env=env, log_path=log_path)
-        self.endpoints = endpoints
-        self.metrics_port = free_port()
-
-    def command(self) -> list[str]:
-        argv = [sys.executable, "-m", "autoglm_router.cli", "--host", "127.0.0.1",
-                "--port", str(self.port), "--metrics-port", str(self.metrics_port),
-                "--poll-interval", "0.2", *self.args]
-        for endpoint in self.endpoints:
-            argv += ["--endpoint", endpoint]
-        return argv
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    @property
-    def ops_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}"
-
-    @property
-    def health_url(self) -> str:
-        return self.ops_url + "/health"
-
-    @property
-    def metrics_url(self) -> str:
-        return self.ops_url + "/metrics"
 
 
 StartRouter = Callable[..., RouterProcess]

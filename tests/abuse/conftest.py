@@ -29,7 +29,7 @@ def start_router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartRout
     def start(endpoints: list[str], *args: str,
               env: dict[str, str] | None = None) -> RouterProcess:
         log = tmp_path_factory.mktemp("router") / "router.log"
-        router = RouterProcess(endpoints, *args, env=env, log_path=log)
+        router = RouterProcess(endpoints, "--poll-interval", "0.2", *args, env=env, log_path=log)
         started.append(router)
         return router.start(timeout=20.0)
 

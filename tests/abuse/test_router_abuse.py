@@ -247,7 +247,7 @@ def test_a_client_that_stops_reading_is_cut_and_its_slot_freed(
 
 
 def _inflight(router: RouterProcess) -> float:
-    text = httpx.get(router.metrics_url, timeout=5).text
+    text = httpx.get(router.ops_url + "/metrics", timeout=5).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("autoglm_router_inflight{"))
 

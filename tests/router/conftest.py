@@ -40,7 +40,8 @@ def start_router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartRout
 
     def start(endpoints: list[str], *args: str, wait_healthy: bool = True) -> RouterProcess:
         log = tmp_path_factory.mktemp("router") / "router.log"
-        router = RouterProcess(endpoints, *args, log_path=log, wait_healthy=wait_healthy)
+        router = RouterProcess(endpoints, "--log-level", "info", *args, log_path=log,
+                               wait_healthy=wait_healthy)
         started.append(router)
         return router.start(timeout=20.0)
 

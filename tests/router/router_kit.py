@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import re
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import httpx
 
-from autoglm_runtime.sim.process import ServerProcess, SimProcess, free_port
+from autoglm_runtime.sim.process import RouterProcess, SimProcess
 
 ADMIN_TOKEN = "router-test-token"
 MODEL = "autoglm-phone-9b"
@@ -18,34 +16,6 @@ MODEL = "autoglm-phone-9b"
 
 StartSim = Callable[..., SimProcess]
 
-
-class RouterProcess(ServerProcess):
-    """`autoglm-router` in its own process on a free loopback port, routing to `endpoints`."""
-
-    kind = "router"
-
-    def __init__(self, endpoints: list[str], *args: str, log_path: Path | None = None,
-                 wait_healthy: bool = True) -> None:
-        super().__init__(*args, log_path=log_path, wait_healthy=wait_healthy)
-        self.endpoints = endpoints
-        self.metrics_port = free_port()
-
-    @property
-    def ops_url(self) -> str:
-        """/health and /metrics: the router serves them on a port of their own."""
-        return f"http://127.0.0.1:{self.metrics_port}"
-
-    @property
-    def health_url(self) -> str:
-        return self.ops_url + "/health"
-
-    def command(self) -> list[str]:
-        argv = [sys.executable, "-m", "autoglm_router.cli", "--host", "127.0.0.1",
-                "--port", str(self.port), "--metrics-port", str(self.metrics_port),
-                "--log-level", "info", *self.args]
-        for endpoint in self.endpoints:
-            argv += ["--endpoint", endpoint]
-        return argv
 
 
 StartRouter = Callable[..., RouterProcess]

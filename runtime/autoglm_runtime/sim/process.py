@@ -116,3 +116,36 @@ class SimProcess(ServerProcess):
     def command(self) -> list[str]:
         return [sys.executable, "-m", "autoglm_runtime.cli", "sim", "--host", "127.0.0.1",
                 "--port", str(self.port), *self.args]
+
+
+class RouterProcess(ServerProcess):
+    """`autoglm-router` in front of `endpoints`; args are its other flags. Its /health and
+    /metrics are on a port of their own, apart from the API."""
+
+    kind = "router"
+
+    def __init__(self, endpoints: list[str], *args: str, env: dict[str, str] | None = None,
+                 log_path: Path | None = None, wait_healthy: bool = True) -> None:
+        super().__init__(*args, env=env, log_path=log_path, wait_healthy=wait_healthy)
+        self.endpoints = list(endpoints)
+        self.metrics_port = free_port()
+
+    @property
+    def ops_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}"
+
+    @property
+    def health_url(self) -> str:
+        return self.ops_url + "/health"
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None, "not started"
+        return self.process.pid
+
+    def command(self) -> list[str]:
+        argv = [sys.executable, "-m", "autoglm_router.cli", "--host", "127.0.0.1",
+                "--port", str(self.port), "--metrics-port", str(self.metrics_port), *self.args]
+        for endpoint in self.endpoints:
+            argv += ["--endpoint", endpoint]
+        return argv
