@@ -63,7 +63,8 @@ async def waiting(http: httpx.AsyncClient, count: int,
 async def test_streamed_requests_are_served_before_earlier_batch_work(
         serial_engine: Engine) -> None:
     async with httpx.AsyncClient(base_url=serial_engine.base_url, timeout=120) as http:
-        blocker = asyncio.create_task(finish_time(http, chat_body(0, False, 120)))
+        # Long enough to be seen running however slowly this machine polls /metrics.
+        blocker = asyncio.create_task(finish_time(http, chat_body(0, False, 600)))
         await waiting(http, 1, "vllm:num_requests_running")
         batch = [asyncio.create_task(finish_time(http, chat_body(i, False, 24)))
                  for i in (1, 2, 3)]
