@@ -85,17 +85,24 @@ def test_router_pods_take_only_the_named_clients_prometheus_and_helm_test() -> N
     assert _selects(policy["spec"]["podSelector"], pod["metadata"]["labels"])
     serving = builders.pod_template("phone-9b", crd.AutoGLMDeploymentSpec())
     assert not _selects(policy["spec"]["podSelector"], serving["metadata"]["labels"])
-    [rule] = policy["spec"]["ingress"]
-    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
-    assert "http" in {p["name"] for p in pod["spec"]["containers"][0]["ports"]}
-    peers = rule["from"]
+    # The API port for the clients and the helm test; /health and /metrics for Prometheus only.
+    api, ops = policy["spec"]["ingress"]
+    assert api["ports"] == [{"port": "http", "protocol": "TCP"}]
+    assert ops["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert {"http", "metrics"} <= {p["name"] for p in pod["spec"]["containers"][0]["ports"]}
+    assert not any(_peer_matches(p, NAMESPACE, {"app": "other"})
+                   for p in ops["from"] if "podSelector" in p)
+    assert APPS not in ops["from"]
+    peers = api["from"]
     test_pod = one(docs, "Pod", f"{FULLNAME}-test-models")["metadata"]["labels"]
     assert any(_peer_matches(p, NAMESPACE, test_pod) for p in peers if "podSelector" in p)
     assert APPS in peers
     assert not any(
         _peer_matches(p, NAMESPACE, {"app": "other"}) for p in peers if "podSelector" in p
     )
-    assert len(peers) == 3
+    assert len(peers) == 2
+    prometheus = one(docs, "NetworkPolicy", f"{FULLNAME}-operator")["spec"]["ingress"][0]["from"]
+    assert ops["from"] == prometheus
 
 
 def test_operator_pod_takes_only_prometheus_on_its_metrics_port() -> None:

@@ -497,7 +497,8 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         runtime_targets += _kubernetes_sd_targets(manifest, server.server_address[1])
     (workdir / "autoglm-runtime.json").write_text(json.dumps(runtime_targets))
     (workdir / "autoglm-router.json").write_text(
-        json.dumps(_kubernetes_sd_targets(_router_pod(), router.server_address[1])))
+        json.dumps(_kubernetes_sd_targets(_router_pod(), router.server_address[1],
+                                          port_name="metrics")))
     operator_pod = _chart_operator_pod()
     (workdir / "autoglm-operator.json").write_text(
         json.dumps(

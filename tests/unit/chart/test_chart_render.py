@@ -274,7 +274,7 @@ def test_router_pod_monitor_selects_router_pods_not_serving_pods() -> None:
     serving = builders.pod_template("phone", crd.AutoGLMDeploymentSpec())["metadata"]["labels"]
     assert not selector.items() <= serving.items()
     endpoint = monitor["spec"]["podMetricsEndpoints"][0]
-    assert endpoint["port"] == "http"
+    assert endpoint["port"] == "metrics"  # /metrics is apart from the API port
     assert endpoint["relabelings"][0]["targetLabel"] == "autoglm_deployment"
 
 
