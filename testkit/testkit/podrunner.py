@@ -33,11 +33,14 @@ from typing import Any
 
 from kubernetes import client, config, watch  # type: ignore[import-untyped]
 
+from autoglm_operator.reconcile.children import router as router_children
 from testkit.localcluster import LocalCluster, log
 
 SELECTOR = "app.kubernetes.io/name in (autoglm,autoglm-router)"
 ROUTER_APP = "autoglm-router"
 RUNTIME_PORT = 8000
+# A router pod's /metrics: on its ops port, apart from the API.
+ROUTER_METRICS_PORT = router_children.METRICS_PORT
 TOKEN_SECONDS = 3600  # a projected ServiceAccount token's default life
 
 
@@ -228,7 +231,7 @@ class PodRunner:
             return
         with self._lock:
             groups = [
-                {"targets": [f"{pod.ip}:{RUNTIME_PORT}"],
+                {"targets": [f"{pod.ip}:{ROUTER_METRICS_PORT if pod.router else RUNTIME_PORT}"],
                  "labels": {"job": "autoglm-router" if pod.router else "autoglm-runtime",
                             "namespace": pod.namespace, "pod": pod.name,
                             "autoglm_deployment": pod.instance}}
