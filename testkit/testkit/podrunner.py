@@ -130,11 +130,16 @@ class PodRunner:
         """Pod name -> URL of every router pod of `namespace` running now."""
         return self._urls(namespace, router=True)
 
+    def router_ops_urls(self, namespace: str) -> dict[str, str]:
+        """Pod name -> URL of the /health and /metrics port of every router pod running now."""
+        return {name: url.rsplit(":", 1)[0] + f":{ROUTER_METRICS_PORT}"
+                for name, url in self.router_urls(namespace).items()}
+
     def router_requests(self, namespace: str) -> dict[tuple[str, str, str], float]:
         """What the routers of `namespace` counted (autoglm_router_requests_total), summed over
         them: (traffic class, the serving replica's mode, outcome) -> requests."""
         totals: dict[tuple[str, str, str], float] = {}
-        for url in self.router_urls(namespace).values():
+        for url in self.router_ops_urls(namespace).values():
             with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
                 text = response.read().decode()
             for line in text.splitlines():

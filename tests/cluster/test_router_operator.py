@@ -154,7 +154,7 @@ def test_service_reaches_replicas_of_the_right_mode_through_the_router_and_off_a
     _flip(cluster, ns, pods[1], sims[pods[1]], "batching")
     routers = pod_runner.router_urls(ns)
     both = {"streaming": 1, "batching": 1, "unknown": 0}
-    for url in routers.values():
+    for url in pod_runner.router_ops_urls(ns).values():
         wait_for(f"router {url} to see both modes",
                  lambda url=url: _health(url).get("replicas") == both, timeout=30)  # fmt: skip
     admitted_before = {p: _metrics(u).get("autoglm_requests_admitted_total", 0) for p, u in
