@@ -23,9 +23,10 @@ from __future__ import annotations
 SERVER_KEEP_ALIVE_SECONDS = 75
 
 # While a server drains, an idle connection closes this long after its last answer: past the
-# openai client's 5 s reuse, so that client has retired it, and the drain is not held up for the
-# whole keep-alive.
-DRAINING_IDLE_SECONDS = 6.0
+# openai client's 5 s and aiohttp's 15 s reuse, counted from when the client finished reading,
+# which under load can be seconds after the server sent the last byte; and the drain is not held
+# for the whole keep-alive.
+DRAINING_IDLE_SECONDS = 20.0
 
 # Below uvicorn's (and a plain `vllm serve`'s) stock 5 s, so also safe for replicas that do not
 # run our launcher.
