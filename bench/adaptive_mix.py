@@ -475,7 +475,7 @@ def environment(keep_files: bool, fixed: int | None, started: float) -> Iterator
                  lambda: len(runner.runtime_urls(NAMESPACE)) == REPLICAS, timeout=120)  # fmt: skip
         if fixed is not None:
             pin_split(cluster, runner, fixed)
-        proxy = stack.enter_context(ServiceProxy(cluster, NAMESPACE, NAME))
+        proxy = stack.enter_context(ServiceProxy(cluster, NAMESPACE, NAME, kubelet=runner))
         wait_for(f"Service {NAME} on ready router pods only",
                  lambda: router_endpoints(proxy, runner), timeout=120)  # fmt: skip
         progress(f"{REPLICAS} sims and {len(runner.router_urls(NAMESPACE))} routers up; load "

@@ -333,7 +333,7 @@ def run(args: argparse.Namespace) -> int:
         wait_ready(cluster, args.replicas)
         print(cluster.kubectl("get", "agd", "-n", DEMO_NAMESPACE).stdout)
 
-        proxy = stack.enter_context(ServiceProxy(cluster, DEMO_NAMESPACE, NAME))
+        proxy = stack.enter_context(ServiceProxy(cluster, DEMO_NAMESPACE, NAME, kubelet=runner))
         wait_for_routers(proxy)
         step(f"Driving traffic for {duration:.0f}s through Service {NAME} (the router): quiet, "
              "a peak of 6 streamed chats/s and 8 batch jobs/s, quiet again")  # fmt: skip

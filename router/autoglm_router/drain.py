@@ -44,20 +44,24 @@ class DrainingServer(uvicorn.Server):
         super().__init__(uvicorn.Config(self._closing_when_draining, interface="asgi3", **config))
         self.draining = False
         self._app = app
+        self._ops_task: asyncio.Future[None] | None = None
         self._ops = None if ops_port is None else _OpsServer(uvicorn.Config(
             app.ops, interface="asgi3", host=config.get("host", "127.0.0.1"), port=ops_port,
             lifespan="off", log_level=config.get("log_level", "warning"), access_log=False))
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
-        if self._ops is None:
-            await super().serve(sockets)
-            return
-        ops = asyncio.ensure_future(self._ops.serve())
         try:
             await super().serve(sockets)
         finally:
-            self._ops.should_exit = True
-            await ops
+            if self._ops_task is not None and self._ops is not None:
+                self._ops.should_exit = True
+                await self._ops_task
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        # The ops port opens once the API port listens: its /health may not pass before.
+        if self._ops is not None and not self.should_exit:
+            self._ops_task = asyncio.ensure_future(self._ops.serve())
 
     async def _closing_when_draining(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def send_closing(message: Message) -> None:
@@ -70,6 +74,7 @@ class DrainingServer(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.draining = True
+        self._app.draining = True  # /health fails: the API port no longer takes connections
         self._close_idle_connections_sooner()
         for server in self.servers:
             server.close()

@@ -228,6 +228,7 @@ class RouterApp:
                              label=self._label)
         self.inflight = 0
         self.buffered_body_bytes = 0
+        self.draining = False  # set on SIGTERM (drain.py): the API port has stopped listening
         self.others = OtherRouters(
             lambda: [e.name for e in self.discovery.endpoints()],
             lambda name: self.book.count.get(name, 0), self.settings.load_poll_interval)
@@ -353,8 +354,9 @@ class RouterApp:
 
     async def _health(self, send: Send) -> None:
         by_mode = self._count_replicas()
-        taking = sum(by_mode.values()) > 0
-        body = json.dumps({"status": "ok" if taking else "no_replica", "replicas": by_mode})
+        taking = sum(by_mode.values()) > 0 and not self.draining
+        status = "draining" if self.draining else "ok" if taking else "no_replica"
+        body = json.dumps({"status": status, "replicas": by_mode})
         await _respond(send, 200 if taking else 503, body.encode())
 
     # --- proxying ---------------------------------------------------------------------------

@@ -4,14 +4,18 @@ EndpointSlices refuse loopback addresses, so the endpoint controller cannot publ
 cluster's pods. This proxy works the endpoints out the way that controller does, from a pod
 watch: pods that match the Service's selector, have an IP, are Ready and are not terminating.
 kwok reports a pod Ready without probing anything, so the proxy also runs the container's HTTP
-readinessProbe itself, as the kubelet would, before the pod counts as ready.
+readinessProbe itself, as the kubelet would, before the pod counts as ready. And kwok hands a
+deleted pod's IP to the next pod at once, while the old pod's process still drains on it
+(testkit.podrunner makes the new pod wait for the address): a probe of that address reaches
+the old process. So, given the `kubelet` (the PodRunner), a pod counts only once its own
+process runs, as a pod's readiness does once its container has started.
 
 Like kube-proxy it balances connections, not requests: a new connection goes to the next ready
 endpoint, and an established connection stays with its pod until either side closes it. Like
 the endpoint controller it follows the Service: when its selector changes (the operator moves
 Service `<name>` onto the router pods once one is ready), the endpoints follow at once.
 
-    with ServiceProxy(cluster, "demo", "phone-9b") as proxy:
+    with ServiceProxy(cluster, "demo", "phone-9b", kubelet=pod_runner) as proxy:
         openai.OpenAI(base_url=proxy.url + "/v1", api_key="EMPTY")
 """
 
@@ -23,13 +27,19 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes import client, config, watch  # type: ignore[import-untyped]
 
 from testkit.localcluster import LocalCluster, http_ok, log
 
 PROBE_EVERY_SECONDS = 0.5
+
+
+class Kubelet(Protocol):
+    """What runs the pods' processes (testkit.podrunner.PodRunner)."""
+
+    def running(self, pod_name: str) -> object | None: ...
 
 
 @dataclass(frozen=True)
@@ -50,8 +60,12 @@ class ProxyStats:
 
 
 class ServiceProxy:
-    def __init__(self, cluster: LocalCluster, namespace: str, service: str) -> None:
+    def __init__(self, cluster: LocalCluster, namespace: str, service: str,
+                 kubelet: Kubelet | None = None) -> None:  # fmt: skip
+        """`kubelet`: what runs the pods' processes; None when nothing here runs them (their
+        readinessProbe alone decides)."""
         self.namespace = namespace
+        self._kubelet = kubelet
         self.service = service
         api_client = config.new_client_from_config(config_file=cluster.kubeconfig)
         self.core = client.CoreV1Api(api_client)
@@ -230,14 +244,16 @@ class ServiceProxy:
         while not self._stop.wait(PROBE_EVERY_SECONDS):
             with self._lock:
                 candidates = list(self._candidates.values())
-            passed = {
-                e.pod for e in candidates if e.probe_url is None or http_ok(e.probe_url, timeout=1)
-            }
+            passed = {e.pod for e in candidates if self._started(e.pod) and (
+                e.probe_url is None or http_ok(e.probe_url, timeout=1))}
             with self._lock:
                 for pod in self._probed - passed:
                     self.stats.removed_at[pod] = time.time()
                 # A pod deleted while it was probed stays out.
                 self._probed = passed & set(self._candidates)
+
+    def _started(self, pod: str) -> bool:
+        return self._kubelet is None or self._kubelet.running(pod) is not None
 
     # -- the data path ---------------------------------------------------------------------------
 

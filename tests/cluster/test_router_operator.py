@@ -161,7 +161,7 @@ def test_service_reaches_replicas_of_the_right_mode_through_the_router_and_off_a
                        sims.items()}  # fmt: skip
 
     # The official client through Service <name>: the local kube-proxy picks a router pod.
-    with ServiceProxy(cluster, ns, NAME) as proxy:
+    with ServiceProxy(cluster, ns, NAME, kubelet=pod_runner) as proxy:
         wait_for("2 ready router endpoints", lambda: len(proxy.endpoints()) == 2, timeout=30)
         assert {e.pod for e in proxy.endpoints()} == set(routers)
         _send(proxy.url + "/v1")
@@ -192,6 +192,6 @@ def test_service_reaches_replicas_of_the_right_mode_through_the_router_and_off_a
     wait_for("status.router off", lambda: status(cluster, ns).get("router") == {
         "enabled": False, "replicas": 0, "readyReplicas": 0}, timeout=30)  # fmt: skip
     wait_for("the router processes stopped", lambda: not pod_runner.router_urls(ns), timeout=60)
-    with ServiceProxy(cluster, ns, NAME) as proxy:
+    with ServiceProxy(cluster, ns, NAME, kubelet=pod_runner) as proxy:
         wait_for("2 ready serving endpoints", lambda: len(proxy.endpoints()) == 2, timeout=30)
         assert {e.pod for e in proxy.endpoints()} == set(pods)

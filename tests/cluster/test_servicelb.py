@@ -1,9 +1,12 @@
 """testkit.servicelb's ServiceProxy follows its Service, as kube-proxy does: when the selector
 changes (the operator moves Service `<name>` onto the router pods once one is ready), new
-connections go to the newly selected pods, not to the ones selected when the proxy started."""
+connections go to the newly selected pods, not to the ones selected when the proxy started.
+And a pod counts only once its own process runs: kwok hands a deleted pod's IP to the next pod
+at once, so a probe of the new pod's address can reach the old pod's process."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -42,3 +45,28 @@ def test_endpoints_follow_a_selector_change(cluster: LocalCluster, namespace: st
         wait_for("the router pod as the endpoint",
                  lambda: [e.pod for e in proxy.endpoints()] == ["router"], timeout=10)  # fmt: skip
         assert proxy.endpoints()[0].address.endswith(":8000")
+
+
+def test_a_pod_is_no_endpoint_until_its_own_process_runs(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    started: set[str] = set()
+
+    class Kubelet:
+        def running(self, pod_name: str) -> str | None:
+            return pod_name if pod_name in started else None
+
+    cluster.apply(pod("serving", "serving"), namespace=namespace)
+    cluster.apply(service("serving"), namespace=namespace)
+    with ServiceProxy(cluster, namespace, "front", kubelet=Kubelet()) as proxy:
+        wait_for("the pod Ready in the API", lambda: _ready_in_api(cluster, namespace), timeout=30)
+        time.sleep(2.0)  # four probe rounds
+        assert proxy.endpoints() == []
+        started.add("serving")
+        wait_for("the running pod as the endpoint",
+                 lambda: [e.pod for e in proxy.endpoints()] == ["serving"], timeout=10)  # fmt: skip
+
+
+def _ready_in_api(cluster: LocalCluster, namespace: str) -> bool:
+    ready = "jsonpath={.status.conditions[?(@.type=='Ready')].status}"
+    return cluster.kubectl("get", "pod", "serving", "-n", namespace, "-o", ready).stdout == "True"

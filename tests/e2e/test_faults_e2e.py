@@ -131,7 +131,7 @@ def test_a_runtime_pod_killed_under_load_finishes_what_it_admitted(
     deploy(cluster, namespace, obj, "3/3")
     pods = [p["metadata"]["name"] for p in live_pods(cluster, namespace)]
     wait_for("a runtime per pod", lambda: all(pod_runner.running(p) for p in pods), timeout=60)
-    with ServiceProxy(cluster, namespace, NAME) as proxy:
+    with ServiceProxy(cluster, namespace, NAME, kubelet=pod_runner) as proxy:
         wait_for("3 ready endpoints", lambda: len(proxy.endpoints()) == 3, timeout=30)
         victim = pod_runner.running(pods[0])
         assert victim is not None
@@ -271,7 +271,7 @@ def test_operator_killed_mid_flip_finishes_it_once_and_keeps_the_cooldown(
     )
     assert operator.proc is not None
 
-    with ServiceProxy(cluster, namespace, NAME) as proxy:
+    with ServiceProxy(cluster, namespace, NAME, kubelet=pod_runner) as proxy:
         wait_for("2 ready endpoints", lambda: len(proxy.endpoints()) == 2, timeout=30)
         report = LoadReport()
 

@@ -70,7 +70,7 @@ def test_flips_under_load_through_the_router_fail_no_request(
             await asyncio.to_thread(wait_for, f"both replicas {mode}", lambda m=mode: all_in(m), 30)
             flips.append((mode, time.monotonic()))
 
-    with ServiceProxy(cluster, ns, NAME) as proxy:
+    with ServiceProxy(cluster, ns, NAME, kubelet=pod_runner) as proxy:
         wait_for("2 ready router endpoints", lambda: len(proxy.endpoints()) == 2, timeout=30)
         assert {e.pod for e in proxy.endpoints()} == set(pod_runner.router_urls(ns))
         base = proxy.url + "/v1"

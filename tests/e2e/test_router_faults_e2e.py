@@ -71,7 +71,7 @@ def test_serving_pod_deleted_under_load_through_the_router_fails_no_request(
     ns = namespace
     _ready(cluster, ns, pod_runner)
     victim = sorted(pod_runner.runtime_urls(ns))[0]
-    with ServiceProxy(cluster, ns, NAME) as proxy:
+    with ServiceProxy(cluster, ns, NAME, kubelet=pod_runner) as proxy:
         wait_for("2 ready router endpoints", lambda: len(proxy.endpoints()) == 2, timeout=30)
         report, _ = _load_with_deletion(cluster, ns, proxy, victim)
         counts = pod_runner.router_requests(ns)
@@ -93,7 +93,7 @@ def test_router_pod_deleted_under_load_fails_no_request(
     _ready(cluster, ns, pod_runner)
     routers = sorted(pod_runner.router_urls(ns))
     victim, survivor = routers
-    with ServiceProxy(cluster, ns, NAME) as proxy:
+    with ServiceProxy(cluster, ns, NAME, kubelet=pod_runner) as proxy:
         wait_for("2 ready router endpoints", lambda: len(proxy.endpoints()) == 2, timeout=30)
         report, deleted_at = _load_with_deletion(cluster, ns, proxy, victim)
         stats = proxy.stats

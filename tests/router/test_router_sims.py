@@ -237,9 +237,11 @@ def test_client_disconnect_cancels_the_upstream_request(
     assert metric(router.ops_url, "autoglm_router_requests_total", outcome="client_gone") == 1
 
 
-def test_sigterm_stops_new_connections_and_lets_streams_finish(
+def test_sigterm_stops_new_connections_fails_readiness_and_lets_streams_finish(
     start_router: StartRouter, slow: SimProcess
 ) -> None:
+    """The ops port outlives the API port through the drain; its /health (the readiness probe)
+    must not pass there, or a pod that takes the address next looks ready before it listens."""
     router = start_router([slow.base_url])
     body = {"model": MODEL, "messages": [{"role": "user", "content": "long"}], "stream": True,
             "max_tokens": 300}
@@ -250,7 +252,9 @@ def test_sigterm_stops_new_connections_and_lets_streams_finish(
         assert next(lines).startswith("data:")
         router.terminate()
         wait_for(lambda: _refuses_connections(router), timeout=3)
+        health = httpx.get(router.health_url, timeout=3)
         rest = [line for line in lines if line]
+    assert (health.status_code, health.json()["status"]) == (503, "draining")
     assert rest[-1] == "data: [DONE]"
     assert sum(1 for line in rest if line.startswith("data: {")) > 50
     # uvicorn re-raises the SIGTERM it caught once it has shut down, as a container expects.
