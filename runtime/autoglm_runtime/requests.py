@@ -33,7 +33,8 @@ MAX_LOGPROBS = 20
 # Longer integers are refused before int() (Python's own limit is 4300 digits, a ValueError).
 _MAX_INT_DIGITS = 30
 # Names that resolve inside the cluster or to a cloud's metadata service.
-_INTERNAL_SUFFIXES = (".svc", ".local", ".internal", ".cluster", "localhost")
+# Names that resolve inside the cluster or the node, never to a public media host.
+INTERNAL_HOST_SUFFIXES = (".svc", ".local", ".internal", ".cluster", "localhost")
 IMAGE_PART_TYPES = frozenset({"image_url", "image", "input_image", "image_pil", "image_embeds"})
 # Media the model does not take here: refused rather than fetched.
 REFUSED_PART_TYPES = frozenset({"video_url", "video", "audio_url", "input_audio", "audio",
@@ -287,7 +288,7 @@ def media_url_problem(url: str, allowed_domains: tuple[str, ...]) -> str | None:
 
 
 def _is_internal(host: str) -> bool:
-    if not host or host.endswith(_INTERNAL_SUFFIXES) or "." not in host.strip("[]"):
+    if not host or host.endswith(INTERNAL_HOST_SUFFIXES) or "." not in host.strip("[]"):
         return True  # a bare name resolves through the cluster's search domains
     try:
         address = ipaddress.ip_address(host.strip("[]"))

@@ -25,6 +25,7 @@ from autoglm_operator.resource.pods import (
     pod_template_hash,
     unschedulable_message,
 )
+from autoglm_runtime.engine_args import without_newly_managed
 from autoglm_runtime.profiles import Mode
 
 READY = "Ready"
@@ -216,6 +217,18 @@ def _ready(
 # -- the whole -------------------------------------------------------------------------------
 
 
+def spec_warnings(spec: crd.AutoGLMDeploymentSpec) -> list[str]:
+    """What the spec asks that the pods do not get. An object admitted before the operator
+    managed a flag keeps it in engine.extraArgs (the apiserver ratchets unchanged fields); its
+    pods are built without it, so they start, and this says so."""
+    _, ignored = without_newly_managed(spec.engine.extra_args)
+    return [
+        f"engine.extraArgs {flag} is ignored, the operator sets it: "
+        f"{crd.MANAGED_FLAG_FIELDS[flag]} and remove it from engine.extraArgs"
+        for flag in dict.fromkeys(ignored)
+    ]
+
+
 def compute(
     *,
     name: str,
@@ -264,6 +277,7 @@ def compute(
         "selector": serving.selector_string(name),
         "endpoint": serving.endpoint_url(name, namespace, spec),
         "router": routing,
+        "warnings": spec_warnings(spec),
     }
     changed = any(current.get(k) != v for k, v in status.items()) or any(
         previous.get(c["type"]) != c for c in conditions

@@ -14,7 +14,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field
 from pydantic.json_schema import JsonDict, JsonValue
 
 from autoglm_operator.resource import images
@@ -23,11 +23,13 @@ from autoglm_runtime.engine_args import (
     API_KEY_FLAG_PATTERN,
     CONFIG_FLAG_MESSAGE,
     CONFIG_FLAG_PATTERN,
+    DEFAULT_IMAGES_PER_PROMPT,
     DEFAULT_SERVED_MODEL_NAME,
     MANAGED_SPELLINGS,
     managed_flag_pattern,
 )
 from autoglm_runtime.profiles import CamelModel, Mode, ModeProfiles
+from autoglm_runtime.requests import INTERNAL_HOST_SUFFIXES
 
 GROUP = "autoglm.io"
 VERSION = "v1alpha1"
@@ -190,7 +192,7 @@ class ModelSource(CamelModel):
 
 
 # What a user sets instead of each managed flag, in this resource's terms.
-_MANAGED_FLAG_FIELDS = {
+MANAGED_FLAG_FIELDS = {
     "--served-model-name": "use model.servedName",
     "--host": "the operator sets it",
     "--port": "the operator sets it",
@@ -207,8 +209,8 @@ _MANAGED_FLAG_FIELDS = {
     "--reasoning-parser": "use engine.reasoningParser",
     "--max-num-batched-tokens": "use engine.maxNumBatchedTokens",
     "--stream-interval": "use the profiles' streamCoalesceChunks",
-    "--limit-mm-per-prompt": "the operator sets it, as the middleware enforces it",
-    "--allowed-media-domains": "the operator sets it (none: images are inline data: URLs)",
+    "--limit-mm-per-prompt": "use multimodal.imagesPerPrompt",
+    "--allowed-media-domains": "use multimodal.allowedMediaDomains",
     "--allowed-local-media-path": "never set: file:// image URLs would read the pod's files",
 }
 
@@ -225,7 +227,7 @@ def _managed_flag_rules() -> list[JsonDict]:
         rules.append(_cel(
             f"self.all(a, !a.matches('{managed_flag_pattern(flag)}'))",
             f"engine.extraArgs may not set a flag the operator manages: {flag} (refused as "
-            f"vLLM reads it: {spellings}; _ for - too): {_MANAGED_FLAG_FIELDS[flag]}",
+            f"vLLM reads it: {spellings}; _ for - too): {MANAGED_FLAG_FIELDS[flag]}",
         ))  # fmt: skip
     return rules
 
@@ -267,6 +269,49 @@ class EngineOptions(CamelModel):
                 ),
             ]
         },
+    )
+
+
+# A public DNS name: at least two labels, the last one not numeric (no IP literal, no bare name
+# that the cluster's search domains would resolve), lower case as vLLM compares it.
+_MEDIA_DOMAIN = r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?[.])+[a-z]([a-z0-9-]{0,61}[a-z0-9])?$"
+
+
+def _public_media_domain(domain: str) -> str:
+    """The CEL rule below, for objects read without the apiserver (the operator, the tests)."""
+    if domain.endswith(INTERNAL_HOST_SUFFIXES):
+        raise ValueError(f"{domain} is a cluster-internal or local host")
+    return domain
+
+
+_MediaDomain = Annotated[
+    str, Field(max_length=253, pattern=_MEDIA_DOMAIN), AfterValidator(_public_media_domain)
+]
+
+
+class MultimodalSettings(CamelModel):
+    """The images one prompt may carry and the hosts the engine may fetch them from. Read at
+    start-up (vLLM's --limit-mm-per-prompt and --allowed-media-domains): a change rolls the
+    pods. The middleware refuses a request past either with a 400 before admission."""
+
+    images_per_prompt: int = Field(
+        default=DEFAULT_IMAGES_PER_PROMPT, ge=1, le=64,
+        description="Images one prompt may carry; the phone agent sends one per step.",
+    )  # fmt: skip
+    allowed_media_domains: list[_MediaDomain] = (
+        Field(
+            default_factory=list,
+            max_length=16,
+            description="Hosts an http(s) image URL may name; none by default: images come "
+            "inline as data: URLs, as the phone agent sends them. The pods fetch from these "
+            "hosts, so the serving pods' egress must reach them.",
+            json_schema_extra={"x-kubernetes-validations": [_cel(
+                "self.all(d, " + " && ".join(
+                    f"!d.endsWith('{suffix}')" for suffix in INTERNAL_HOST_SUFFIXES) + ")",
+                "multimodal.allowedMediaDomains may not name a cluster-internal or local host "
+                f"(a name ending in {', '.join(INTERNAL_HOST_SUFFIXES)})",
+            )]},
+        )
     )
 
 
@@ -887,6 +932,7 @@ class AutoGLMDeploymentSpec(CamelModel):
     dtype: Literal["float16", "bfloat16"] = "float16"
     max_model_len: int = Field(default=2048, ge=128)
     engine: EngineOptions = Field(default_factory=EngineOptions)
+    multimodal: MultimodalSettings = Field(default_factory=MultimodalSettings)
     mode_policy: ModePolicy = ModePolicy.ADAPTIVE
     switch_strategy: SwitchStrategy = SwitchStrategy.IN_PLACE
     profiles: ModeProfiles = Field(default_factory=ModeProfiles)
@@ -998,6 +1044,10 @@ class AutoGLMDeploymentStatus(CamelModel):
         default_factory=list,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
+    warnings: list[str] = Field(
+        default_factory=list, max_length=16,
+        description="Settings of the spec the operator does not apply, and what to set instead.",
+    )  # fmt: skip
     last_decision: Decision | None = None
     decision_history: list[Decision] = Field(default_factory=list, max_length=10)
     adaptive_state: AdaptiveLoopState | None = None

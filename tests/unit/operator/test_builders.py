@@ -11,7 +11,12 @@ import pytest
 from autoglm_operator.reconcile.children import serving as builders
 from autoglm_operator.resource import spec as crd
 from autoglm_runtime.config import ConfigFile
-from autoglm_runtime.engine_args import MIDDLEWARE_IMPORT_PATH, refused_extra_arg
+from autoglm_runtime.engine_args import (
+    MIDDLEWARE_IMPORT_PATH,
+    NO_MEDIA_DOMAIN,
+    build_vllm_argv,
+    refused_extra_arg,
+)
 from autoglm_runtime.profiles import MODE_LABEL, Mode
 
 OWNER = builders.Owner(name="phone-9b", namespace="serving", uid="0000-1111")
@@ -372,3 +377,23 @@ def test_an_object_admitted_with_a_now_managed_media_flag_still_gets_pods_that_s
     settings = builders.engine_settings(spec)
     assert settings.extra_args == ("--seed", "7")
     assert not [arg for arg in settings.extra_args if refused_extra_arg(arg)]
+
+
+def test_spec_multimodal_sets_the_engines_image_limit_and_media_hosts() -> None:
+    spec = crd.AutoGLMDeploymentSpec.model_validate(
+        {"multimodal": {"imagesPerPrompt": 4, "allowedMediaDomains": ["cdn.example.com"]}}
+    )
+    argv = build_vllm_argv(builders.engine_settings(spec))
+    assert argv[argv.index("--limit-mm-per-prompt") + 1] == '{"image":4,"video":0}'
+    assert argv[argv.index("--allowed-media-domains") + 1 :][:1] == ["cdn.example.com"]
+    default = build_vllm_argv(builders.engine_settings(crd.AutoGLMDeploymentSpec()))
+    # None allowed: a name that never resolves, since vLLM takes any host when the list is empty.
+    assert default[default.index("--allowed-media-domains") + 1] == NO_MEDIA_DOMAIN
+
+
+@pytest.mark.parametrize("domain", ["localhost", "10.0.0.1", "metadata.internal", "a.svc", "X.io"])
+def test_spec_multimodal_refuses_hosts_inside_the_cluster_or_node(domain: str) -> None:
+    with pytest.raises(ValueError):
+        crd.AutoGLMDeploymentSpec.model_validate(
+            {"multimodal": {"allowedMediaDomains": [domain]}}
+        )

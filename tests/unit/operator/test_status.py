@@ -290,3 +290,16 @@ def test_a_serving_pod_stuck_is_named_before_a_router_pod_and_gone_router_pods_a
     off = crd.AutoGLMDeploymentSpec.model_validate({"replicas": 2, "router": {"enabled": False}})
     turned_off = compute([pod("a"), pod("b")], spec=off, router=None, router_pods=[stuck_router])
     assert conditions(turned_off)["Degraded"]["status"] == "False"
+
+
+def test_a_media_flag_left_in_extra_args_from_before_is_named_in_the_warnings() -> None:
+    """Objects admitted before the operator managed --limit-mm-per-prompt keep it (the apiserver
+    ratchets unchanged fields); the pods start without it and the status says what to set."""
+    legacy = crd.AutoGLMDeploymentSpec.model_validate({"engine": {"extraArgs": [
+        "--limit-mm-per-prompt", '{"image":4}', "--seed", "7"]}})  # fmt: skip
+    warnings = compute([pod("a")], spec=legacy).status["warnings"]
+    assert warnings == [
+        "engine.extraArgs --limit-mm-per-prompt is ignored, the operator sets it: use "
+        "multimodal.imagesPerPrompt and remove it from engine.extraArgs"
+    ]
+    assert compute([pod("a")]).status["warnings"] == []

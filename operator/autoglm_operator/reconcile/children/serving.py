@@ -188,6 +188,8 @@ def engine_settings(spec: crd.AutoGLMDeploymentSpec, mode: Mode | None = None) -
         shutdown_timeout_seconds=engine.shutdown_timeout_seconds,
         reasoning_parser=engine.reasoning_parser,
         stream_interval=stream_interval,
+        images_per_prompt=spec.multimodal.images_per_prompt,
+        allowed_media_domains=tuple(spec.multimodal.allowed_media_domains),
         extra_args=tuple(without_newly_managed(engine.extra_args)[0]),
     )
 
