@@ -1,5 +1,6 @@
 """The optional NetworkPolicies: serving pods reachable only from the named clients, the operator,
-Prometheus and the helm test pod; the operator pod only on its metrics port, from Prometheus.
+Prometheus and the helm test pod, and reaching neither link-local nor the cluster's ranges; the
+operator pod only on its metrics port, from Prometheus.
 
 Selectors are checked against the objects they must match (the operator's own pod template, the
 chart's operator Deployment and test pod), so a renamed label breaks a test, not the traffic.
@@ -7,6 +8,7 @@ Bad values: tests/unit/chart/test_chart_values.py."""
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 import pytest
@@ -113,9 +115,13 @@ def test_operator_pod_takes_only_prometheus_on_its_metrics_port() -> None:
     [rule] = policy["spec"]["ingress"]
     ports = {p["name"] for p in operator["spec"]["containers"][0]["ports"]}
     assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}] and "metrics" in ports
-    # The values' default: the Prometheus Operator's and the prometheus-community chart's pods.
+    # The values' default: the Prometheus Operator's and the prometheus-community chart's pods,
+    # in the namespace named by the label only the apiserver sets.
     prometheus = {"app.kubernetes.io/name": "prometheus"}
-    assert rule["from"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": prometheus}}]
+    assert rule["from"] == [{
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+        "podSelector": {"matchLabels": prometheus}}]  # fmt: skip
+    assert not any(_peer_matches(p, "elsewhere", prometheus) for p in rule["from"])
 
 
 @pytest.mark.parametrize(
@@ -130,7 +136,7 @@ def test_one_serving_policy_per_namespace_that_runs_models(
     values: dict[str, Any], namespaces: list[str]
 ) -> None:
     docs = render({**ENABLED, **values})
-    for kind in ("-serving", "-router"):
+    for kind in ("-serving", "-serving-egress", "-router"):
         policies = [
             d for d in by_kind(docs, "NetworkPolicy") if d["metadata"]["name"].endswith(kind)
         ]
@@ -149,4 +155,50 @@ def test_the_helm_test_pod_takes_no_connections() -> None:
 def test_no_operator_policy_without_an_operator_pod() -> None:
     docs = render({**ENABLED, "operator.replicas": 0})
     names = [d["metadata"]["name"] for d in by_kind(docs, "NetworkPolicy")]
-    assert names == [f"{FULLNAME}-serving", f"{FULLNAME}-router", f"{FULLNAME}-test"]
+    assert names == [f"{FULLNAME}-serving", f"{FULLNAME}-serving-egress", f"{FULLNAME}-router",
+                     f"{FULLNAME}-test"]  # fmt: skip
+
+
+def _denied(rule: dict[str, Any], address: str) -> bool:
+    """Whether an ipBlock rule leaves `address` out: outside every block or in an except."""
+    ip = ipaddress.ip_address(address)
+    for peer in rule["to"]:
+        block = peer["ipBlock"]
+        if ip.version != ipaddress.ip_network(block["cidr"]).version:
+            continue
+        inside = ip in ipaddress.ip_network(block["cidr"])
+        if inside and not any(ip in ipaddress.ip_network(c) for c in block.get("except", [])):
+            return False
+    return True
+
+
+def test_serving_pods_reach_the_internet_and_dns_but_not_metadata_or_cluster_addresses() -> None:
+    docs = render(ENABLED)
+    policy = one(docs, "NetworkPolicy", f"{FULLNAME}-serving-egress")
+    pod = builders.pod_template("phone-9b", crd.AutoGLMDeploymentSpec())
+    assert _selects(policy["spec"]["podSelector"], pod["metadata"]["labels"])
+    assert policy["spec"]["policyTypes"] == ["Egress"]
+    addresses, dns = policy["spec"]["egress"]
+    for inside in ("169.254.169.254", "10.96.0.1", "10.0.0.1", "172.20.0.5", "192.168.1.1",
+                   "100.64.0.1", "fe80::1", "fd00::1"):
+        assert _denied(addresses, inside), inside
+    for outside in ("18.154.227.7", "8.8.8.8", "2600:9000:2000::1"):  # a hub's CDN, DNS, IPv6
+        assert not _denied(addresses, outside), outside
+    assert "ports" not in addresses
+    coredns = {"k8s-app": "kube-dns", "pod-template-hash": "x"}
+    assert any(_peer_matches(p, "kube-system", coredns) for p in dns["to"])
+    assert not any(_peer_matches(p, NAMESPACE, coredns) for p in dns["to"])
+    assert dns["ports"] == [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
+
+
+def test_serving_egress_takes_more_peers_and_can_be_left_off() -> None:
+    mirror = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "models"}}}
+    docs = render({**ENABLED, "networkPolicy.egress.allowed": [mirror],
+                   "networkPolicy.egress.deniedCidrs": ["10.0.0.0/8"]})  # fmt: skip
+    policy = one(docs, "NetworkPolicy", f"{FULLNAME}-serving-egress")
+    addresses, _, extra = policy["spec"]["egress"]
+    assert extra == {"to": [mirror]}
+    assert _denied(addresses, "10.1.2.3") and not _denied(addresses, "169.254.169.254")
+    off = render({**ENABLED, "networkPolicy.egress.enabled": False})
+    assert f"{FULLNAME}-serving-egress" not in {d["metadata"]["name"]
+                                                for d in by_kind(off, "NetworkPolicy")}
