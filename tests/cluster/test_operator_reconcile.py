@@ -342,6 +342,31 @@ def test_missing_api_key_secret_is_permanent_until_the_spec_changes(
     } in env
 
 
+def test_a_service_of_that_name_it_did_not_create_is_reported_and_left_alone(
+    cluster: LocalCluster, namespace: str, operator: Operator
+) -> None:
+    theirs = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": NAME},
+              "spec": {"selector": {"app": "theirs"}, "ports": [{"port": 80}]}}  # fmt: skip
+    cluster.apply(theirs, namespace=namespace)
+    cluster.apply(agd_object(), namespace=namespace)
+
+    def taken() -> dict[str, Any] | None:
+        cond = condition(status(cluster, namespace), "Degraded")
+        return cond if cond.get("reason") == "NameTaken" else None
+
+    cond = wait_for("Degraded/NameTaken", taken)
+    assert f"Service {NAME} already exists and is not owned by" in cond["message"]
+    service = get(cluster, namespace, "service", NAME)
+    assert service["spec"]["selector"] == {"app": "theirs"}
+    assert "ownerReferences" not in service["metadata"]
+    assert any(e["reason"] == "NameTaken" for e in events(cluster, namespace))
+    # Once it is gone, the operator's own takes its place (the retry is on a backoff).
+    cluster.kubectl("delete", "service", NAME, "-n", namespace)
+    wait_for("2/2 with its own Service", ready_as(cluster, namespace, "2/2"), timeout=120)
+    assert get(cluster, namespace, "service", NAME)["metadata"]["ownerReferences"]
+    assert condition(status(cluster, namespace), "Degraded")["status"] == "False"
+
+
 def test_a_quiet_minute_costs_no_api_calls(
     cluster: LocalCluster, namespace: str, operator: Operator
 ) -> None:

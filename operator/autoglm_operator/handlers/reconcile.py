@@ -255,6 +255,12 @@ class Reconciler:
         except executor.ApiError as err:
             state.fingerprint = None
             return _failed(self.logger, body, the_plan.inputs, state, err)
+        except executor.NameTaken as taken:
+            # Retried with backoff: the other object's deletion is no event this operator sees.
+            state.fingerprint = None
+            delay = _back_off(state)
+            problem = status_.Problem("NameTaken", f"{taken} (checking again in {delay:.0f}s)")
+            return _warn(self.logger, body, problem)
         state.fingerprint = the_plan.fingerprint
         state.failures = 0
         return None
@@ -422,14 +428,25 @@ def _failed(
     err: executor.ApiError,
 ) -> status_.Problem:
     """Temporary errors retry with exponential backoff; permanent ones wait for a spec change."""
-    state.failures += 1
     if err.temporary:
-        delay = min(settings_.MAX_BACKOFF_SECONDS, 2.0 ** min(state.failures, 10))
-        state.retry_at = time.monotonic() + delay
+        delay = _back_off(state)
         problem = status_.Problem("ReconcileFailed", f"{err} (retrying in {delay:.0f}s)")
     else:
+        state.failures += 1
         problem = status_.Problem("ReconcileRejected", f"{err}; change the spec to retry.")
         state.blocked = (inputs.generation, problem)
+    return _warn(logger, body, problem)
+
+
+def _back_off(state: ReconcileMemory) -> float:
+    """One more failure in a row: the next pass waits exponentially longer (its delay)."""
+    state.failures += 1
+    delay = min(settings_.MAX_BACKOFF_SECONDS, 2.0 ** min(state.failures, 10))
+    state.retry_at = time.monotonic() + delay
+    return delay
+
+
+def _warn(logger: kopf.Logger, body: kopf.Body, problem: status_.Problem) -> status_.Problem:
     executor.event(body, warning=True, reason=problem.reason, message=problem.message)
     logger.warning(problem.message)
     return problem

@@ -28,7 +28,7 @@ from autoglm_operator.io import kube
 from autoglm_operator.io.runtime_client import RuntimeAdminError, SetModeResult
 from autoglm_operator.reconcile import plan
 from autoglm_operator.reconcile.children import serving
-from autoglm_operator.reconcile.observe import Observed
+from autoglm_operator.reconcile.observe import Observed, owned_by
 from autoglm_operator.resource.conditions import without_empty
 from autoglm_runtime.profiles import MODE_LABEL, Mode
 
@@ -39,6 +39,19 @@ T = TypeVar("T")
 # One field manager owns the whole status (the reconcile pass's fields and the adaptive
 # pass's); the managers of earlier versions are released from live objects (write_status).
 STATUS_FIELD_MANAGER = kube.STATUS_FIELD_MANAGER
+
+
+class NameTaken(Exception):
+    """A child's name is held by an object this AutoGLMDeployment does not own. Forced
+    server-side apply would take it over (a same-named Secret, Role or Deployment someone else
+    made); the operator never adopts: it stops and says which object is in the way."""
+
+    def __init__(self, kind: str, name: str, owner: serving.Owner) -> None:
+        super().__init__(
+            f"{kind} {name} already exists and is not owned by AutoGLMDeployment {owner.name} "
+            f"(no ownerReference to it); the operator does not take over objects it did not "
+            f"create: delete or rename that {kind}, or give this AutoGLMDeployment another name"
+        )
 
 
 class MissingAdminToken(LookupError):
@@ -178,6 +191,8 @@ class Executor:
         kind, child = action.key
         rollout = plan.is_rollout(action, observed.children)
         old = observed.children.get(action.key)
+        if action.verb == "create":
+            await self._refuse_taken(the_plan.owner, kind, child)
         result = await self.call(self.kube.apply, action.manifest)
         state.written[action.key] = plan.Written(
             digest=serving.digest(action.manifest),
@@ -194,6 +209,13 @@ class Executor:
             message = f"Updated {kind} {child}: {plan.describe_update(old, action.manifest)}"
             self._report(body, "Updated", message)
 
+    async def _refuse_taken(self, owner: serving.Owner, kind: str, name: str) -> None:
+        """The indexes hold only this object's children: one they lack may still exist,
+        someone else's (or ours, not delivered yet by the watch)."""
+        live = await self.get(kind, owner.namespace, name)
+        if live is not None and not owned_by(live, owner.uid):
+            raise NameTaken(kind, name, owner)
+
     async def _admin_secret(
         self, body: Any, the_plan: plan.Plan, observed: Observed, state: plan.ReconcileMemory
     ) -> None:
@@ -203,6 +225,8 @@ class Executor:
         manifest = serving.admin_secret(the_plan.owner, secrets.token_urlsafe(32))
         if the_plan.admin_secret == "create":
             result = await self.call(self.kube.create, manifest)
+            if result is None:  # it exists: another replica's create won, or not ours at all
+                await self._refuse_taken(the_plan.owner, *key)
             verb = "Created"
         else:
             result = await self.call(self.kube.apply, manifest)

@@ -52,7 +52,7 @@ class Observed:
         return rv(self.body), tuple(sorted(rv(o) for o in objs))
 
 
-def _owned(obj: dict[str, Any], uid: str) -> bool:
+def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
     refs = (obj.get("metadata") or {}).get("ownerReferences") or []
     return any(ref.get("uid") == uid for ref in refs)
 
@@ -67,7 +67,7 @@ def observe(
     key = (namespace, name)
 
     def owned(index: str) -> list[dict[str, Any]]:
-        return [o for o in indexes[index].get(key, []) if _owned(o, uid)]
+        return [o for o in indexes[index].get(key, []) if owned_by(o, uid)]
 
     children: dict[Key, dict[str, Any]] = {}
     for index, kind in CHILD_INDEXES:

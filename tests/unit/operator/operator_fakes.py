@@ -15,6 +15,7 @@ class FakeKube:
         self.calls: list[tuple[str, str, str]] = []
         self._rv = itertools.count(1)
         self.fail_with: kube.ApiError | None = None
+        self.statuses: list[dict[str, Any]] = []  # every status written, in order
 
     def _check(self, verb: str, kind: str, name: str) -> None:
         self.calls.append((verb, kind, name))
@@ -66,4 +67,5 @@ class FakeKube:
         self, namespace: str, name: str, status: dict[str, Any], field_manager: str = ""
     ) -> dict[str, Any]:
         self._check("apply_status", "AutoGLMDeployment", name)
+        self.statuses.append(copy.deepcopy(status))
         return {"metadata": {"resourceVersion": str(next(self._rv))}, "status": status}

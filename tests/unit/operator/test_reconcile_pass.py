@@ -16,6 +16,7 @@ from autoglm_operator.handlers import reconcile as handlers
 from autoglm_operator.io import executor, kube
 from autoglm_operator.reconcile import plan
 from autoglm_operator.reconcile.children import serving as builders
+from autoglm_operator.reconcile.observe import owned_by
 
 NS, NAME, UID = "serving", "phone-9b", "uid-1"
 
@@ -42,7 +43,7 @@ def body(
             "namespace": NS,
             "uid": UID,
             "generation": generation,
-            "resourceVersion": "1",
+            "resourceVersion": str(generation),
         },
         "spec": spec,
         "status": status or {},
@@ -52,10 +53,13 @@ def body(
 def observed(
     api: FakeKube, agd: dict[str, Any], pods: list[dict[str, Any]] | None = None
 ) -> handlers.Observed:
-    """What the indexes would hold, built from the fake apiserver's objects."""
+    """What the indexes would hold, built from the fake apiserver's objects: this object's
+    children (an ownerReference to it), as observe.py files them."""
     children: dict[plan.Key, dict[str, Any]] = {}
     secret = None
     for (kind, _ns, name), obj in api.objects.items():
+        if not owned_by(obj, UID):
+            continue
         if kind == "Secret":
             secret = {
                 "kind": "Secret",
@@ -166,6 +170,35 @@ async def test_an_admin_secret_deleted_right_after_its_creation_is_recreated_at_
     api.calls.clear()
     await run_pass(api, body({}), state)
     assert ("create", "Secret", f"{NAME}-admin") in api.calls
+
+
+@pytest.mark.parametrize(("kind", "name"), [
+    ("ConfigMap", f"{NAME}-config"), ("Role", f"{NAME}-router"), ("Secret", f"{NAME}-admin")])
+async def test_a_name_held_by_an_object_it_does_not_own_is_never_taken_over(
+    kind: str, name: str, recorded_events: list[tuple[str, str]]
+) -> None:
+    api, state = FakeKube(), handlers.ReconcileMemory()
+    theirs = {"kind": kind, "metadata": {"name": name, "namespace": NS}, "data": {"theirs": "1"}}
+    api._store(theirs)
+    await run_pass(api, body({}), state)
+    kept = api.objects[(kind, NS, name)]
+    assert kept["data"] == {"theirs": "1"} and "ownerReferences" not in kept["metadata"]
+    assert ("apply", kind, name) not in api.calls
+    taken = [m for reason, m in recorded_events if reason == "NameTaken"]
+    assert taken and all(
+        f"{kind} {name} already exists and is not owned by AutoGLMDeployment {NAME}" in m
+        for m in taken
+    )
+    degraded = {c["type"]: c for c in api.statuses[-1]["conditions"]}["Degraded"]
+    assert (degraded["status"], degraded["reason"]) == ("True", "NameTaken")
+    assert f"delete or rename that {kind}" in degraded["message"]
+    # Gone: the next pass after the backoff makes its own.
+    del api.objects[(kind, NS, name)]
+    state.retry_at = 0.0
+    await run_pass(api, body({}), state)
+    assert owned_by(api.objects[(kind, NS, name)], UID)
+    degraded = {c["type"]: c for c in api.statuses[-1]["conditions"]}["Degraded"]
+    assert degraded["status"] == "False"
 
 
 async def test_missing_api_key_secret_blocks_until_the_generation_changes(
