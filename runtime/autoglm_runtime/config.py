@@ -17,7 +17,11 @@ from typing import Any
 from pydantic import AliasChoices, ConfigDict, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from autoglm_runtime.engine_args import DEFAULT_SERVED_MODEL_NAME, EngineSettings
+from autoglm_runtime.engine_args import (
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_SERVED_MODEL_NAME,
+    EngineSettings,
+)
 from autoglm_runtime.profiles import MODE_LABEL, CamelModel, Mode, ModeProfiles
 
 DEFAULT_CONFIG_FILE = Path("/etc/autoglm/config.json")
@@ -77,7 +81,7 @@ class ConfigFile(CamelModel):
     profiles: ModeProfiles = Field(default_factory=ModeProfiles)
     served_model_name: str | None = None
     max_model_len: int | None = Field(default=None, ge=128, le=131072)
-    default_max_tokens: int = Field(default=512, ge=1)
+    default_max_tokens: int = Field(default=DEFAULT_MAX_TOKENS, ge=1)
     initial_mode: Mode = Mode.STREAMING
     engine: EngineSettings | None = None
 

@@ -14,6 +14,7 @@ from typing import Literal, NamedTuple
 
 from pydantic import Field
 
+from autoglm_runtime.image_budget import MAX_PIXELS_CEILING, MIN_PIXELS, max_pixels_for
 from autoglm_runtime.profiles import CamelModel
 
 PINNED_VLLM_VERSION = "0.33.0"
@@ -43,11 +44,17 @@ MANAGED_FLAGS = (
     "--limit-mm-per-prompt",
     "--allowed-media-domains",
     "--allowed-local-media-path",
+    "--mm-processor-kwargs",
+    "--mm-encoder-tp-mode",
 )
 # vLLM takes any host when --allowed-media-domains is unset or empty, so "none allowed" is a
 # name under RFC 6761's .invalid, which never resolves: every http(s) image_url is refused.
 NO_MEDIA_DOMAIN = "no-remote-media.invalid"
 DEFAULT_IMAGES_PER_PROMPT = 2
+# GLM-4.1V's max_position_embeddings: the longest context the architecture has positions for.
+MODEL_CONTEXT_LIMIT = 65_536
+# Completion tokens a request that names no max_tokens gets (the runtime config's default).
+DEFAULT_MAX_TOKENS = 512
 # Managed by never being written, and why.
 NEVER_SET = {
     "--allowed-local-media-path": "it is never set: file:// image URLs would read the pod's files",
@@ -110,6 +117,10 @@ MANAGED_SPELLINGS: dict[str, ManagedSpelling] = {
     "--allowed-media-domains": ManagedSpelling(
         None, {"--allowed-media-domains": "--allowed-med"}
     ),
+    "--mm-processor-kwargs": ManagedSpelling(
+        None, {"--mm-processor-kwargs": "--mm-processor-k"}
+    ),
+    "--mm-encoder-tp-mode": ManagedSpelling(None, {"--mm-encoder-tp-mode": "--mm-encoder-t"}),
     # Never set: it would let a prompt read the pod's files (file:// image URLs).
     "--allowed-local-media-path": ManagedSpelling(
         None, {"--allowed-local-media-path": "--allowed-l"}
@@ -161,7 +172,12 @@ def managed_flag_pattern(flag: str) -> str:
 # Flags engine.extraArgs could carry before the runtime managed them. An object admitted then
 # keeps them (the apiserver ratchets unchanged fields); its pods are built without them, since
 # the runtime now sets both, so it keeps reconciling instead of crash-looping at start.
-NEWLY_MANAGED = ("--limit-mm-per-prompt", "--allowed-media-domains")
+NEWLY_MANAGED = (
+    "--limit-mm-per-prompt",
+    "--allowed-media-domains",
+    "--mm-processor-kwargs",
+    "--mm-encoder-tp-mode",
+)
 
 
 def without_newly_managed(args: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -191,7 +207,7 @@ class EngineSettings(CamelModel):
     port: int = 8000
     tensor_parallel_size: int = Field(default=2, ge=1, le=8)
     dtype: Literal["float16", "bfloat16"] = "float16"
-    max_model_len: int = Field(default=2048, ge=128, le=8192)
+    max_model_len: int = Field(default=2048, ge=128, le=MODEL_CONTEXT_LIMIT)
     max_num_seqs: int = Field(default=64, ge=1, le=4096)
     max_num_batched_tokens: int | None = Field(default=None, ge=128)
     gpu_memory_utilization_percent: int = Field(default=90, ge=10, le=99)
@@ -205,7 +221,17 @@ class EngineSettings(CamelModel):
     images_per_prompt: int = Field(default=DEFAULT_IMAGES_PER_PROMPT, ge=1, le=64)
     # Hosts image URLs may name besides inline data: URLs; none by default.
     allowed_media_domains: tuple[str, ...] = ()
+    # Pixels the processor scales each image to at most (image_budget.py); None: the budget
+    # max_model_len leaves one screenshot beside the agent's text and the default completion.
+    max_pixels: int | None = Field(default=None, ge=MIN_PIXELS, le=MAX_PIXELS_CEILING)
     extra_args: tuple[str, ...] = ()
+
+
+def image_max_pixels(settings: EngineSettings) -> int:
+    """The pixel budget of one image these settings give the engine."""
+    if settings.max_pixels is not None:
+        return settings.max_pixels
+    return max_pixels_for(settings.max_model_len, DEFAULT_MAX_TOKENS)
 
 
 def build_vllm_argv(settings: EngineSettings) -> list[str]:
@@ -236,7 +262,13 @@ def build_vllm_argv(settings: EngineSettings) -> list[str]:
     argv += ["--limit-mm-per-prompt",
              json.dumps({"image": settings.images_per_prompt, "video": 0},
                         separators=(",", ":")),
-             "--allowed-media-domains", *(settings.allowed_media_domains or (NO_MEDIA_DOMAIN,))]
+             "--allowed-media-domains", *(settings.allowed_media_domains or (NO_MEDIA_DOMAIN,)),
+             "--mm-processor-kwargs",
+             json.dumps({"max_pixels": image_max_pixels(settings)}, separators=(",", ":"))]
+    if settings.tensor_parallel_size > 1:
+        # The vision encoder is small: each GPU runs it whole on its share of the images
+        # (the official serve command's setting) instead of splitting its weights.
+        argv += ["--mm-encoder-tp-mode", "data"]
     argv += list(settings.extra_args)
     return argv
 

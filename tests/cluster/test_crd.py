@@ -58,8 +58,12 @@ VALID = {"replicas": 2, "adaptive": {"prometheus": {"url": "http://prom:9090"}}}
 INVALID: list[tuple[str, Any, str]] = [
     ("gpus-zero", _with(VALID, "gpusPerReplica", 0), "should be greater than or equal to 1"),
     ("gpus-nine", _with(VALID, "gpusPerReplica", 9), "should be less than or equal to 8"),
-    ("context-over-model-limit", _with(VALID, "maxModelLen", 16384),
-     "maxModelLen must be at most 8192, the context limit of AutoGLM-Phone-9B"),
+    ("context-over-model-limit", _with(VALID, "maxModelLen", 65537),
+     "maxModelLen must be at most 65536, the positions AutoGLM-Phone-9B's architecture"),
+    ("image-budget-over-context", _with(VALID, "multimodal.maxPixels", 5_000_000),
+     "multimodal.maxPixels leaves no room in maxModelLen"),
+    ("image-budget-under-floor", _with(VALID, "multimodal.maxPixels", 1000),
+     "should be greater than or equal to 12544"),
     ("context-tiny", _with(VALID, "maxModelLen", 16), "should be greater than or equal to 128"),
     ("images-none", _with(VALID, "multimodal.imagesPerPrompt", 0),
      "should be greater than or equal to 1"),
@@ -527,7 +531,9 @@ def test_values_next_to_the_rules_are_accepted(
         "model": {"pvcName": "weights.phone-9b", "source": "/weights/AutoGLM-Phone-9B"},
         "gpuResourceName": "amd.com/gpu",
         "engine": {"reasoningParser": ""},  # the way to turn the parser off
-        "multimodal": {"imagesPerPrompt": 64, "allowedMediaDomains": ["cdn.example.com", "x.io"]},
+        "multimodal": {"imagesPerPrompt": 64, "allowedMediaDomains": ["cdn.example.com", "x.io"],
+                       # at the edge: one image and the default completion fill the context
+                       "maxPixels": (2048 - 512) * 1568},
         "resources": {"requests": {"cpu": "500m", "memory": "16Gi", "example.com/fpga": 1},
                       "limits": {"memory": "32G", "cpu": 4}},
         "scheduling": {"nodeSelector": {"zone": "eu-west-1a", "spare": ""},

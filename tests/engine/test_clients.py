@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import base64
 import io
-import re
 
 import pytest
 from engine_kit import MODEL, Engine
 from langchain_core.messages import AIMessageChunk, HumanMessage, SystemMessage
 from langchain_openai import ChatOpenAI
-from openai import AsyncOpenAI, BadRequestError, OpenAI
+from openai import AsyncOpenAI, OpenAI
 from PIL import Image
+
+from autoglm_operator.resource import spec as crd
+from autoglm_runtime.image_budget import MAX_PIXELS_CEILING, image_tokens
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -81,13 +83,20 @@ def test_openai_streamed_text_chat_is_the_same_turn(engine: Engine, answer: dict
     assert usage is not None and usage.completion_tokens > 5
 
 
+def default_budget() -> int:
+    """The pixels per image the operator's defaults give the engine (image_budget.py)."""
+    spec = crd.AutoGLMDeploymentSpec()
+    return spec.multimodal.effective_max_pixels(spec.max_model_len)
+
+
 async def test_openai_screenshot_costs_its_image_tokens(engine: Engine, answer: dict) -> None:
     think, action = think_and_action(answer)
     client = AsyncOpenAI(base_url=f"{engine.base_url}/v1", api_key="EMPTY")
     response = await client.chat.completions.create(
         model=MODEL, messages=agent_messages(540, 1200), max_tokens=128, temperature=0)
-    # 540x1200 resizes to 532x1204 pixels: 19 x 43 tokens of 28x28 pixels, plus the text.
-    assert 19 * 43 < response.usage.prompt_tokens < 19 * 43 + 60
+    # The engine's processor scales 540x1200 to the budget; the rest is the text.
+    image = image_tokens(540, 1200, default_budget())
+    assert image < response.usage.prompt_tokens < image + 60
     assert response.choices[0].message.content == action
     assert response.choices[0].message.model_extra["reasoning"] == think
 
@@ -98,17 +107,18 @@ async def test_openai_screenshot_costs_its_image_tokens(engine: Engine, answer: 
     assert streamed == action
 
 
-def test_native_screenshot_exceeds_the_default_context(engine: Engine) -> None:
-    """A 1080x2400 screenshot is ~3.4k tokens: refused at --max-model-len 2048, not truncated."""
+def test_a_native_screenshot_fits_the_default_context_scaled_to_the_budget(
+    engine: Engine,
+) -> None:
+    """1080x2400 is 3354 image tokens unscaled, over --max-model-len 2048 alone; the operator's
+    default max_pixels has the engine's processor scale it to fit beside the default completion."""
+    assert image_tokens(1080, 2400, MAX_PIXELS_CEILING) == 3354
     client = OpenAI(base_url=f"{engine.base_url}/v1", api_key="EMPTY")
-    with pytest.raises(BadRequestError) as refused:
-        client.chat.completions.create(model=MODEL, messages=agent_messages(1080, 2400),
-                                       max_tokens=16)
-    message = str(refused.value)
-    assert "2048" in message and "context" in message, message
-    # 1080x2400 resizes to 1092x2408: 39 x 86 image tokens, plus the text; the refusal says so.
-    counted = [int(n) for n in re.findall(r"\d+", message)]
-    assert any(39 * 86 < n < 39 * 86 + 60 for n in counted), message
+    response = client.chat.completions.create(
+        model=MODEL, messages=agent_messages(1080, 2400), max_tokens=16)
+    image = image_tokens(1080, 2400, default_budget())
+    assert image < response.usage.prompt_tokens < image + 60
+    assert response.usage.prompt_tokens + 512 <= 2048
 
 
 def langchain_client(engine: Engine) -> ChatOpenAI:

@@ -216,7 +216,7 @@ def test_extra_args_refuse_a_config_file() -> None:
     # flags of their own that share a prefix with a managed one
     "--max-num-partial-prefills", "--reasoning-parser-plugin", "--config-format=hf",
     "--pooler-config", "--scheduler-cls", "--device-ids", "--enable-chunked-mm-input",
-    "--disable-log-stats", "--mm-processor-kwargs={}", "--api-server-count",
+    "--disable-log-stats", "--mm-processor-cache-gb=4", "--api-server-count",
     # ambiguous in vLLM (it refuses them itself), not a managed flag's
     "--max-n", "--po", "--d",
 ])  # fmt: skip

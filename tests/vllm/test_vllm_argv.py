@@ -31,6 +31,8 @@ REPO = Path(__file__).resolve().parents[2]
 SPECS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "bfloat16-tp4-4096": {"dtype": "bfloat16", "gpusPerReplica": 4, "maxModelLen": 4096},
+    "tp1-official-context": {"gpusPerReplica": 1, "maxModelLen": 25480,
+                             "multimodal": {"imagesPerPrompt": 10}},
     "served-name-and-pvc": {"model": {"servedName": "phone", "pvcName": "weights"}},
     "gpu-memory-75": {"engine": {"gpuMemoryUtilizationPercent": 75}},
     "no-prefix-caching": {"engine": {"enablePrefixCaching": False}},
@@ -80,6 +82,10 @@ def assert_asked_for(
     assert args.shutdown_timeout == spec.engine.shutdown_timeout_seconds
     assert args.middleware == [MIDDLEWARE_IMPORT_PATH]
     assert (engine.reasoning_parser or None) == (spec.engine.reasoning_parser or None)
+    assert engine.mm_processor_kwargs == {
+        "max_pixels": spec.multimodal.effective_max_pixels(spec.max_model_len)}
+    assert engine.limit_mm_per_prompt["image"] == spec.multimodal.images_per_prompt
+    assert engine.mm_encoder_tp_mode == ("data" if spec.gpus_per_replica > 1 else "weights")
     return args, engine
 
 

@@ -223,8 +223,8 @@ def spec_warnings(spec: crd.AutoGLMDeploymentSpec) -> list[str]:
     pods are built without it, so they start, and this says so."""
     _, ignored = without_newly_managed(spec.engine.extra_args)
     return [
-        f"engine.extraArgs {flag} is ignored, the operator sets it: "
-        f"{crd.MANAGED_FLAG_FIELDS[flag]} and remove it from engine.extraArgs"
+        f"engine.extraArgs {flag} is ignored: the operator manages it "
+        f"({crd.MANAGED_FLAG_FIELDS[flag]}); remove it from engine.extraArgs"
         for flag in dict.fromkeys(ignored)
     ]
 

@@ -24,9 +24,17 @@ from autoglm_runtime.engine_args import (
     CONFIG_FLAG_MESSAGE,
     CONFIG_FLAG_PATTERN,
     DEFAULT_IMAGES_PER_PROMPT,
+    DEFAULT_MAX_TOKENS,
     DEFAULT_SERVED_MODEL_NAME,
     MANAGED_SPELLINGS,
+    MODEL_CONTEXT_LIMIT,
     managed_flag_pattern,
+)
+from autoglm_runtime.image_budget import (
+    MAX_PIXELS_CEILING,
+    MIN_PIXELS,
+    PIXELS_PER_TOKEN,
+    max_pixels_for,
 )
 from autoglm_runtime.profiles import CamelModel, Mode, ModeProfiles
 from autoglm_runtime.requests import INTERNAL_HOST_SUFFIXES
@@ -39,7 +47,6 @@ PLURAL = "autoglmdeployments"
 SINGULAR = "autoglmdeployment"
 SHORT_NAMES = ["agd"]
 # AutoGLM-Phone-9B's position embeddings end here; vLLM refuses a longer --max-model-len.
-MODEL_CONTEXT_LIMIT = 8192
 # The runtime image `make images` pushes, at the project version (images.py).
 DEFAULT_IMAGE = images.reference(images.RUNTIME_IMAGE)
 # The router image (images/router.Dockerfile): CPU only, no vLLM.
@@ -211,6 +218,8 @@ MANAGED_FLAG_FIELDS = {
     "--stream-interval": "use the profiles' streamCoalesceChunks",
     "--limit-mm-per-prompt": "use multimodal.imagesPerPrompt",
     "--allowed-media-domains": "use multimodal.allowedMediaDomains",
+    "--mm-processor-kwargs": "use multimodal.maxPixels (the operator sets max_pixels)",
+    "--mm-encoder-tp-mode": "the operator sets data when gpusPerReplica is above 1",
     "--allowed-local-media-path": "never set: file:// image URLs would read the pod's files",
 }
 
@@ -272,6 +281,7 @@ class EngineOptions(CamelModel):
     )
 
 
+OFFICIAL_MAX_PIXELS_TEXT = "5,000,000"
 # A public DNS name: at least two labels, the last one not numeric (no IP literal, no bare name
 # that the cluster's search domains would resolve), lower case as vLLM compares it.
 _MEDIA_DOMAIN = r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?[.])+[a-z]([a-z0-9-]{0,61}[a-z0-9])?$"
@@ -298,6 +308,18 @@ class MultimodalSettings(CamelModel):
         default=DEFAULT_IMAGES_PER_PROMPT, ge=1, le=64,
         description="Images one prompt may carry; the phone agent sends one per step.",
     )  # fmt: skip
+    max_pixels: int | None = Field(
+        default=None, ge=MIN_PIXELS, le=MAX_PIXELS_CEILING,
+        description="Pixels the engine scales each image to at most (--mm-processor-kwargs "
+        "max_pixels; one prompt token per 1568, two frames of 28x28). Unset: what maxModelLen "
+        "leaves one screenshot beside the phone agent's prompt and the default completion, "
+        f"at most {OFFICIAL_MAX_PIXELS_TEXT} (the model's official setting).",
+    )  # fmt: skip
+
+    def effective_max_pixels(self, max_model_len: int) -> int:
+        if self.max_pixels is not None:
+            return self.max_pixels
+        return max_pixels_for(max_model_len, DEFAULT_MAX_TOKENS)
     allowed_media_domains: list[_MediaDomain] = (
         Field(
             default_factory=list,
@@ -908,9 +930,18 @@ class AutoGLMDeploymentSpec(CamelModel):
         ),
         _cel(
             "self.maxModelLen <= " + str(MODEL_CONTEXT_LIMIT),
-            f"maxModelLen must be at most {MODEL_CONTEXT_LIMIT}, "
-            "the context limit of AutoGLM-Phone-9B",
+            f"maxModelLen must be at most {MODEL_CONTEXT_LIMIT}, the positions "
+            "AutoGLM-Phone-9B's architecture (GLM-4.1V) has",
             ".maxModelLen",
+        ),
+        _cel(
+            "!has(self.multimodal.maxPixels) || self.multimodal.maxPixels / "
+            f"{PIXELS_PER_TOKEN} + {DEFAULT_MAX_TOKENS} <= self.maxModelLen",
+            f"multimodal.maxPixels leaves no room in maxModelLen: one image costs up to "
+            f"maxPixels / {PIXELS_PER_TOKEN} tokens, and it and the default completion "
+            f"({DEFAULT_MAX_TOKENS} tokens) must fit; lower multimodal.maxPixels or raise "
+            "maxModelLen",
+            ".multimodal.maxPixels",
         ),
         _cel(
             "!has(self.engine.maxNumBatchedTokens) || "

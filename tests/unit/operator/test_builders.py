@@ -365,6 +365,8 @@ def test_status_helpers() -> None:
     ["--limit-mm-per-prompt", '{"image":4}'],
     ['--limit-mm-per-prompt={"image":4}'],
     ["--allowed-media-domains", "cdn.example", "img.example"],
+    ["--mm-processor-kwargs", '{"max_pixels":5000000}'],
+    ["--mm-encoder-tp-mode", "data"],
 ])
 def test_an_object_admitted_with_a_now_managed_media_flag_still_gets_pods_that_start(
     legacy: list[str],
@@ -389,6 +391,19 @@ def test_spec_multimodal_sets_the_engines_image_limit_and_media_hosts() -> None:
     default = build_vllm_argv(builders.engine_settings(crd.AutoGLMDeploymentSpec()))
     # None allowed: a name that never resolves, since vLLM takes any host when the list is empty.
     assert default[default.index("--allowed-media-domains") + 1] == NO_MEDIA_DOMAIN
+
+
+@pytest.mark.parametrize(("spec", "max_pixels"), [
+    ({}, 1_207_360),  # 2048 tokens: one screenshot beside the agent's prompt and 512 tokens
+    ({"maxModelLen": 25480}, 5_000_000),  # the model's official serve command
+    ({"maxModelLen": 25480, "multimodal": {"maxPixels": 2_000_000}}, 2_000_000),
+])  # fmt: skip
+def test_the_image_budget_follows_the_context_unless_set(
+    spec: dict[str, Any], max_pixels: int
+) -> None:
+    argv = build_vllm_argv(builders.engine_settings(crd.AutoGLMDeploymentSpec.model_validate(spec)))
+    kwargs = json.loads(argv[argv.index("--mm-processor-kwargs") + 1])
+    assert kwargs == {"max_pixels": max_pixels}
 
 
 @pytest.mark.parametrize("domain", ["localhost", "10.0.0.1", "metadata.internal", "a.svc", "X.io"])

@@ -299,7 +299,7 @@ def test_a_media_flag_left_in_extra_args_from_before_is_named_in_the_warnings() 
         "--limit-mm-per-prompt", '{"image":4}', "--seed", "7"]}})  # fmt: skip
     warnings = compute([pod("a")], spec=legacy).status["warnings"]
     assert warnings == [
-        "engine.extraArgs --limit-mm-per-prompt is ignored, the operator sets it: use "
-        "multimodal.imagesPerPrompt and remove it from engine.extraArgs"
+        "engine.extraArgs --limit-mm-per-prompt is ignored: the operator manages it (use "
+        "multimodal.imagesPerPrompt); remove it from engine.extraArgs"
     ]
     assert compute([pod("a")]).status["warnings"] == []

@@ -27,7 +27,12 @@ from autoglm_operator.resource.names import (
     ROUTER_APP_NAME,
     TEMPLATE_HASH_ANNOTATION,
 )
-from autoglm_runtime.engine_args import EngineSettings, build_vllm_argv, without_newly_managed
+from autoglm_runtime.engine_args import (
+    DEFAULT_MAX_TOKENS,
+    EngineSettings,
+    build_vllm_argv,
+    without_newly_managed,
+)
 from autoglm_runtime.profiles import DRAIN_PATH, MODE_LABEL, Mode
 
 Manifest = dict[str, Any]
@@ -47,7 +52,6 @@ HOME_DIR = crd.HOME_MOUNT_PATH
 TMP_DIR = crd.TMP_MOUNT_PATH
 HOME_SIZE_LIMIT = "16Gi"
 TMP_SIZE_LIMIT = "8Gi"
-DEFAULT_MAX_TOKENS = 512
 # After the drain call: time for endpoint controllers to drop the pod before SIGTERM arrives.
 PRESTOP_SLEEP_SECONDS = 5
 STARTUP_PROBE_PERIOD_SECONDS = 10
@@ -190,6 +194,7 @@ def engine_settings(spec: crd.AutoGLMDeploymentSpec, mode: Mode | None = None) -
         stream_interval=stream_interval,
         images_per_prompt=spec.multimodal.images_per_prompt,
         allowed_media_domains=tuple(spec.multimodal.allowed_media_domains),
+        max_pixels=spec.multimodal.effective_max_pixels(spec.max_model_len),
         extra_args=tuple(without_newly_managed(engine.extra_args)[0]),
     )
 
