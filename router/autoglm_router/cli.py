@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="points per replica on the hash ring")
     p.add_argument("--prefix-chars", type=_positive(int), default=DEFAULTS.prefix_chars,
                    help="characters of system prompt + first user turn hashed without a session")
+    p.add_argument("--image-max-pixels", type=_positive(int), default=DEFAULTS.image_max_pixels,
+                   help="the replicas' pixel budget per image (vLLM's max_pixels), to price a "
+                        "screenshot's prefill as the engine counts it")
     p.add_argument("--max-body-bytes", type=_positive(int), default=DEFAULTS.max_body_bytes,
                    help="larger request bodies get 413")
     limits = p.add_argument_group("client limits (docs/operations/security.md)")
@@ -151,7 +154,8 @@ def create_app(args: argparse.Namespace, discovery: Discovery | None = None) -> 
         caps={Mode.STREAMING: args.streaming_cap, Mode.BATCHING: args.batching_cap},
     )
     settings = ProxySettings(
-        prefix_chars=args.prefix_chars, max_body_bytes=args.max_body_bytes,
+        prefix_chars=args.prefix_chars, image_max_pixels=args.image_max_pixels,
+        max_body_bytes=args.max_body_bytes,
         connect_timeout=args.connect_timeout, idle_timeout=args.idle_timeout,
         stream_timeout=args.stream_timeout, load_poll_interval=args.poll_interval,
         recent_load_seconds=args.recent_load_seconds,

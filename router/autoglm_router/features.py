@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from autoglm_router.image_size import data_url_size
+from autoglm_runtime.engine_args import DEFAULT_MAX_TOKENS
+from autoglm_runtime.image_budget import image_tokens, max_pixels_for, tokens_per_max_pixels
 from autoglm_runtime.profiles import Mode
 
 CHAT_PATH = "/v1/chat/completions"
@@ -18,8 +21,11 @@ COMPLETIONS_PATH = "/v1/completions"
 # Checked in this order; the runtime reads the body field and its own header the same way.
 SESSION_HEADERS = ("x-session-id", "x-autoglm-session-id")
 MAX_SESSION_KEY_CHARS = 256
-# A screenshot costs about as much prefill as a page of text; counted without decoding it.
-IMAGE_PREFILL_TOKENS = 1024
+# The engine's pixel budget per image at the runtime's default context; the operator passes its
+# own (--image-max-pixels). An image is priced as the engine's processor will scale it, from
+# the dimensions in its first bytes; one whose head does not say costs the most it can.
+DEFAULT_IMAGE_MAX_PIXELS = max_pixels_for(2048, DEFAULT_MAX_TOKENS)
+IMAGE_DELIMITER_TOKENS = 2  # <|begin_of_image|>, <|end_of_image|>
 CHARS_PER_TOKEN = 4
 # One unit of load is one request with this much prefill on top of its fixed cost.
 TOKENS_PER_LOAD_UNIT = 1024
@@ -59,7 +65,8 @@ NEUTRAL = RequestFeatures(TrafficClass.OTHER, None, KeyKind.NONE, 1.0)
 
 
 def request_features(
-    path: str, body: Any, headers: Mapping[str, str], prefix_chars: int
+    path: str, body: Any, headers: Mapping[str, str], prefix_chars: int,
+    image_max_pixels: int = DEFAULT_IMAGE_MAX_PIXELS,
 ) -> RequestFeatures:
     """Features of one request; `body` is the parsed JSON (anything, when it did not parse)."""
     if not isinstance(body, dict):
@@ -68,12 +75,9 @@ def request_features(
     traffic_class = (
         TrafficClass.STREAMED_CHAT if path == CHAT_PATH and stream else TrafficClass.OTHER
     )
-    text, images = _prompt_parts(path, body)
-    chars = sum(len(part) for part in text)
     n = body.get("n")
     fanout = n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_FANOUT else 1
-    cost = fanout * (
-        1.0 + (chars / CHARS_PER_TOKEN + images * IMAGE_PREFILL_TOKENS) / TOKENS_PER_LOAD_UNIT)
+    cost = fanout * (1.0 + prefill_tokens(path, body, image_max_pixels) / TOKENS_PER_LOAD_UNIT)
     session = session_key(body, headers)
     if session is not None:
         return RequestFeatures(traffic_class, session, KeyKind.SESSION, cost,
@@ -138,17 +142,33 @@ def _has_answer(messages: Any) -> bool:
         isinstance(m, dict) and m.get("role") in ("assistant", "tool") for m in messages)
 
 
-def _prompt_parts(path: str, body: Mapping[str, Any]) -> tuple[list[str], int]:
+def prefill_tokens(path: str, body: Mapping[str, Any], image_max_pixels: int) -> float:
+    """The prompt's estimated tokens: its text at CHARS_PER_TOKEN, its images as the engine
+    will count them."""
+    text, images = _prompt_parts(path, body)
+    chars = sum(len(part) for part in text)
+    return chars / CHARS_PER_TOKEN + sum(_image_tokens(i, image_max_pixels) for i in images)
+
+
+def _image_tokens(image: Any, max_pixels: int) -> int:
+    url = image.get("url") if isinstance(image, dict) else image
+    size = data_url_size(url) if isinstance(url, str) else None
+    tokens = image_tokens(*size, max_pixels) if size else tokens_per_max_pixels(max_pixels)
+    return tokens + IMAGE_DELIMITER_TOKENS
+
+
+def _prompt_parts(path: str, body: Mapping[str, Any]) -> tuple[list[str], list[Any]]:
+    """The prompt's text parts, and its image parts' `image_url` values."""
     if path == COMPLETIONS_PATH:
         prompt = body.get("prompt")
         if isinstance(prompt, str):
-            return [prompt], 0
+            return [prompt], []
         if isinstance(prompt, list):
-            return [p for p in prompt if isinstance(p, str)], 0
-        return [], 0
+            return [p for p in prompt if isinstance(p, str)], []
+        return [], []
     messages = body.get("messages")
     text: list[str] = []
-    images = 0
+    images: list[Any] = []
     if isinstance(messages, list):
         for message in messages:
             if isinstance(message, dict):
@@ -158,18 +178,18 @@ def _prompt_parts(path: str, body: Mapping[str, Any]) -> tuple[list[str], int]:
     return text, images
 
 
-def _content_parts(content: Any) -> tuple[list[str], int]:
+def _content_parts(content: Any) -> tuple[list[str], list[Any]]:
     if isinstance(content, str):
-        return [content], 0
+        return [content], []
     if not isinstance(content, list):
-        return [], 0
+        return [], []
     text: list[str] = []
-    images = 0
+    images: list[Any] = []
     for part in content:
         if not isinstance(part, dict):
             continue
         if part.get("type") == "text" and isinstance(part.get("text"), str):
             text.append(part["text"])
         elif part.get("type") in ("image_url", "image"):
-            images += 1
+            images.append(part.get("image_url"))
     return text, images

@@ -28,7 +28,13 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from yarl import URL
 
 from autoglm_router.discovery import Discovery, StaticDiscovery
-from autoglm_router.features import NEUTRAL, KeyKind, RequestFeatures, request_features
+from autoglm_router.features import (
+    DEFAULT_IMAGE_MAX_PIXELS,
+    NEUTRAL,
+    KeyKind,
+    RequestFeatures,
+    request_features,
+)
 from autoglm_router.metrics import RouterMetrics, router_metrics
 from autoglm_router.others import OtherRouters
 from autoglm_router.paths import check_path
@@ -68,6 +74,7 @@ HELD_BODY_LIMIT = 64 * 1024  # a 429/503 body is read whole to decide on a retry
 @dataclass(frozen=True)
 class ProxySettings:
     prefix_chars: int = 1024
+    image_max_pixels: int = DEFAULT_IMAGE_MAX_PIXELS  # the engine's, to price screenshots
     max_body_bytes: int = 16 * 1024 * 1024
     connect_timeout: float = 5.0
     idle_timeout: float = 600.0  # between two upstream reads; a batch request may queue long
@@ -427,7 +434,7 @@ class RouterApp:
         if scope["method"] == "POST" and body:
             # A bounded scan, not a parse: the replica answers a malformed body's 400.
             features = request_features(raw_path, scan_request(body), header_map,
-                                        self.settings.prefix_chars)
+                                        self.settings.prefix_chars, self.settings.image_max_pixels)
         query = scope.get("query_string", b"")
         target = raw_path + ("?" + query.decode("latin-1") if query else "")
         forwarded = _upstream_headers(headers, request_id, scope)

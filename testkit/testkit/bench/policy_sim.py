@@ -40,7 +40,7 @@ from typing import cast
 
 from autoglm_router import routing
 from autoglm_router.features import (
-    IMAGE_PREFILL_TOKENS,
+    IMAGE_DELIMITER_TOKENS,
     TOKENS_PER_LOAD_UNIT,
     KeyKind,
     RequestFeatures,
@@ -333,7 +333,9 @@ class Pool:
         stream = kind == CHAT
         text, images = w.shapes[shape]
         prompt = text + IMAGE_TOKENS * images
-        cost = 1.0 + (text + images * IMAGE_PREFILL_TOKENS) / TOKENS_PER_LOAD_UNIT
+        # The router prices an image as the engine counts it (features.prefill_tokens).
+        priced = text + images * (IMAGE_TOKENS + IMAGE_DELIMITER_TOKENS)
+        cost = 1.0 + priced / TOKENS_PER_LOAD_UNIT
         target = w.chat_output_tokens if stream else w.batch_output_tokens
         req = Req(kind, t, rid, target, prompt=prompt, images=images, cost=cost, shape=shape)
         tried: list[int] = []

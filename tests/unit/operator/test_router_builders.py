@@ -96,6 +96,7 @@ def test_router_args_are_what_the_router_cli_accepts() -> None:
         "router": {"sessionAffinity": {"loadFactor": "2"}, "spill": False},
         "profiles": {"streaming": {"maxConcurrency": 6}, "batching": {"maxConcurrency": 48}},
         "engine": {"shutdownTimeoutSeconds": 90},
+        "maxModelLen": 25480,
     })  # fmt: skip
     args = router_builders.deployment(OWNER, spec)["spec"]["template"]["spec"]["containers"][0][
         "args"
@@ -112,6 +113,8 @@ def test_router_args_are_what_the_router_cli_accepts() -> None:
     assert parsed.load_factor == 2.0 and parsed.spill is False
     assert (parsed.streaming_cap, parsed.batching_cap) == (6, 48)
     assert parsed.drain_seconds == 90
+    # Screenshots priced at the replicas' own budget: the official 5,000,000 at this context.
+    assert parsed.image_max_pixels == spec.multimodal.effective_max_pixels(25480) == 5_000_000
     default = router_cli.build_parser().parse_args(router_builders.router_args(OWNER, SPEC))
     assert default.load_factor == 1.25 and default.spill is True
 

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import base64
+import io
 from typing import Any
+
+from PIL import Image
 
 from autoglm_router.features import (
     CHAT_PATH,
     COMPLETIONS_PATH,
+    DEFAULT_IMAGE_MAX_PIXELS,
+    IMAGE_DELIMITER_TOKENS,
     NEUTRAL,
+    TOKENS_PER_LOAD_UNIT,
     KeyKind,
     TrafficClass,
     request_features,
@@ -69,7 +76,29 @@ def test_cost_grows_with_prompt_length_and_images() -> None:
     screenshot = features(turn("hi", screenshot=True)).cost
     assert 1.0 <= short < 1.1
     assert long > 3.0
-    assert screenshot - short == 1.0
+    # Its size unreadable ("AAAA"): the most one image costs at the default budget, 770 tokens.
+    assert screenshot - short == (770 + IMAGE_DELIMITER_TOKENS) / TOKENS_PER_LOAD_UNIT
+
+
+def png_url(width: int, height: int) -> str:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (236, 239, 241)).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_a_screenshot_is_priced_as_the_engine_scales_it() -> None:
+    def screenshot_cost(width: int, height: int, max_pixels: int) -> float:
+        body = turn("hi")
+        body["messages"][1]["content"].append(
+            {"type": "image_url", "image_url": {"url": png_url(width, height)}})
+        base = request_features(CHAT_PATH, turn("hi"), {}, 1024, max_pixels).cost
+        return (request_features(CHAT_PATH, body, {}, 1024, max_pixels).cost - base) * 1024
+
+    # 1080x2400 at the default budget: scaled to 504x1148, 18 x 41 tokens, plus 2 delimiters.
+    assert screenshot_cost(1080, 2400, DEFAULT_IMAGE_MAX_PIXELS) == 18 * 41 + 2
+    # At the official 5,000,000: 1036x2352, 37 x 84; a small image is not scaled up to it.
+    assert screenshot_cost(1080, 2400, 5_000_000) == 37 * 84 + 2
+    assert screenshot_cost(540, 1200, 5_000_000) == 19 * 43 + 2
 
 
 def test_a_body_that_is_not_an_object_is_neutral() -> None:

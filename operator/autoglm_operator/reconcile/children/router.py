@@ -72,6 +72,8 @@ def router_args(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> list[str]:
         "--streaming-cap", str(spec.profiles.streaming.max_concurrency),
         "--batching-cap", str(spec.profiles.batching.max_concurrency),
         "--drain-seconds", str(drain_seconds(spec)),
+        # Screenshots are priced as the replicas' processor scales them.
+        "--image-max-pixels", str(spec.multimodal.effective_max_pixels(spec.max_model_len)),
     ]  # fmt: skip
     if not router.spill:
         args.append("--no-spill")
