@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 
 import pytest
 from engine_kit import MODEL, Engine
@@ -14,6 +15,8 @@ from openai import AsyncOpenAI, OpenAI
 from PIL import Image
 
 from autoglm_operator.resource import spec as crd
+from autoglm_router.features import CHAT_PATH, prefill_tokens
+from autoglm_router.scan import scan_request
 from autoglm_runtime.image_budget import MAX_PIXELS_CEILING, image_tokens
 
 pytestmark = pytest.mark.timeout(300)
@@ -163,3 +166,19 @@ def test_thinking_off_prefills_an_empty_think_block(engine: Engine) -> None:
         return response.usage.prompt_tokens
 
     assert prompt_tokens(False) == prompt_tokens(True) + 2
+
+
+@pytest.mark.parametrize(("width", "height"), [(540, 1200), (1080, 2400), (720, 1600)])
+def test_the_routers_prefill_estimate_is_within_ten_percent_of_the_engines_count(
+    engine: Engine, width: int, height: int
+) -> None:
+    """The router prices a request (features.prefill_tokens, through the body scan it runs)
+    before any replica sees it; the engine's own count is the truth."""
+    messages = agent_messages(width, height)
+    body = {"model": MODEL, "messages": messages, "max_tokens": 4}
+    estimate = prefill_tokens(CHAT_PATH, scan_request(json.dumps(body).encode()),
+                              default_budget())  # fmt: skip
+    client = OpenAI(base_url=f"{engine.base_url}/v1", api_key="EMPTY")
+    counted = client.chat.completions.create(**body).usage.prompt_tokens
+    print(f"{width}x{height}: router {estimate:.0f}, engine {counted} tokens")
+    assert abs(estimate - counted) <= 0.10 * counted
