@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from pydantic import Field
 
@@ -234,6 +234,14 @@ def image_max_pixels(settings: EngineSettings) -> int:
     return max_pixels_for(settings.max_model_len, DEFAULT_MAX_TOKENS)
 
 
+def mm_processor_kwargs(settings: EngineSettings) -> dict[str, Any]:
+    """The image budget as GLM-4.1V's processor takes it. Not `max_pixels`, the official serve
+    command's key: transformers 5's Glm4vImageProcessor has no such argument, vLLM drops what
+    the processor does not take, and the image went unscaled (measured on the engine tier).
+    `size` holds the same two bounds, in pixels of area despite its key names."""
+    return {"size": {"shortest_edge": MIN_PIXELS, "longest_edge": image_max_pixels(settings)}}
+
+
 def build_vllm_argv(settings: EngineSettings) -> list[str]:
     """Return the argv after `vllm serve` (model first, then flags)."""
     argv = [
@@ -264,7 +272,7 @@ def build_vllm_argv(settings: EngineSettings) -> list[str]:
                         separators=(",", ":")),
              "--allowed-media-domains", *(settings.allowed_media_domains or (NO_MEDIA_DOMAIN,)),
              "--mm-processor-kwargs",
-             json.dumps({"max_pixels": image_max_pixels(settings)}, separators=(",", ":"))]
+             json.dumps(mm_processor_kwargs(settings), separators=(",", ":"))]
     if settings.tensor_parallel_size > 1:
         # The vision encoder is small: each GPU runs it whole on its share of the images
         # (the official serve command's setting) instead of splitting its weights.

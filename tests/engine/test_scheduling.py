@@ -22,7 +22,8 @@ from engine_kit import MODEL, Engine, metric_samples, running_engine
 from autoglm_operator.resource import spec as crd
 
 pytestmark = pytest.mark.timeout(400)
-# The whole context of the default engine (2048) less the prompt: minutes of decode here.
+# The default context (2048) less the prompt: ~30 s of decode at this tier's ~65 tokens/s,
+# far longer than queueing the others takes; the test's client leaves once they are queued.
 BLOCKER_TOKENS = 2000
 
 
@@ -87,11 +88,12 @@ async def test_streamed_requests_are_served_before_earlier_batch_work(
 async def test_sigterm_drains_admitted_streams_and_refuses_new_ones(
         serial_engine: Engine) -> None:
     async with httpx.AsyncClient(base_url=serial_engine.base_url, timeout=120) as http:
-        # A long stream holds the engine's one slot, so the other three are still queued.
-        streams = [asyncio.create_task(finish_time(http, chat_body(0, True, 300)))]
+        # A long stream holds the engine's one slot, so the other three are still queued; its
+        # client leaves once the refusal is seen, and the three queued ones must then finish.
+        blocker = asyncio.create_task(finish_time(http, chat_body(0, True, BLOCKER_TOKENS)))
         await waiting(http, 1, "vllm:num_requests_running")
-        streams += [asyncio.create_task(finish_time(http, chat_body(i, True, 48)))
-                    for i in (1, 2, 3)]
+        streams = [asyncio.create_task(finish_time(http, chat_body(i, True, 48)))
+                   for i in (1, 2, 3)]
         await waiting(http, 3)  # one running, three in vLLM's queue
         serial_engine.process.send_signal(signal.SIGTERM)
         refused = None
@@ -104,6 +106,7 @@ async def test_sigterm_drains_admitted_streams_and_refuses_new_ones(
                 refused = response
                 break
             await asyncio.sleep(0.05)
+        blocker.cancel()
         results = await asyncio.gather(*streams)
         health = None
         if serial_engine.process.poll() is None:
@@ -111,7 +114,7 @@ async def test_sigterm_drains_admitted_streams_and_refuses_new_ones(
                 health = (await http.get("/health")).status_code
             except httpx.TransportError:
                 health = None
-    assert [(status, last) for _, status, last in results] == [(200, "data: [DONE]")] * 4
+    assert [(status, last) for _, status, last in results] == [(200, "data: [DONE]")] * 3
     assert refused is not None and refused.status_code == 503, refused
     assert refused.headers.get("retry-after") is not None
     assert health in (None, 503), "a draining engine fails its readiness check"

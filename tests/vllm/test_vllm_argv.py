@@ -24,6 +24,7 @@ from autoglm_runtime.engine_args import (
     EngineSettings,
     build_vllm_argv,
 )
+from autoglm_runtime.image_budget import MIN_PIXELS
 from autoglm_runtime.profiles import Mode
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,8 +83,9 @@ def assert_asked_for(
     assert args.shutdown_timeout == spec.engine.shutdown_timeout_seconds
     assert args.middleware == [MIDDLEWARE_IMPORT_PATH]
     assert (engine.reasoning_parser or None) == (spec.engine.reasoning_parser or None)
-    assert engine.mm_processor_kwargs == {
-        "max_pixels": spec.multimodal.effective_max_pixels(spec.max_model_len)}
+    assert engine.mm_processor_kwargs == {"size": {
+        "shortest_edge": MIN_PIXELS,
+        "longest_edge": spec.multimodal.effective_max_pixels(spec.max_model_len)}}
     assert engine.limit_mm_per_prompt["image"] == spec.multimodal.images_per_prompt
     assert engine.mm_encoder_tp_mode == ("data" if spec.gpus_per_replica > 1 else "weights")
     return args, engine

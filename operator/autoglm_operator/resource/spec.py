@@ -218,7 +218,7 @@ MANAGED_FLAG_FIELDS = {
     "--stream-interval": "use the profiles' streamCoalesceChunks",
     "--limit-mm-per-prompt": "use multimodal.imagesPerPrompt",
     "--allowed-media-domains": "use multimodal.allowedMediaDomains",
-    "--mm-processor-kwargs": "use multimodal.maxPixels (the operator sets max_pixels)",
+    "--mm-processor-kwargs": "use multimodal.maxPixels (the operator sets the image size bounds)",
     "--mm-encoder-tp-mode": "the operator sets data when gpusPerReplica is above 1",
     "--allowed-local-media-path": "never set: file:// image URLs would read the pod's files",
 }
@@ -311,9 +311,9 @@ class MultimodalSettings(CamelModel):
     max_pixels: int | None = Field(
         default=None, ge=MIN_PIXELS, le=MAX_PIXELS_CEILING,
         description="Pixels the engine scales each image to at most (--mm-processor-kwargs "
-        "max_pixels; one prompt token per 1568, two frames of 28x28). Unset: what maxModelLen "
-        "leaves one screenshot beside the phone agent's prompt and the default completion, "
-        f"at most {OFFICIAL_MAX_PIXELS_TEXT} (the model's official setting).",
+        "size.longest_edge; one prompt token per 1568, two frames of 28x28). Unset: what "
+        "maxModelLen leaves one screenshot beside the phone agent's prompt and the default "
+        f"completion, at most {OFFICIAL_MAX_PIXELS_TEXT} (the model's official setting).",
     )  # fmt: skip
 
     def effective_max_pixels(self, max_model_len: int) -> int:

@@ -403,7 +403,8 @@ def test_the_image_budget_follows_the_context_unless_set(
 ) -> None:
     argv = build_vllm_argv(builders.engine_settings(crd.AutoGLMDeploymentSpec.model_validate(spec)))
     kwargs = json.loads(argv[argv.index("--mm-processor-kwargs") + 1])
-    assert kwargs == {"max_pixels": max_pixels}
+    # As the processor takes it: `size`, in pixels of area (transformers 5 has no max_pixels).
+    assert kwargs == {"size": {"shortest_edge": 12544, "longest_edge": max_pixels}}
 
 
 @pytest.mark.parametrize("domain", ["localhost", "10.0.0.1", "metadata.internal", "a.svc", "X.io"])
