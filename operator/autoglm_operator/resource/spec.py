@@ -33,6 +33,7 @@ from autoglm_runtime.engine_args import (
 from autoglm_runtime.image_budget import (
     MAX_PIXELS_CEILING,
     MIN_PIXELS,
+    OFFICIAL_MAX_PIXELS,
     PIXELS_PER_TOKEN,
     max_pixels_for,
 )
@@ -281,7 +282,6 @@ class EngineOptions(CamelModel):
     )
 
 
-OFFICIAL_MAX_PIXELS_TEXT = "5,000,000"
 # A public DNS name: at least two labels, the last one not numeric (no IP literal, no bare name
 # that the cluster's search domains would resolve), lower case as vLLM compares it.
 _MEDIA_DOMAIN = r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?[.])+[a-z]([a-z0-9-]{0,61}[a-z0-9])?$"
@@ -313,7 +313,7 @@ class MultimodalSettings(CamelModel):
         description="Pixels the engine scales each image to at most (--mm-processor-kwargs "
         "size.longest_edge; one prompt token per 1568, two frames of 28x28). Unset: what "
         "maxModelLen leaves one screenshot beside the phone agent's prompt and the default "
-        f"completion, at most {OFFICIAL_MAX_PIXELS_TEXT} (the model's official setting).",
+        f"completion, at most {OFFICIAL_MAX_PIXELS:,} (the model's official setting).",
     )  # fmt: skip
 
     def effective_max_pixels(self, max_model_len: int) -> int:
