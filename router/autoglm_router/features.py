@@ -13,7 +13,12 @@ from typing import Any
 
 from autoglm_router.image_size import data_url_size
 from autoglm_runtime.engine_args import DEFAULT_MAX_TOKENS
-from autoglm_runtime.image_budget import image_tokens, max_pixels_for, tokens_per_max_pixels
+from autoglm_runtime.image_budget import (
+    RefusedImage,
+    image_tokens,
+    max_pixels_for,
+    tokens_per_max_pixels,
+)
 from autoglm_runtime.profiles import Mode
 
 CHAT_PATH = "/v1/chat/completions"
@@ -153,7 +158,12 @@ def prefill_tokens(path: str, body: Mapping[str, Any], image_max_pixels: int) ->
 def _image_tokens(image: Any, max_pixels: int) -> int:
     url = image.get("url") if isinstance(image, dict) else image
     size = data_url_size(url) if isinstance(url, str) else None
-    tokens = image_tokens(*size, max_pixels) if size else tokens_per_max_pixels(max_pixels)
+    try:
+        tokens = image_tokens(*size, max_pixels) if size else tokens_per_max_pixels(max_pixels)
+    except RefusedImage:
+        # The engine refuses it at once; a header claiming 28 x 10^11 pixels must not price
+        # the request at millions of tokens while it lasts.
+        tokens = tokens_per_max_pixels(max_pixels)
     return tokens + IMAGE_DELIMITER_TOKENS
 
 

@@ -21,6 +21,7 @@ FACTOR = PATCH_PIXELS * MERGE  # sides are multiples of 28
 PIXELS_PER_TOKEN = FRAMES * FACTOR * FACTOR
 MIN_PIXELS = 112 * 112  # the processor's own floor (size.shortest_edge)
 MAX_PIXELS_CEILING = 28 * 28 * 15000  # the processor's own default (size.longest_edge)
+MAX_ASPECT_RATIO = 200  # the processor refuses a longer side over 200 times the shorter
 # The model's official serve command (`--mm-processor-kwargs '{"max_pixels":5000000}'`).
 OFFICIAL_MAX_PIXELS = 5_000_000
 # The prompt text one agent step carries besides its screenshot: the phone agent's English
@@ -30,11 +31,19 @@ OFFICIAL_MAX_PIXELS = 5_000_000
 AGENT_TEXT_TOKENS = 766
 
 
+class RefusedImage(ValueError):
+    """The processor refuses an image of this shape, so the engine answers 400."""
+
+
 def scaled_size(width: int, height: int, max_pixels: int) -> tuple[int, int]:
-    """The (width, height) the processor scales an image to."""
+    """The (width, height) the processor scales an image to; RefusedImage when it refuses the
+    image's aspect ratio."""
     if width < FACTOR or height < FACTOR:
         scale = max(FACTOR / height, FACTOR / width)
         width, height = int(width * scale), int(height * scale)
+    if max(width, height) / min(width, height) > MAX_ASPECT_RATIO:
+        raise RefusedImage(f"absolute aspect ratio must be smaller than {MAX_ASPECT_RATIO}, "
+                           f"got {max(width, height) / min(width, height)}")
     h_bar = round(height / FACTOR) * FACTOR
     w_bar = round(width / FACTOR) * FACTOR
     if FRAMES * h_bar * w_bar > max_pixels:
@@ -49,7 +58,8 @@ def scaled_size(width: int, height: int, max_pixels: int) -> tuple[int, int]:
 
 
 def image_tokens(width: int, height: int, max_pixels: int) -> int:
-    """Prompt tokens of one image of width x height pixels (its delimiters not counted)."""
+    """Prompt tokens of one image of width x height pixels (its delimiters not counted);
+    RefusedImage when the processor refuses it."""
     w_bar, h_bar = scaled_size(width, height, max_pixels)
     return (w_bar // FACTOR) * (h_bar // FACTOR)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import struct
 from typing import Any
 
 from PIL import Image
@@ -99,6 +100,28 @@ def test_a_screenshot_is_priced_as_the_engine_scales_it() -> None:
     # At the official 5,000,000: 1036x2352, 37 x 84; a small image is not scaled up to it.
     assert screenshot_cost(1080, 2400, 5_000_000) == 37 * 84 + 2
     assert screenshot_cost(540, 1200, 5_000_000) == 19 * 43 + 2
+
+
+def lying_png_url(width: int, height: int) -> str:
+    """A PNG head whose IHDR claims any size: the 8-byte signature, then the IHDR chunk."""
+    head = b"\x89PNG\r\n\x1a\n" + b"\x00\x00\x00\x0dIHDR" + struct.pack(">II", width, height)
+    return "data:image/png;base64," + base64.b64encode(head + b"\x08\x02\x00\x00\x00").decode()
+
+
+def test_an_image_header_claiming_a_shape_the_processor_refuses_is_priced_as_unknown() -> None:
+    """A client must not make one request weigh millions of tokens in the load bound for as long
+    as it lasts: the engine refuses a side over 200 times the other with a 400."""
+    unknown = features(turn("hi", screenshot=True)).cost
+
+    def cost(url: str) -> float:
+        body = turn("hi")
+        body["messages"][1]["content"].append({"type": "image_url", "image_url": {"url": url}})
+        return features(body).cost
+
+    assert cost(lying_png_url(28, 4_000_000_000)) == unknown
+    assert cost(lying_png_url(4_000_000_000, 1)) == unknown
+    # A huge image of a shape the processor takes is scaled to the budget like any other.
+    assert cost(lying_png_url(4_000_000_000, 40_000_000)) <= unknown
 
 
 def test_a_body_that_is_not_an_object_is_neutral() -> None:

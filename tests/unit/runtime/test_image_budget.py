@@ -9,6 +9,7 @@ from autoglm_runtime.image_budget import (
     MAX_PIXELS_CEILING,
     MIN_PIXELS,
     OFFICIAL_MAX_PIXELS,
+    RefusedImage,
     image_tokens,
     max_pixels_for,
     scaled_size,
@@ -25,11 +26,20 @@ from autoglm_runtime.image_budget import (
     ((720, 1600), OFFICIAL_MAX_PIXELS, (728, 1596)),
     ((20, 3000), 1_207_360, (28, 4200)),  # too narrow: widened first
     ((50, 50), 1_207_360, (84, 84)),  # too small: raised to the floor
+    ((28, 5600), OFFICIAL_MAX_PIXELS, (28, 5600)),  # the longest shape it takes
+    ((1, 200), OFFICIAL_MAX_PIXELS, (28, 5600)),
 ])  # fmt: skip
 def test_images_scale_as_the_models_processor_scales_them(
     size: tuple[int, int], max_pixels: int, scaled: tuple[int, int]
 ) -> None:
     assert scaled_size(*size, max_pixels) == scaled
+
+
+@pytest.mark.parametrize("size", [(28, 5601), (5601, 28), (1, 201), (10, 1_000_000)])
+def test_shapes_the_processor_refuses_are_refused(size: tuple[int, int]) -> None:
+    # smart_resize: "absolute aspect ratio must be smaller than 200", after widening a thin side
+    with pytest.raises(RefusedImage):
+        scaled_size(*size, OFFICIAL_MAX_PIXELS)
 
 
 def test_a_native_phone_screenshot_costs_what_the_engine_counts() -> None:
