@@ -439,6 +439,12 @@ INVALID: list[tuple[str, Any, str]] = [
      "spec.router.replicas: Invalid value: 0"),
     ("router-bad-image", _with(VALID, "router.image", "ghcr.io/autoglm/router: 1"),
      "spec.router.image in body should match"),
+    # Under the clients' own idle reuse (aiohttp's 15 s), a request meets the router's close.
+    ("router-keep-alive-under-the-clients",
+     _with(VALID, "router.limits.keepAliveTimeoutSeconds", 5),
+     "spec.router.limits.keepAliveTimeoutSeconds: Invalid value: 5"),
+    ("router-body-limit-under-a-screenshot", _with(VALID, "router.limits.maxBodyBytes", 1000),
+     "spec.router.limits.maxBodyBytes: Invalid value: 1000"),
 ]  # fmt: skip
 
 # Names the CRD's schema allows but the children cannot have: the Services are named
@@ -548,6 +554,7 @@ def test_values_next_to_the_rules_are_accepted(
         "resources": {"requests": {"cpu": "100m", "ephemeral-storage": "1Gi"},
                       "limits": {"memory": "1Gi"}},
         "sessionAffinity": {"loadFactor": "1.0"}, "replicas": 32, "spill": False,
+        "limits": {"keepAliveTimeoutSeconds": 16, "maxBodyBytes": 1 << 20, "maxInflight": 1},
     }  # fmt: skip
     cluster.apply(_object("edges", spec), namespace)
     stored = cluster.get_json("agd", "edges", "-n", namespace)["spec"]

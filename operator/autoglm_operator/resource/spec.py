@@ -889,6 +889,55 @@ class SessionAffinity(CamelModel):
     )
 
 
+_ROUTER_DEFAULT = " Unset: the router's default (docs/operations/security.md)."
+
+
+class RouterLimits(CamelModel):
+    """What one router replica takes from its clients (autoglm-router's client limits): past
+    each, the answer named in its description. Unset fields keep the router's defaults."""
+
+    max_header_bytes: int | None = Field(
+        default=None, ge=4096, le=1 << 20,
+        description="Request line and headers of one request, in bytes; past it 431."
+        + _ROUTER_DEFAULT)
+    max_headers: int | None = Field(
+        default=None, ge=16, le=1000,
+        description="Headers in one request; past it 431." + _ROUTER_DEFAULT)
+    header_timeout_seconds: int | None = Field(
+        default=None, ge=1, le=300,
+        description="From connect (or a request's first byte) to its last header; past it 408 "
+        "and the connection closes." + _ROUTER_DEFAULT)
+    body_timeout_seconds: int | None = Field(
+        default=None, ge=1, le=600,
+        description="To receive a whole request body; past it 408." + _ROUTER_DEFAULT)
+    max_client_connections: int | None = Field(
+        default=None, ge=1, le=65536,
+        description="Open client connections; past it 503 with Retry-After." + _ROUTER_DEFAULT)
+    max_inflight: int | None = Field(
+        default=None, ge=1, le=65536,
+        description="Client requests at once; past it 503 with Retry-After." + _ROUTER_DEFAULT)
+    max_body_bytes: int | None = Field(
+        default=None, ge=1 << 20, le=256 << 20,
+        description="One request body, in bytes; past it 413. Keep it above your largest "
+        "screenshot in base64." + _ROUTER_DEFAULT)
+    max_buffered_body_bytes: int | None = Field(
+        default=None, ge=1 << 20, le=16 << 30,
+        description="Request bodies held at once, all requests together, in bytes (kept for "
+        "retries); past it 503. Raise the router's memory limit with it." + _ROUTER_DEFAULT)
+    keep_alive_timeout_seconds: int | None = Field(
+        default=None, ge=16, le=3600,
+        description="An idle kept-alive client connection stays open this long; it must "
+        "outlast the clients' own idle reuse (aiohttp's 15 s, the openai client's 5 s), or a "
+        "request sent as the router closes it is lost." + _ROUTER_DEFAULT)
+    send_timeout_seconds: int | None = Field(
+        default=None, ge=1, le=3600,
+        description="A client that takes no response bytes this long is cut and its slot "
+        "freed." + _ROUTER_DEFAULT)
+    stream_timeout_seconds: int | None = Field(
+        default=None, ge=1, le=86400,
+        description="A whole response longer than this is cut." + _ROUTER_DEFAULT)
+
+
 class RouterSettings(CamelModel):
     """The router in front of the replicas: Service <name> selects it when enabled."""
 
@@ -906,6 +955,7 @@ class RouterSettings(CamelModel):
         description="Send a request to the other mode when every replica of its own is at "
         "its concurrency cap.",
     )
+    limits: RouterLimits = Field(default_factory=RouterLimits)
 
 
 class AutoGLMDeploymentSpec(CamelModel):

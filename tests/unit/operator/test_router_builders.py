@@ -119,6 +119,27 @@ def test_router_args_are_what_the_router_cli_accepts() -> None:
     assert default.load_factor == 1.25 and default.spill is True
 
 
+LIMITS = {"maxHeaderBytes": 16384, "maxHeaders": 50, "headerTimeoutSeconds": 5,
+          "bodyTimeoutSeconds": 60, "maxClientConnections": 4096, "maxInflight": 256,
+          "maxBodyBytes": 32 << 20, "maxBufferedBodyBytes": 256 << 20,
+          "keepAliveTimeoutSeconds": 120, "sendTimeoutSeconds": 20,
+          "streamTimeoutSeconds": 7200}  # fmt: skip
+
+
+def test_each_router_limit_in_the_spec_reaches_the_routers_own_flag() -> None:
+    spec = crd.AutoGLMDeploymentSpec.model_validate({"router": {"limits": LIMITS}})
+    parsed = vars(router_cli.build_parser().parse_args(router_builders.router_args(OWNER, spec)))
+    dest = {"max_client_connections": "max_client_connections",
+            "header_timeout_seconds": "header_timeout", "body_timeout_seconds": "body_timeout",
+            "keep_alive_timeout_seconds": "keep_alive_timeout",
+            "send_timeout_seconds": "send_timeout", "stream_timeout_seconds": "stream_timeout"}
+    for field, value in spec.router.limits.model_dump().items():
+        assert parsed[dest.get(field, field)] == value, field
+    # Unset, the router keeps its own defaults: the operator passes none of these flags.
+    default = router_builders.router_args(OWNER, SPEC)
+    assert not set(default) & set(router_builders.ROUTER_LIMIT_FLAGS.values())
+
+
 def test_the_budget_lets_one_router_go_at_a_time() -> None:
     pdb = router_builders.pod_disruption_budget(OWNER)
     assert pdb["spec"]["maxUnavailable"] == 1
@@ -234,7 +255,6 @@ def test_observe_files_router_pods_apart_from_the_serving_pods_and_the_router_ch
         children[index][("serving", "phone-9b")].append(manifest)
     indexes = {
         **children,
-        "owned_secrets": {},
         "owned_pods": {("serving", "phone-9b"): pods},
     }
     body = {"metadata": {"name": "phone-9b", "namespace": "serving", "uid": "u1"}}

@@ -103,3 +103,21 @@ def test_kubernetes_flags_reach_the_pod_watch(tmp_path: Path) -> None:
     watch = create_app(args).discovery
     assert isinstance(watch, KubernetesDiscovery)
     assert (watch.namespace, watch.table.port) == ("ns", 8123)
+
+
+SECURITY_DOC = Path(__file__).resolve().parents[3] / "docs" / "operations" / "security.md"
+UNITS = {"s": 1, "MiB": 1 << 20}
+
+
+def test_the_security_pages_limit_table_gives_the_routers_own_defaults() -> None:
+    """The table people read the defaults from (spec.router.limits points there)."""
+    text = SECURITY_DOC.read_text().split("## Limits on every connection", 1)[1]
+    rows = [line.split("|")[1:3] for line in text.splitlines() if line.startswith("| `--")]
+    assert len(rows) >= 11
+    parser = build_parser()
+    for flag_cell, default_cell in rows:
+        flag = flag_cell.strip().strip("`")
+        number, _, unit = default_cell.strip().partition(" ")
+        documented = float(number) * UNITS.get(unit, 1)
+        dest = next(a.dest for a in parser._actions if flag in a.option_strings)
+        assert parser.get_default(dest) == documented, flag

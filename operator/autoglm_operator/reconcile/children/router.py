@@ -77,7 +77,25 @@ def router_args(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> list[str]:
     ]  # fmt: skip
     if not router.spill:
         args.append("--no-spill")
+    for field, value in router.limits.model_dump(exclude_none=True).items():
+        args += [ROUTER_LIMIT_FLAGS[field], str(value)]
     return args
+
+
+# spec.router.limits, field by field: the router's flag (router/autoglm_router/cli.py).
+ROUTER_LIMIT_FLAGS = {
+    "max_header_bytes": "--max-header-bytes",
+    "max_headers": "--max-headers",
+    "header_timeout_seconds": "--header-timeout",
+    "body_timeout_seconds": "--body-timeout",
+    "max_client_connections": "--max-client-connections",
+    "max_inflight": "--max-inflight",
+    "max_body_bytes": "--max-body-bytes",
+    "max_buffered_body_bytes": "--max-buffered-body-bytes",
+    "keep_alive_timeout_seconds": "--keep-alive-timeout",
+    "send_timeout_seconds": "--send-timeout",
+    "stream_timeout_seconds": "--stream-timeout",
+}
 
 
 def _resources(spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
