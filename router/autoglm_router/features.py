@@ -19,7 +19,8 @@ from autoglm_runtime.image_budget import (
     max_pixels_for,
     tokens_per_max_pixels,
 )
-from autoglm_runtime.profiles import Mode
+from autoglm_runtime.traffic import TrafficClass
+from autoglm_runtime.traffic import traffic_class as classify
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
@@ -34,15 +35,6 @@ IMAGE_DELIMITER_TOKENS = 2  # <|begin_of_image|>, <|end_of_image|>
 CHARS_PER_TOKEN = 4
 # One unit of load is one request with this much prefill on top of its fixed cost.
 TOKENS_PER_LOAD_UNIT = 1024
-
-
-class TrafficClass(StrEnum):
-    STREAMED_CHAT = "streamed_chat"
-    OTHER = "other"
-
-    @property
-    def preferred_mode(self) -> Mode:
-        return Mode.STREAMING if self is TrafficClass.STREAMED_CHAT else Mode.BATCHING
 
 
 class KeyKind(StrEnum):
@@ -76,14 +68,11 @@ def request_features(
     """Features of one request; `body` is the parsed JSON (anything, when it did not parse)."""
     if not isinstance(body, dict):
         return NEUTRAL
-    stream = body.get("stream") is True
-    traffic_class = (
-        TrafficClass.STREAMED_CHAT if path == CHAT_PATH and stream else TrafficClass.OTHER
-    )
     n = body.get("n")
     fanout = n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_FANOUT else 1
     cost = fanout * (1.0 + prefill_tokens(path, body, image_max_pixels) / TOKENS_PER_LOAD_UNIT)
     session = session_key(body, headers)
+    traffic_class = classify(path, body, headers)
     if session is not None:
         return RequestFeatures(traffic_class, session, KeyKind.SESSION, cost,
                                path == CHAT_PATH and not _has_answer(body.get("messages")),
@@ -107,27 +96,30 @@ def session_key(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | No
 
 
 def prefix_key(path: str, body: Mapping[str, Any], prefix_chars: int) -> str | None:
-    """A digest of the system prompt and the first user turn, cut at `prefix_chars`.
+    """A digest of the system prompt and the first user turn, each cut at `prefix_chars`.
 
-    Only text is hashed: the phone agent replaces each turn's screenshot, so hashing image
+    Each part is cut on its own: the phone agent's system prompt (2.7 KB) is the same for every
+    task and its task is the first user message, so one cut of the whole would give every task
+    one key. Only text is hashed: the agent replaces each turn's screenshot, so hashing image
     parts would scatter one conversation over the ring.
     """
     if path == CHAT_PATH:
-        head = _chat_head(body.get("messages"))
+        head = _chat_head(body.get("messages"), prefix_chars)
     elif path == COMPLETIONS_PATH:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and prompt:
             prompt = prompt[0]
-        head = prompt if isinstance(prompt, str) else ""
+        head = prompt[:prefix_chars] if isinstance(prompt, str) else ""
     else:
         head = ""
     if not head:
         return None
-    return "p:" + hashlib.blake2b(head[:prefix_chars].encode(), digest_size=16).hexdigest()
+    return "p:" + hashlib.blake2b(head.encode(), digest_size=16).hexdigest()
 
 
-def _chat_head(messages: Any) -> str:
-    """Leading system messages and the first user message, text parts only."""
+def _chat_head(messages: Any, chars: int) -> str:
+    """Leading system messages and the first user message, text parts only, each message's
+    text cut at `chars`."""
     if not isinstance(messages, list):
         return ""
     parts: list[str] = []
@@ -136,7 +128,7 @@ def _chat_head(messages: Any) -> str:
             break
         role = message.get("role")
         text, _ = _content_parts(message.get("content"))
-        parts.append(f"{role}\x00{''.join(text)}\x00")
+        parts.append(f"{role}\x00{''.join(text)[:chars]}\x00")
         if role not in ("system", "developer"):
             break
     return "".join(parts)

@@ -17,6 +17,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from autoglm_runtime.profiles import Mode
+from autoglm_runtime.traffic import TrafficClass
 
 log = logging.getLogger(__name__)
 
@@ -24,9 +25,9 @@ REJECT_REASONS = (
     "queue_full", "queue_timeout", "draining", "bad_request", "client_gone", "unauthorized",
     "not_served",
 )
-# The router's traffic classes (autoglm_router.features.TrafficClass): a streamed
-# /v1/chat/completions request, or anything else. The operator's policy reads demand per class.
-TRAFFIC_CLASSES = ("streamed_chat", "other")
+# The traffic classes (traffic.py), as the router sends them: the operator's policy reads
+# demand per class.
+TRAFFIC_CLASSES = tuple(c.value for c in TrafficClass)
 # Queue waits run from milliseconds to the longest queue timeout.
 QUEUE_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 

@@ -40,11 +40,13 @@ from autoglm_runtime.requests import (
     RequestRules,
     SessionHeaders,
     error_body,
+    explain_full_context,
     parse_json_object,
     prepare,
 )
-from autoglm_runtime.routes import ADMITTED_PATHS, CHAT_PATH, refusal_for
+from autoglm_runtime.routes import ADMITTED_PATHS, refusal_for
 from autoglm_runtime.sse import SSECoalescer
+from autoglm_runtime.traffic import TRAFFIC_CLASS_HEADER
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -203,8 +205,7 @@ class ModeMiddleware:
         prepared = await self._prepare(scope, receive, send, path)
         if prepared is None:
             return  # refused, and answered
-        streamed_chat = prepared.stream and path == CHAT_PATH
-        self.metrics.received.labels("streamed_chat" if streamed_chat else "other").inc()
+        self.metrics.received.labels(prepared.traffic_class.value).inc()
         body = json.dumps(prepared.body).encode()
         scope = _with_content_length(scope, len(body))
         # The body is read, so the next receive() only returns on disconnect: watch it.
@@ -214,8 +215,9 @@ class ModeMiddleware:
         # The profile in force at admission shapes the response, even after a later switch.
         coalesce = self.controller.profile.stream_coalesce_chunks if prepared.stream else 1
         try:
+            explained = _explain_full_context(send, self.config.max_model_len)
             await self.app(scope, _replay(body, receive),
-                           _wrap_send(send, prepared.session_id, coalesce))
+                           _wrap_send(explained, prepared.session_id, coalesce))
         finally:
             self._release(ticket)
 
@@ -233,6 +235,7 @@ class ModeMiddleware:
                 path, parse_json_object(raw), self.rules,
                 prioritize_streams=self.controller.profile.prioritize_streams,
                 session_headers=sessions,
+                declared_class=_header(scope, TRAFFIC_CLASS_HEADER.encode()),
             )
         except _BodyTooLarge:
             self.metrics.rejected.labels("bad_request").inc()
@@ -464,6 +467,39 @@ def _wrap_send(send: Send, session_id: str | None, coalesce: int) -> Send:
                 return
             message = {**message, "body": out}
         await send(message)
+
+    return wrapped
+
+
+# An engine's error answer is a few hundred bytes; a larger 400 passes through as it is.
+_MAX_EXPLAINED_BYTES = 64 * 1024
+
+
+def _explain_full_context(send: Send, max_model_len: int) -> Send:
+    """A 400 saying the prompt does not fit goes out with what to do about it (requests.py
+    explain_full_context); every other answer unchanged."""
+    held: list[Message] = []
+    body = bytearray()
+
+    async def wrapped(message: Message) -> None:
+        if message["type"] == "http.response.start" and message.get("status") == 400:
+            held.append(message)
+            return
+        if not held or message["type"] != "http.response.body":
+            await send(message)
+            return
+        body.extend(message.get("body", b""))
+        if message.get("more_body", False) and len(body) <= _MAX_EXPLAINED_BYTES:
+            return
+        start = held.pop()
+        out = (None if message.get("more_body", False)
+               else explain_full_context(bytes(body), max_model_len))
+        if out is not None:
+            kept = [(k, v) for k, v in start.get("headers", ()) if k.lower() != b"content-length"]
+            start = {**start, "headers": [*kept, (b"content-length", str(len(out)).encode())]}
+        await send(start)
+        await send({**message, "body": out if out is not None else bytes(body)})
+        body.clear()
 
     return wrapped
 

@@ -16,6 +16,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from autoglm_runtime.routes import CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH
+from autoglm_runtime.traffic import (
+    TRAFFIC_CLASS_HEADER,
+    VLLM_SERVICE_TIERS,
+    TrafficClass,
+    traffic_class,
+)
 
 # The project's session header: read from requests, echoed on responses.
 SESSION_HEADER = "x-autoglm-session-id"
@@ -78,6 +84,7 @@ class PreparedRequest:
     session_id: str | None
     priority: int
     sequences: int = 1  # its `n`: admission slots it takes
+    traffic_class: TrafficClass = TrafficClass.OTHER
 
 
 @dataclass(frozen=True)
@@ -154,7 +161,7 @@ def _text_chars(content: Any) -> int:
     return 0
 
 
-def _check_int_param(body: dict[str, Any], name: str, rules: RequestRules) -> None:
+def _clamp_completion_budget(body: dict[str, Any], name: str, rules: RequestRules) -> None:
     value = body.get(name)
     if value is None:
         return
@@ -163,11 +170,10 @@ def _check_int_param(body: dict[str, Any], name: str, rules: RequestRules) -> No
     if value < 1:
         raise RequestError(f"`{name}` must be at least 1, got {value}.", param=name)
     if value > rules.max_model_len:
-        raise RequestError(
-            f"`{name}` is {value}, more than the model's context of "
-            f"{rules.max_model_len} tokens.",
-            param=name,
-        )
+        # vLLM refuses a completion budget over the context, and clamps one within it to what
+        # the prompt leaves (its get_max_tokens, after it counted the prompt, images
+        # included). The phone agent always asks 3000: clamp, never refuse.
+        body[name] = rules.max_model_len
 
 
 def prepare(
@@ -176,10 +182,14 @@ def prepare(
     rules: RequestRules,
     prioritize_streams: bool,
     session_headers: SessionHeaders = SessionHeaders(),
+    declared_class: str | None = None,
 ) -> PreparedRequest:
-    """Validate a request to an admitted path and rewrite it into what vLLM 0.33 reads."""
+    """Validate a request to an admitted path and rewrite it into what vLLM 0.33 reads.
+    `declared_class` is the request's TRAFFIC_CLASS_HEADER."""
     _check_model(body, rules)
     stream = _stream_of(body)
+    klass = traffic_class(path, body, {TRAFFIC_CLASS_HEADER: declared_class or ""})
+    _strip_service_tier(path, body)
     sequences = _check_fan_out(path, body, rules)
     _check_media(path, body, rules)
     if path == RESPONSES_PATH:
@@ -195,10 +205,18 @@ def prepare(
             body.pop("return_reasoning", None)
     session = resolve_session(body, session_headers)
     # The mode owns scheduling order; a client-chosen priority would let anyone jump the line.
-    priority = mode_priority(stream, prioritize_streams)
+    priority = mode_priority(klass, prioritize_streams)
     body["priority"] = priority
     return PreparedRequest(body=body, stream=stream, session_id=session, priority=priority,
-                           sequences=sequences)
+                           sequences=sequences, traffic_class=klass)
+
+
+def _strip_service_tier(path: str, body: dict[str, Any]) -> None:
+    """`service_tier` chose the class; vLLM's chat and completions ignore it (and log each
+    request that has it), its Responses API refuses values other than OpenAI's."""
+    tier = body.get("service_tier")
+    if path != RESPONSES_PATH or not (isinstance(tier, str) and tier in VLLM_SERVICE_TIERS):
+        body.pop("service_tier", None)
 
 
 def _check_fan_out(path: str, body: dict[str, Any], rules: RequestRules) -> int:
@@ -297,10 +315,10 @@ def _is_internal(host: str) -> bool:
     return not address.is_global
 
 
-def mode_priority(stream: bool, prioritize_streams: bool) -> int:
+def mode_priority(klass: TrafficClass, prioritize_streams: bool) -> int:
     if not prioritize_streams:
         return 0
-    return STREAM_PRIORITY if stream else DEFAULT_PRIORITY
+    return STREAM_PRIORITY if klass.interactive else DEFAULT_PRIORITY
 
 
 def _check_model(body: dict[str, Any], rules: RequestRules) -> None:
@@ -362,9 +380,32 @@ def _check_prompt(path: str, body: dict[str, Any], rules: RequestRules) -> None:
 
 def _check_and_default_max_tokens(body: dict[str, Any], rules: RequestRules) -> None:
     for name in ("max_tokens", "max_completion_tokens"):
-        _check_int_param(body, name, rules)
+        _clamp_completion_budget(body, name, rules)
     if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
         body["max_tokens"] = min(rules.default_max_tokens, rules.max_model_len)
+
+
+# vLLM's refusals of a prompt that leaves no room (renderers/params.py, api_utils.py).
+_CONTEXT_FULL = ("maximum context length", "exceeds model's maximum context length")
+
+
+def explain_full_context(raw: bytes, max_model_len: int) -> bytes | None:
+    """vLLM's 400 for a prompt that does not fit, with what to do about it; None for any
+    other answer."""
+    try:
+        body = json.loads(raw)
+        message = body["error"]["message"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    if not isinstance(message, str) or not any(s in message for s in _CONTEXT_FULL):
+        return None
+    body["error"]["message"] = (
+        f"{message} The conversation no longer fits in this server's context of "
+        f"{max_model_len} tokens (its text, its images and at least one output token): send "
+        "fewer turns or smaller images, or raise the context (an AutoGLMDeployment's "
+        "spec.maxModelLen, vLLM's --max-model-len)."
+    )
+    return json.dumps(body).encode()
 
 
 def _move_langchain_extras(body: dict[str, Any]) -> None:

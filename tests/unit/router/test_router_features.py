@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import struct
 from typing import Any
 
@@ -20,6 +21,7 @@ from autoglm_router.features import (
     TrafficClass,
     request_features,
 )
+from autoglm_router.scan import scan_request
 
 SYSTEM = {"role": "system", "content": "You are a phone agent."}
 IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
@@ -38,11 +40,17 @@ def turn(task: str, *later: str, stream: bool = False, screenshot: bool = False)
     return {"model": "m", "messages": messages, "stream": stream}
 
 
-def test_only_streamed_chats_are_the_streamed_class() -> None:
+def test_streamed_chats_are_interactive_unless_the_client_declares_otherwise() -> None:
     assert features(turn("a", stream=True)).traffic_class is TrafficClass.STREAMED_CHAT
     assert features(turn("a")).traffic_class is TrafficClass.OTHER
     completion = {"prompt": "a", "stream": True}
     assert features(completion, path=COMPLETIONS_PATH).traffic_class is TrafficClass.OTHER
+    # Declared (autoglm_runtime.traffic, the rule the replicas apply too): a body field the
+    # scan keeps, or the header.
+    flex = {**turn("a", stream=True), "service_tier": "flex"}
+    assert features(scan_request(json.dumps(flex).encode())).traffic_class is TrafficClass.OTHER
+    declared = features(turn("a"), {"x-autoglm-traffic-class": "interactive"})
+    assert declared.traffic_class is TrafficClass.STREAMED_CHAT
 
 
 def test_session_key_order_body_then_x_session_id_then_runtime_header() -> None:
@@ -69,6 +77,27 @@ def test_the_prefix_is_bounded() -> None:
     assert a.key == b.key
     assert features(turn("x" * 2000 + "a"), prefix_chars=4096).key != features(
         turn("x" * 2000 + "b"), prefix_chars=4096).key
+
+
+def test_agent_tasks_sharing_a_long_system_prompt_get_their_own_keys() -> None:
+    """The phone agent sends no session id, and its 2.7 KB system prompt is every task's: the
+    task in the first user message must still tell one task's steps from another's."""
+    system = {"role": "system", "content": "You are a phone operation agent. " * 80}
+
+    def step(task: str, answers: int) -> dict[str, Any]:
+        history: list[dict[str, Any]] = [system, {"role": "user", "content": task}]
+        for i in range(answers):
+            history += [{"role": "assistant", "content": f"<answer>do(action={i})</answer>"},
+                        {"role": "user", "content": "** Screen Info **"}]
+        history[-1] = {"role": "user", "content": [{"type": "text", "text": history[-1][
+            "content"]}, IMAGE]}
+        return {"model": "m", "messages": history, "stream": True}
+
+    wifi = [features(step("Turn on wifi.", n)) for n in range(4)]
+    maps = features(step("Find a coffee shop in Maps.", 0))
+    assert {f.key_kind for f in wifi} == {KeyKind.PREFIX}
+    assert len({f.key for f in wifi}) == 1  # every step of one task: one key
+    assert maps.key != wifi[0].key
 
 
 def test_cost_grows_with_prompt_length_and_images() -> None:

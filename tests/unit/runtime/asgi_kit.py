@@ -21,6 +21,7 @@ class FakeEngine:
         self.release.set()
         self.events = 6
         self.sends: list[int] = []  # body bytes per send, to see coalescing
+        self.answer: tuple[int, dict[str, Any]] | None = None  # (status, JSON) instead of an echo
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -35,6 +36,14 @@ class FakeEngine:
         body = json.loads(message["body"] or b"{}")
         self.bodies.append(body)
         await self.release.wait()
+        if self.answer is not None:
+            status, payload = self.answer
+            raw = json.dumps(payload).encode()
+            headers = [(b"content-type", b"application/json"),
+                       (b"content-length", str(len(raw)).encode())]
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": raw})
+            return
         if body.get("stream"):
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"text/event-stream")]})

@@ -41,7 +41,7 @@ async def test_bad_input_is_an_openai_400(make_client: MakeClient, engine: FakeE
         client.post(CHAT, content=b"{oops", headers={"content-type": "application/json"}),
         client.post(CHAT, json=chat(model="other")),
         client.post(CHAT, json=chat(max_tokens=-5)),
-        client.post(CHAT, json=chat(max_tokens=100000)),
+        client.post(CHAT, json=chat(max_tokens=10**40)),
         client.post(CHAT, json=chat(messages=[{"role": "user", "content": "x" * 4000}])),
     ]
     for response in await asyncio.gather(*cases):
@@ -59,6 +59,40 @@ async def test_prompt_over_context(make_client: MakeClient) -> None:
     response = await client.post(CHAT, json=long)
     assert response.status_code == 400
     assert "maximum context length is 128" in response.json()["error"]["message"]
+
+
+async def test_a_completion_budget_over_the_context_is_clamped_not_refused(
+    make_client: MakeClient, engine: FakeEngine
+) -> None:
+    """The phone agent always asks max_tokens 3000; at a 2048 context the engine then gives it
+    what its prompt leaves (vLLM's own clamp below the context)."""
+    _, client = make_client({"maxModelLen": 2048})
+    assert (await client.post(CHAT, json=chat(max_tokens=3000))).status_code == 200
+    assert engine.bodies[-1]["max_tokens"] == 2048
+    await client.post(CHAT, json=chat(max_completion_tokens=10**9))
+    assert engine.bodies[-1]["max_completion_tokens"] == 2048
+    await client.post(CHAT, json=chat(max_tokens=300))
+    assert engine.bodies[-1]["max_tokens"] == 300
+
+
+async def test_the_engines_context_full_answer_says_what_to_do(
+    make_client: MakeClient, engine: FakeEngine
+) -> None:
+    vllm_says = ("This model's maximum context length is 2048 tokens. However, your prompt "
+                 "contains 2100 input tokens, which exceeds this limit even without any output "
+                 "tokens. Please reduce the length of the input prompt.")
+    engine.answer = (400, {"error": {"message": vllm_says, "type": "BadRequestError",
+                                     "param": "input_tokens", "code": 400}})
+    _, client = make_client({"maxModelLen": 2048})
+    response = await client.post(CHAT, json=chat(stream=True))
+    assert response.status_code == 400
+    message = response.json()["error"]["message"]
+    assert message.startswith(vllm_says) and "spec.maxModelLen" in message
+    assert "context of 2048 tokens" in message
+    assert int(response.headers["content-length"]) == len(response.content)
+    engine.answer = (400, {"error": {"message": "`top_p` must be in (0, 1]", "code": 400}})
+    other = await client.post(CHAT, json=chat())
+    assert other.json()["error"]["message"] == "`top_p` must be in (0, 1]"
 
 
 async def test_queue_full_is_429_then_timeout_503(make_client: MakeClient,
@@ -288,3 +322,26 @@ async def test_counts_received_requests_by_traffic_class(make_client: MakeClient
     received = "autoglm_requests_received_total"
     assert sample(middleware, received, {"traffic_class": "streamed_chat"}) == 1
     assert sample(middleware, received, {"traffic_class": "other"}) == 2
+
+
+async def test_a_declared_class_sets_the_priority_the_label_and_leaves_the_engines_body(
+    make_client: MakeClient, engine: FakeEngine
+) -> None:
+    """Streaming mode serves interactive requests first: declared ones too, and a streamed
+    chat declared `flex` (an evaluation run through the agent's client) waits its turn."""
+    middleware, client = make_client()  # streaming mode
+    await client.post(CHAT, json={**chat(stream=True), "service_tier": "flex"})
+    flex = engine.bodies[-1]
+    assert flex["priority"] == 1 and "service_tier" not in flex
+    await client.post(CHAT, json=chat(), headers={"X-AutoGLM-Traffic-Class": "interactive"})
+    assert engine.bodies[-1]["priority"] == 0
+    await client.post(CHAT, json={**chat(stream=True), "service_tier": ["odd"]})
+    assert engine.bodies[-1]["priority"] == 0 and "service_tier" not in engine.bodies[-1]
+    received = "autoglm_requests_received_total"
+    assert sample(middleware, received, {"traffic_class": "streamed_chat"}) == 2
+    assert sample(middleware, received, {"traffic_class": "other"}) == 1
+    # The Responses API takes OpenAI's tiers itself: a valid one stays, another goes.
+    await client.post("/v1/responses", json={"input": "hi", "service_tier": "flex"})
+    assert engine.bodies[-1]["service_tier"] == "flex"
+    await client.post("/v1/responses", json={"input": "hi", "service_tier": "bulk"})
+    assert "service_tier" not in engine.bodies[-1]
