@@ -46,7 +46,7 @@ SPECIAL_TOKENS = [
 ]  # fmt: skip
 # GLM's generation config stops at the end of text, the next user turn or an observation.
 EOS_TOKENS = ["<|endoftext|>", "<|user|>", "<|observation|>"]
-VOCAB_SIZE = 2048
+VOCAB_SIZE = 4096
 # GLM-4.1V's chat template, cut to what the agent sends: system, user (text and images),
 # assistant; `enable_thinking=false` pre-fills an empty think block, as GLM's template does.
 CHAT_TEMPLATE = (
@@ -82,7 +82,45 @@ CORPUS = (
     "long press back home launch wait note call api take over finish the current app is "
     "screen 1080 2400 element coordinates from 0 to 999 think first then act"
 )
-WORDS = CORPUS.split()
+# English as a phone agent's prompts are written: its rules, actions, screens and answers. The
+# BPE trained on it holds these words whole, as a real model's 150k-token vocabulary holds
+# common English, so an agent prompt costs about the ~4 characters a token GLM's does (the
+# engine tier's agent loop fills the context as the real model's would).
+AGENT_ENGLISH = (
+    "You are a phone operation agent. You see the current screen of an Android phone as a "
+    "screenshot and decide the next single action that moves the user's task forward. Answer "
+    "in exactly this format, with your reasoning about the screen and the next step in one or "
+    "two sentences, then one action. The actions you may use: open an app by its name, prefer "
+    "this over finding its icon; tap a point, coordinates run from the top left to the bottom "
+    "right of the screen, whatever its resolution; type into the focused input field, tap the "
+    "field first; swipe, to scroll a list or move a page; press and hold, to open a context "
+    "menu; tap twice quickly, to zoom or select; go back one screen, or close a dialog or the "
+    "keyboard; go to the home screen; wait for a page or an animation to finish loading; ask "
+    "the user to act, for a login, a payment or a verification code that you must not handle "
+    "yourself; the task is done, or cannot be done, say which and why. Rules: before anything "
+    "else, check that the app in the foreground is the one the task needs. If not, launch it. "
+    "If a page shows nothing useful or is still loading, wait once, then go back and try "
+    "another way. If the element you need is not on the screen, swipe to look for it before "
+    "you give up. A popup, an advertisement or a permission dialog must be closed or answered "
+    "first. Never repeat an action that had no effect more than twice: change your approach. "
+    "Type only into a field you have tapped, and check the keyboard is open. Tap the centre of "
+    "an element, never its edge; small icons need care. When a step fails, look at the screen "
+    "again and explain what changed before you act. Never guess a password, a verification "
+    "code or payment details: hand over to the user. When the task is done, check the screen "
+    "shows it is done before you finish. Keep the reasoning short: what you see, what it means "
+    "for the task, what you do next. One action per answer. Do not describe several steps at "
+    "once. Respect the user's privacy: do not open messages, photos or contacts the task does "
+    "not need. Some settings pages nest deeply; read the titles to know where you are. If the "
+    "screen is dark or locked, press home and wait before anything else. Today is Wednesday, "
+    "the second of December. The home screen is showing and settings is not open yet. The "
+    "task needs the settings app, so I launch it directly instead of looking for its icon. "
+    "Settings is open on its main page. Network and internet is the third entry from the top; "
+    "wifi lives inside it, so I tap that entry. The network page lists wifi first, and its "
+    "switch is off. I tap the row to open the wifi page where the switch and the networks are. "
+    "The wifi page is open and the main switch at the top reads off. Turning it on is the step "
+    "the task asks for, so I tap the switch on the right. Launcher current app screen info"
+)
+WORDS = (CORPUS + " " + AGENT_ENGLISH).split()
 
 
 def cache_dir() -> Path:
@@ -102,7 +140,7 @@ def build_tokenizer(out: Path):  # -> PreTrainedTokenizerFast
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    corpus = [" ".join(WORDS), ANSWER, ACTION, THINK] + [
+    corpus = [" ".join(WORDS), AGENT_ENGLISH, ANSWER, ACTION, THINK] + [
         " ".join(random.Random(i).choices(WORDS, k=40)) for i in range(200)
     ]
     trainer = trainers.BpeTrainer(
@@ -262,7 +300,7 @@ def build(out: Path) -> None:
     config = build_config(tokenizer)
     model = Glm4vForConditionalGeneration(config)
     log(f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters; training ...")
-    loss = train(model, processor, tokenizer, steps=int(os.environ.get("TINY_GLM4V_STEPS", 150)))
+    loss = train(model, processor, tokenizer, steps=int(os.environ.get("TINY_GLM4V_STEPS", 300)))
     rng = random.Random(SEED + 1)
     for _ in range(4):  # held-out prompts: the fixed turn and its end, exactly
         messages, image = sample_messages(rng)
