@@ -38,8 +38,11 @@ TOKENS_PER_LOAD_UNIT = 1024
 
 
 class KeyKind(StrEnum):
-    SESSION = "session"
-    PREFIX = "prefix"
+    SESSION = "session"  # a session id the client sent
+    # A chat without one: its system prompt and first user message (the phone agent's task)
+    # stand for the conversation, kept on its replica as a session is.
+    CONVERSATION = "conversation"
+    PREFIX = "prefix"  # a completion's prompt head
     NONE = "none"
 
 
@@ -73,13 +76,14 @@ def request_features(
     cost = fanout * (1.0 + prefill_tokens(path, body, image_max_pixels) / TOKENS_PER_LOAD_UNIT)
     session = session_key(body, headers)
     traffic_class = classify(path, body, headers)
+    new = path == CHAT_PATH and not _has_answer(body.get("messages"))
     if session is not None:
-        return RequestFeatures(traffic_class, session, KeyKind.SESSION, cost,
-                               path == CHAT_PATH and not _has_answer(body.get("messages")),
-                               fanout)
+        return RequestFeatures(traffic_class, session, KeyKind.SESSION, cost, new, fanout)
     prefix = prefix_key(path, body, prefix_chars)
-    kind = KeyKind.PREFIX if prefix is not None else KeyKind.NONE
-    return RequestFeatures(traffic_class, prefix, kind, cost, fanout=fanout)
+    if prefix is None:
+        return RequestFeatures(traffic_class, None, KeyKind.NONE, cost, fanout=fanout)
+    kind = KeyKind.CONVERSATION if path == CHAT_PATH else KeyKind.PREFIX
+    return RequestFeatures(traffic_class, prefix, kind, cost, new, fanout)
 
 
 def session_key(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | None:

@@ -39,8 +39,8 @@ def router_metrics() -> RouterMetrics:
         retries.labels(reason)
     placements = Counter(
         "autoglm_router_session_placements",
-        "Requests with a session key: same replica as its last turn (hit), another (moved), "
-        "or first seen (new).",
+        "Requests with a session or conversation key: same replica as its last turn (hit), "
+        "another (moved), or first seen (new).",
         ["placement"], registry=registry,
     )
     for placement in PLACEMENTS:

@@ -176,7 +176,8 @@ class SessionMemory:
 
 
 def session_of(features: RequestFeatures) -> tuple[str, str] | None:
-    if features.key_kind is not KeyKind.SESSION or features.key is None:
+    """The (class, key) whose placement rule 2 remembers: a session's or a conversation's."""
+    if features.key_kind not in (KeyKind.SESSION, KeyKind.CONVERSATION) or features.key is None:
         return None
     return features.traffic_class.value, features.key
 

@@ -124,6 +124,13 @@ def decide(
         # A shared prefix can burst: the strict bound spreads it at once.
         name, bounded = bounded_hash(features.key, features.cost, pool, config)
         return Route(name, Reason.BOUNDED if bounded else Reason.HASHED, in_mode)
+    if features.key_kind is KeyKind.CONVERSATION and features.new_conversation:
+        # A first turn is placed as a session's is, by the recent load, wherever an earlier
+        # conversation of the same task went; many first turns of one task (one key) also
+        # count what is in flight now, so they spread at once.
+        name, bounded = bounded_hash(features.key, features.cost, pool, config,
+                                     load=lambda r: max(r.recent_load, r.load))
+        return Route(name, Reason.BOUNDED if bounded else Reason.HASHED, in_mode)
     return session_route(features, pool, config, placed, in_mode)
 
 

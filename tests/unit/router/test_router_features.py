@@ -66,9 +66,13 @@ def test_without_a_session_the_prefix_is_the_key() -> None:
     first = features(turn("open the settings app", screenshot=True))
     later = features(turn("open the settings app", "tapped", "scrolled"))
     other = features(turn("send a message"))
-    assert first.key_kind is KeyKind.PREFIX
+    # A chat's prefix stands for its conversation; a completion's is a plain prefix.
+    assert first.key_kind is KeyKind.CONVERSATION and first.new_conversation
+    assert later.key_kind is KeyKind.CONVERSATION and not later.new_conversation
     # Later turns and a replaced screenshot keep the key; another task changes it.
     assert first.key == later.key != other.key
+    completion = features({"prompt": "open the settings app"}, path=COMPLETIONS_PATH)
+    assert completion.key_kind is KeyKind.PREFIX
 
 
 def test_the_prefix_is_bounded() -> None:
@@ -95,7 +99,7 @@ def test_agent_tasks_sharing_a_long_system_prompt_get_their_own_keys() -> None:
 
     wifi = [features(step("Turn on wifi.", n)) for n in range(4)]
     maps = features(step("Find a coffee shop in Maps.", 0))
-    assert {f.key_kind for f in wifi} == {KeyKind.PREFIX}
+    assert {f.key_kind for f in wifi} == {KeyKind.CONVERSATION}
     assert len({f.key for f in wifi}) == 1  # every step of one task: one key
     assert maps.key != wifi[0].key
 

@@ -425,3 +425,36 @@ def test_config_rejects_a_fresh_window_of_zero() -> None:
 def test_config_rejects_a_negative_other_overflow() -> None:
     with pytest.raises(ValueError, match="other_overflow"):
         RoutingConfig(other_overflow=-0.5)
+
+
+def test_a_conversation_key_spreads_first_turns_and_keeps_later_turns_where_they_went() -> None:
+    """The official agent sends no session id: its conversation key (system prompt and task)
+    places a first turn as a burst of one prefix would be, then keeps the conversation there."""
+    replicas = pool(*((f"r{i}", S) for i in range(4)))
+
+    def turn(new: bool) -> RequestFeatures:
+        return RequestFeatures(TrafficClass.STREAMED_CHAT, "p:task", KeyKind.CONVERSATION, 1.0,
+                               new_conversation=new)
+
+    home = routed(decide(turn(True), replicas, CONFIG)).replica
+    placed = next(r.name for r in replicas if r.name != home)
+    # A first turn ignores where an earlier conversation of the same task went.
+    assert routed(decide(turn(True), replicas, CONFIG, placed=placed)).replica == home
+    # A later turn goes back where its conversation was, as a session's does.
+    later = routed(decide(turn(False), replicas, CONFIG, placed=placed))
+    assert (later.replica, later.reason) == (placed, Reason.PLACED)
+
+
+def test_first_turns_of_one_task_spread_at_once() -> None:
+    """An evaluation may start one task many times at once: one key, no history."""
+    replicas = pool(*((f"r{i}", S) for i in range(4)))
+    first = RequestFeatures(TrafficClass.STREAMED_CHAT, "p:same-task", KeyKind.CONVERSATION,
+                            2.0, new_conversation=True)
+    used = set()
+    for _ in range(8):
+        name = routed(decide(first, replicas, CONFIG)).replica
+        used.add(name)
+        replicas = [replace(r, inflight=r.inflight + 1, load=r.load + 2.0)
+                    if r.name == name else r for r in replicas]
+    assert len(used) == 4
+    assert max(r.load for r in replicas) <= 4.0
