@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -342,3 +344,16 @@ def test_a_body_over_the_limit_gets_413(router: RouterProcess, recorder: Recordi
     assert reply.status_code == 413
     assert len(recorder.forwarded()) == before
 
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "1e9", "many"])
+def test_a_pixel_budget_that_is_not_a_positive_integer_stops_the_router_at_start(
+    value: str,
+) -> None:
+    """--image-max-pixels prices every screenshot; a wrong one must not start a router that
+    prices images at nothing (or at anything)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "autoglm_router.cli", "--endpoint", "http://127.0.0.1:9",
+         "--image-max-pixels", value], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2
+    assert "--image-max-pixels" in done.stderr
