@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--virtual-nodes", type=_positive(int), default=100,
                    help="points per replica on the hash ring")
     p.add_argument("--prefix-chars", type=_positive(int), default=DEFAULTS.prefix_chars,
-                   help="characters of system prompt + first user turn hashed without a session")
+                   help="characters of the system prompt and of the first user turn, each, "
+                   "hashed without a session (the conversation key)")
     p.add_argument("--image-max-pixels", type=_positive(int), default=DEFAULTS.image_max_pixels,
                    help="the replicas' pixel budget per image (vLLM's max_pixels), to price a "
                         "screenshot's prefill as the engine counts it")

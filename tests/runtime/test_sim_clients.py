@@ -104,7 +104,7 @@ def test_completions_and_models(sim_server: SimProcess) -> None:
 @pytest.mark.parametrize("kwargs", [
     {"model": "gpt-4o"},
     {"max_tokens": -1},
-    {"max_tokens": 10**6},
+    {"max_tokens": 0},
     {"messages": [{"role": "user", "content": "word " * 5000}]},
 ])
 def test_bad_requests_raise_bad_request(sim_server: SimProcess, kwargs: dict[str, object]) -> None:
