@@ -34,7 +34,7 @@ from autoglm_operator.io.metrics import METRICS
 from autoglm_operator.reconcile import plan
 from autoglm_operator.reconcile import status as status_
 from autoglm_operator.reconcile.children import serving
-from autoglm_operator.reconcile.observe import INDEXES, Observed, admin_secret_view, observe
+from autoglm_operator.reconcile.observe import INDEXES, Observed, observe
 from autoglm_operator.resource import names
 from autoglm_operator.resource import pods as pods_
 from autoglm_operator.resource import spec as crd
@@ -96,6 +96,19 @@ def owned_rolebindings(
     namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> Any:
     return {_key(namespace, labels): _trim(body)}
+
+
+@kopf.index("", "v1", "secrets", labels=CHILD_FILTER)
+def owned_secrets(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
+    # Only whether a token is there: the token itself stays out of the operator's memory.
+    data = body.get("data") or {}
+    return {
+        _key(namespace, labels): {
+            "kind": "Secret",
+            "metadata": _trim(body)["metadata"],
+            "hasToken": bool(data.get(serving.ADMIN_TOKEN_KEY)),
+        }
+    }
 
 
 @kopf.index("", "v1", "pods", labels=CHILD_FILTER)
@@ -340,12 +353,10 @@ async def reconcile(
     indexes = {index: kwargs[index] for index in INDEXES}
     reconciler = Reconciler(memo.kube, logger)
     state = ReconcileMemory()
-    admin_secret = AdminSecretReads(reconciler.executor, str(namespace), name, uid)
     adaptive_loop = adaptive_pass.AdaptiveLoop(reconciler.executor, str(namespace), name)
     try:
         while not stopped:
-            secret = await admin_secret.view(state, logger)
-            observed = observe(body, str(namespace), name, uid, indexes, secret)
+            observed = observe(body, str(namespace), name, uid, indexes)
             step = None
             if adaptive_loop.due(observed.body):
                 step = await _observe_modes(adaptive_loop, reconciler, observed, state, logger)
@@ -363,35 +374,6 @@ async def reconcile(
         for gauge in (METRICS.replicas, METRICS.ready_replicas):
             with contextlib.suppress(KeyError):
                 gauge.remove(str(namespace), name)
-
-
-class AdminSecretReads:
-    """The admin Secret, read by name rather than indexed, so the operator needs no list or
-    watch on Secrets: again every ADMIN_SECRET_RECHECK_SECONDS, and at once after this loop
-    wrote it (the plan waits to see its own write)."""
-
-    def __init__(self, io: executor.Executor, namespace: str, name: str, uid: str) -> None:
-        self.io, self.namespace, self.uid = io, namespace, uid
-        self.secret_name = serving.admin_secret_name(name)
-        self.last: dict[str, Any] | None = None
-        self.read_at: float | None = None
-
-    async def view(self, state: ReconcileMemory, logger: kopf.Logger) -> dict[str, Any] | None:
-        written = state.written.get(("Secret", self.secret_name))
-        due = (
-            self.read_at is None
-            or time.monotonic() - self.read_at >= settings_.ADMIN_SECRET_RECHECK_SECONDS
-            or (written is not None and written.at >= self.read_at)
-        )
-        if due:
-            started = time.monotonic()
-            try:
-                live = await self.io.get("Secret", self.namespace, self.secret_name)
-            except executor.ApiError as err:
-                logger.warning(f"Could not read Secret {self.secret_name}; retrying: {err}")
-                return self.last
-            self.last, self.read_at = admin_secret_view(live, self.uid), started
-        return self.last
 
 
 async def _observe_modes(

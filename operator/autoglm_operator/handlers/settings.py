@@ -12,9 +12,6 @@ from autoglm_operator.resource import names
 # they differ).
 RECONCILE_INTERVAL_SECONDS = 1.0
 MAX_BACKOFF_SECONDS = 60.0
-# The admin Secret is read by name (the operator neither lists nor watches Secrets): again this
-# often, so a deleted or emptied token is replaced within it, and at once after a write.
-ADMIN_SECRET_RECHECK_SECONDS = 20.0
 ANNOTATION_PREFIX = "autoglm.io"
 FINALIZER = "autoglm.io/operator"
 # Modules whose import registers kopf handlers; a module that is not installed is skipped.
@@ -27,6 +24,7 @@ WATCHED_CHILDREN = (
     ("apps", "deployments"),
     ("", "services"),
     ("", "configmaps"),
+    ("", "secrets"),
     ("policy", "poddisruptionbudgets"),
     ("", "pods"),
     ("", "serviceaccounts"),

@@ -1,9 +1,8 @@
 """Observe: what the cluster holds for one AutoGLMDeployment, read from the kopf indexes (memory).
 
 The indexes are fed by watch streams filtered server-side by the managed-by label, so a pass
-reads no API for them. Pods are placed by the instance label (their owners are ReplicaSets); the
-other children by their ownerReference to this object. The admin Secret is the exception: it is
-read by name (handlers/reconcile.py), so the operator needs no list or watch on Secrets.
+reads no API at all. Pods are placed by the instance label (their owners are ReplicaSets); the
+other children by their ownerReference to this object.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ CHILD_INDEXES = (
     ("owned_roles", "Role"),
     ("owned_rolebindings", "RoleBinding"),
 )
-INDEXES = (*(index for index, _ in CHILD_INDEXES), "owned_pods")
+INDEXES = (*(index for index, _ in CHILD_INDEXES), "owned_secrets", "owned_pods")
 
 # An index as kopf hands it to a daemon: (namespace, instance) -> the objects filed there.
 Index = Mapping[tuple[str, str], Iterable[Any]]
@@ -58,26 +57,13 @@ def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in refs)
 
 
-def admin_secret_view(secret: Mapping[str, Any] | None, uid: str) -> dict[str, Any] | None:
-    """What a pass needs of the admin Secret: its metadata and whether a token is there (the
-    token itself stays out of the operator's memory); None when it is absent or not ours (a
-    create then meets it, and the name is reported taken)."""
-    if secret is None or not owned_by(secret, uid):
-        return None
-    meta = {k: v for k, v in (secret.get("metadata") or {}).items() if k != "managedFields"}
-    has_token = bool((secret.get("data") or {}).get(serving.ADMIN_TOKEN_KEY))
-    return {"kind": "Secret", "metadata": meta, "hasToken": has_token}
-
-
 def observe(
     body: Mapping[str, Any],
     namespace: str,
     name: str,
     uid: str,
     indexes: Mapping[str, Index],
-    secret: dict[str, Any] | None = None,
 ) -> Observed:
-    """`secret` is the admin Secret's admin_secret_view."""
     key = (namespace, name)
 
     def owned(index: str) -> list[dict[str, Any]]:
@@ -87,6 +73,8 @@ def observe(
     for index, kind in CHILD_INDEXES:
         for obj in owned(index):
             children[(kind, obj["metadata"]["name"])] = {"kind": kind, **obj}
+    secret_name = serving.admin_secret_name(name)
+    secret = next((s for s in owned("owned_secrets") if s["metadata"]["name"] == secret_name), None)
     # Pods are owned by ReplicaSets, not by us: the instance label places them, the app name
     # tells the serving pods from the router's.
     placed = list(indexes["owned_pods"].get(key, []))

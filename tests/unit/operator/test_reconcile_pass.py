@@ -16,7 +16,7 @@ from autoglm_operator.handlers import reconcile as handlers
 from autoglm_operator.io import executor, kube
 from autoglm_operator.reconcile import plan
 from autoglm_operator.reconcile.children import serving as builders
-from autoglm_operator.reconcile.observe import admin_secret_view, owned_by
+from autoglm_operator.reconcile.observe import owned_by
 
 NS, NAME, UID = "serving", "phone-9b", "uid-1"
 
@@ -54,14 +54,18 @@ def observed(
     api: FakeKube, agd: dict[str, Any], pods: list[dict[str, Any]] | None = None
 ) -> handlers.Observed:
     """What the indexes would hold, built from the fake apiserver's objects: this object's
-    children (an ownerReference to it), as observe.py files them; the admin Secret as read."""
+    children (an ownerReference to it), as observe.py files them."""
     children: dict[plan.Key, dict[str, Any]] = {}
     secret = None
     for (kind, _ns, name), obj in api.objects.items():
         if not owned_by(obj, UID):
             continue
         if kind == "Secret":
-            secret = admin_secret_view(obj, UID)
+            secret = {
+                "kind": "Secret",
+                "metadata": obj["metadata"],
+                "hasToken": bool(obj["data"].get("token")),
+            }
         elif kind != "Pod":
             children[(kind, name)] = json.loads(json.dumps(obj))
     return handlers.Observed(
@@ -236,41 +240,6 @@ async def test_new_pods_get_the_initial_mode_once(policy: str, mode: str) -> Non
     api.calls.clear()
     await run_pass(api, body(spec), state, pods=[pod])  # the watch has not caught up yet
     assert ("merge_patch", "Pod", "p1") not in api.calls
-
-
-async def test_the_admin_secret_is_read_by_name_again_after_a_write_and_on_a_recheck(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """No list or watch on Secrets: a deleted or emptied token is seen by a named read."""
-    clock = [1000.0]
-    monkeypatch.setattr(handlers.time, "monotonic", lambda: clock[0])
-    api, state = FakeKube(), handlers.ReconcileMemory()
-    reads = handlers.AdminSecretReads(executor.Executor(api, logging.getLogger("t")),  # type: ignore[arg-type]
-                                      NS, NAME, UID)
-    log = logging.getLogger("test")
-
-    def gets() -> int:
-        return sum(1 for c in api.calls if c == ("get", "Secret", f"{NAME}-admin"))
-
-    assert await reads.view(state, log) is None and gets() == 1
-    assert await reads.view(state, log) is None and gets() == 1  # within the recheck: memory
-    reconciler = handlers.Reconciler(api, logging.getLogger("test"))  # type: ignore[arg-type]
-    await reconciler.pass_once(body({}), observed(api, body({})), state)  # type: ignore[arg-type]
-    assert ("create", "Secret", f"{NAME}-admin") in api.calls
-    clock[0] += 1
-    seen = await reads.view(state, log)  # our own write: read back at once
-    assert gets() == 2 and seen is not None and seen["hasToken"] is True
-    assert "data" not in seen  # the token stays out of memory
-    del api.objects[("Secret", NS, f"{NAME}-admin")]  # deleted by hand
-    clock[0] += handlers.settings_.ADMIN_SECRET_RECHECK_SECONDS - 2
-    assert await reads.view(state, log) is not None and gets() == 2
-    clock[0] += 2
-    assert await reads.view(state, log) is None and gets() == 3
-
-
-def test_a_secret_not_owned_by_the_object_is_not_its_admin_secret() -> None:
-    foreign = {"metadata": {"name": f"{NAME}-admin"}, "data": {"token": "c2VjcmV0"}}
-    assert admin_secret_view(foreign, UID) is None
 
 
 def test_api_errors_are_classified() -> None:
