@@ -181,3 +181,20 @@ def test_malformed_requests_get_a_clear_400(sim: SimProcess, case: str, body: by
     reply = exchange(sim.port, request("POST", CHAT, body, {"Content-Type": "application/json"}))
     assert reply.status == 400, (case, reply)
     assert json.loads(reply.body)["error"]["message"], case
+
+
+@pytest.mark.parametrize(("extra", "headers"), [
+    ({"service_tier": {"tier": "flex"}}, {}),
+    ({"service_tier": "x" * 10_000}, {}),
+    ({}, {"X-AutoGLM-Traffic-Class": "batch" * 2000}),
+    ({}, {"X-AutoGLM-Traffic-Class": "interactive, batch"}),
+    ({"service_tier": "priority", "max_tokens": 3000}, {}),
+])  # fmt: skip
+def test_a_declared_class_or_a_large_budget_is_served_whatever_its_value(
+    sim: SimProcess, extra: dict[str, object], headers: dict[str, str]
+) -> None:
+    """service_tier, X-AutoGLM-Traffic-Class and max_tokens choose a class or are lowered:
+    an odd value falls back to the undeclared rule and the request is served, never a 500."""
+    reply = post(sim, chat(**extra), headers=headers)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["message"]["content"]
