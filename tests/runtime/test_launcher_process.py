@@ -19,7 +19,7 @@ import pytest
 
 from autoglm_runtime.sim.process import free_port
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.servers, pytest.mark.timeout(90)]
 
 FAKE_VLLM = """#!{python}
 # Stands in for `vllm serve <model> --port N ...`: runs the sim on that port instead.

@@ -11,7 +11,7 @@ import openai
 import pytest
 from sim_kit import MODEL, StartSim, admin_headers, log_of
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.servers, pytest.mark.timeout(120)]
 # Long enough that every stream is still open when the test flips the mode or sends SIGTERM,
 # on a loaded machine too.
 STREAM_TOKENS = 400

@@ -13,7 +13,7 @@ from sim_kit import MODEL, admin_headers
 
 from autoglm_runtime.sim.process import SimProcess
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.servers, pytest.mark.timeout(60)]
 SCREENSHOT = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42"
               "mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
 
