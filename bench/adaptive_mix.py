@@ -83,6 +83,7 @@ from testkit.operator_kit import wait_for
 from testkit.paths import OUT_DIR
 from testkit.plots import pyplot
 from testkit.podrunner import PodRunner
+from testkit.report import results_page
 from testkit.servicelb import ServiceProxy
 from testkit.stack import Poller, delete_and_wait, live_stack, progress
 from testkit.stats import percentile
@@ -503,9 +504,11 @@ def run_once(keep_files: bool, phase_seconds: float, seed: int, fixed: int | Non
         routed = live.runner.router_requests(NAMESPACE)
     samples = live.watcher.samples
     score(results, live.watcher, chats, jobs, started, wall)
-    found = report(results, samples, chats, jobs, fixed)
-    print(f"the routers counted {sum(routed.values()):.0f} of "
-          f"{len(chats.results) + len(jobs.results)} requests")  # fmt: skip
+    stem = "adaptive_mix" if fixed is None else f"adaptive_mix_fixed{fixed}"
+    with results_page("adaptive_mix", run=policy_name(fixed)):
+        found = report(results, samples, chats, jobs, fixed)
+        print(f"the routers counted {sum(routed.values()):.0f} of "
+              f"{len(chats.results) + len(jobs.results)} requests")  # fmt: skip
     payload = {
         "policy": policy_name(fixed), "seed": seed,
         "settings": {"replicas": REPLICAS, "time_factor": TIME_FACTOR, "interval": INTERVAL,
@@ -524,7 +527,6 @@ def run_once(keep_files: bool, phase_seconds: float, seed: int, fixed: int | Non
         "targets": found,
         "elapsed_seconds": round(time.monotonic() - started, 1),
     }  # fmt: skip
-    stem = "adaptive_mix" if fixed is None else f"adaptive_mix_fixed{fixed}"
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     (OUT_DIR / f"{stem}.json").write_text(json.dumps(payload, indent=1))
     split_label = "demand sizing's split" if fixed is None else "the pinned split"
@@ -571,7 +573,8 @@ def compare(keep_files: bool, phase_seconds: float, seed: int) -> list[dict[str,
     """Adaptive, then the best static choice, on the same trace and seed; the table and JSON."""
     runs = [run_once(keep_files, phase_seconds, seed, fixed) for fixed in (None, FIXED_BASELINE)]
     rows = side_by_side(runs)
-    print_side_by_side(rows, [run["policy"] for run in runs])
+    with results_page("adaptive_mix", run="side by side"):
+        print_side_by_side(rows, [run["policy"] for run in runs])
     path = OUT_DIR / "adaptive_mix_compare.json"
     path.write_text(json.dumps({"seed": seed, "phase_seconds": phase_seconds, "table": rows,
                                 "runs": runs}, indent=1))  # fmt: skip

@@ -80,6 +80,7 @@ from testkit.operator_kit import wait_for
 from testkit.paths import OUT_DIR
 from testkit.plots import pyplot
 from testkit.podrunner import PodRunner
+from testkit.report import results_page
 from testkit.stack import Poller, delete_and_wait, live_stack, progress
 
 REPLICAS = 2
@@ -476,6 +477,30 @@ def plot(phases: Sequence[PhaseResult], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def report(
+    phases: list[PhaseResult], args: argparse.Namespace
+) -> tuple[list[dict[str, Any]], Any, Any]:
+    """The tables and the verdicts, printed; returns the verdicts, the summary and the ratios."""
+    summary = print_table(phases)
+    ratios = print_comparison(summary, phases)
+    in_place = next((p for p in phases if p.strategy == "InPlace"), None)
+    checks = []
+    if in_place is not None:
+        checks = verdicts(in_place.timings, in_place.extra, args.flips, in_place.failed, SETTINGS)
+    rolling = next((p for p in phases if p.strategy == "Rolling"), None)
+    if rolling is not None:
+        confirmed = [t for t in rolling.timings if t.decision_to_confirmation is not None]
+        checks.append({
+            "target": f"all {args.rolling_flips} Rolling flips decided and serving (compared only)",
+            "pass": len(confirmed) == args.rolling_flips,
+            "detail": f"{len(confirmed)} of {args.rolling_flips}",
+        })  # fmt: skip
+    print()
+    for check in checks:
+        print(f"{'PASS' if check['pass'] else 'FAIL'}: {check['target']}: {check['detail']}")
+    return checks, summary, ratios
+
+
 def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="autoglm-reaction-"))
@@ -495,24 +520,8 @@ def run(args: argparse.Namespace) -> int:
                     cluster, prom, namespaces[strategy], strategy, flips, workdir, started
                 ))  # fmt: skip
     elapsed = time.monotonic() - started
-
-    summary = print_table(phases)
-    ratios = print_comparison(summary, phases)
-    in_place = next((p for p in phases if p.strategy == "InPlace"), None)
-    checks = []
-    if in_place is not None:
-        checks = verdicts(in_place.timings, in_place.extra, args.flips, in_place.failed, SETTINGS)
-    rolling = next((p for p in phases if p.strategy == "Rolling"), None)
-    if rolling is not None:
-        confirmed = [t for t in rolling.timings if t.decision_to_confirmation is not None]
-        checks.append({
-            "target": f"all {args.rolling_flips} Rolling flips decided and serving (compared only)",
-            "pass": len(confirmed) == args.rolling_flips,
-            "detail": f"{len(confirmed)} of {args.rolling_flips}",
-        })  # fmt: skip
-    print()
-    for check in checks:
-        print(f"{'PASS' if check['pass'] else 'FAIL'}: {check['target']}: {check['detail']}")
+    with results_page("adaptive_reaction"):
+        checks, summary, ratios = report(phases, args)
 
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     payload = {

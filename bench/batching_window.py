@@ -56,6 +56,7 @@ from testkit.bench.policy_run import REPLICAS, WORKLOAD, summarize
 from testkit.bench.policy_sim import Outcome, Pool
 from testkit.paths import OUT_DIR
 from testkit.plots import pyplot
+from testkit.report import results_page
 from testkit.verdicts import at_least
 
 CONFIGS: tuple[tuple[int, int], ...] = ((0, 1), (25, 4), (50, 4), (100, 4), (100, 2), (100, 8))
@@ -323,9 +324,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"default under test: {name(default_config())}")
     results = model(names, seeds, args.jobs)
     rows = model_table(results, names, seeds)
-    print_model(rows)
     sim_rows = [] if args.no_sim else sim(args.sim_seconds)
-    verdicts = check(rows, sim_rows)
+    with results_page("batching_window"):
+        print_model(rows)
+        verdicts = check(rows, sim_rows)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     out = OUT_DIR / "batching_window.json"
     out.write_text(json.dumps({"default": name(default_config()), "seeds": seeds,

@@ -72,6 +72,7 @@ from testkit.localprom import LocalPrometheus
 from testkit.operator_kit import Operator, agd_object, apiserver_requests
 from testkit.paths import CRD_FILE, OUT_DIR
 from testkit.plots import pyplot
+from testkit.report import results_page
 
 NAMESPACES = 4
 INTERVAL_SECONDS = 10
@@ -815,8 +816,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     result["elapsed_seconds"] = round(time.monotonic() - began, 1)
-    print_report(result)
-    result["targets"] = check(result)
+    with results_page("operator_scale"):
+        print_report(result)
+        result["targets"] = check(result)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     (OUT_DIR / "operator_scale.json").write_text(json.dumps(_json_safe(result), indent=1))
     plot(result, OUT_DIR / "operator_scale.png")

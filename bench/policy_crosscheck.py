@@ -44,6 +44,7 @@ from autoglm_runtime.middleware import ModeMiddleware
 from autoglm_runtime.profiles import Mode, ModeProfiles
 from testkit.bench import policy_traces as traces
 from testkit.paths import OUT_DIR as OUT
+from testkit.report import results_page
 
 REPLICAS = 4
 MODEL = "autoglm-phone-9b"
@@ -331,10 +332,13 @@ def main() -> int:
         for p in procs:
             p.wait(10)
     holds = results[1]["goodput"] > results[0]["goodput"]
-    print(
-        f"{'PASS' if holds else 'FAIL'}: ranking holds on llm-d-inference-sim: adaptive "
-        f"{results[1]['goodput']:.3f} vs all-streaming {results[0]['goodput']:.3f} req/s"
-    )
+    with results_page("policy_crosscheck"):
+        for res in results:
+            print(json.dumps(res))
+        print(
+            f"{'PASS' if holds else 'FAIL'}: ranking holds on llm-d-inference-sim: adaptive "
+            f"{results[1]['goodput']:.3f} vs all-streaming {results[0]['goodput']:.3f} req/s"
+        )
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "policy_crosscheck.json").write_text(
         json.dumps(

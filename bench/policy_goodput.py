@@ -90,6 +90,7 @@ from testkit.bench.policy_run import REPLICAS, WORKLOAD, summarize
 from testkit.bench.policy_sim import BATCH, CHAT, ROUTINGS, Outcome, Pool
 from testkit.paths import OUT_DIR
 from testkit.plots import pyplot
+from testkit.report import results_page
 from testkit.stats import nearest_rank
 from testkit.verdicts import Verdicts
 
@@ -100,6 +101,7 @@ SEEDS = "2,3,4,5,6"
 GREEDY_INTERVAL = 120.0  # the policy's default cooldown
 GREEDY_LOOKAHEAD = 30.0  # a batch job's SLO: every request routed in the interval is judged
 QUICK_HOURS = 0.25
+DEFAULT_OUT = "policy_goodput"
 DRAIN_SECONDS = 120.0
 RATE_WINDOW = 60.0  # the [1m] of the default rate queries
 EPOCH = 1_767_225_600.0  # 2026-01-01T00:00:00Z: the policy's clock is wall time
@@ -433,7 +435,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--quick", action="store_true", help=f"seed 2 only, traces cut to {QUICK_HOURS} h"
     )
-    parser.add_argument("--out", default="policy_goodput", help="name of the JSON and PNG")
+    parser.add_argument("--out", default=DEFAULT_OUT,
+                        help="name of the JSON and PNG (the docs page: only for the default)")
     parser.add_argument(
         "--merge",
         nargs="+",
@@ -471,9 +474,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = _simulate_all(jobs_for(names, seeds, hours), args.jobs)
         elapsed = time.monotonic() - wall
     table = aggregate(results, names)
-    print_table(table, names)
-    print_summary(table, names)
-    verdicts = check(table, names)
+    # Runs under another --out name (a part, a rerun) leave the page as it is.
+    with results_page("policy_goodput" if args.out == DEFAULT_OUT else None):
+        print_table(table, names)
+        print_summary(table, names)
+        verdicts = check(table, names)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     payload = {
         "replicas": REPLICAS,

@@ -63,6 +63,7 @@ import aiohttp
 from autoglm_runtime.sim.process import RouterProcess, ServerProcess, SimProcess
 from testkit.paths import OUT_DIR
 from testkit.plots import pyplot
+from testkit.report import results_page
 
 MODEL = "autoglm-phone-9b"
 ADMIN_TOKEN = "faults-bench"
@@ -419,9 +420,11 @@ def main(args: argparse.Namespace) -> int:
     for split, row in figures["two_routers_balance"].items():
         print(f"balance {split:<16} " + json.dumps(row), flush=True)
     rows = checks(figures)
-    print("\ntargets:")
-    for target, measured, required, met in rows:
-        print(f"  {target:<48} {measured:>8.3f} {required:<7} {'met' if met else 'MISSED'}")
+    print()
+    with results_page("router_faults"):
+        print("targets:")
+        for target, measured, required, met in rows:
+            print(f"  {target:<48} {measured:>8.3f} {required:<7} {'met' if met else 'MISSED'}")
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     (OUT_DIR / "router_faults.json").write_text(json.dumps({
         "load": {"max_tokens": MAX_TOKENS, "time_factor": TIME_FACTOR},

@@ -38,6 +38,7 @@ import httpx
 
 from testkit.bench import vllm_router
 from testkit.paths import OUT_DIR
+from testkit.report import results_page
 
 SSE_EVENTS = 32
 PHASES = ("request", "first_byte")
@@ -340,9 +341,10 @@ def main() -> int:
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     (OUT_DIR / "router_overhead.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
-    print("\nautoglm-router / vllm-router, same upstream, same run:")
-    print("\n".join(side_by_side(routed, theirs)))
-    print("targets missed: " + ", ".join(missed) if missed else "all targets met")
+    with results_page("router_overhead"):
+        print("autoglm-router / vllm-router, same upstream, same run:")
+        print("\n".join(side_by_side(routed, theirs)))
+        print("targets missed: " + ", ".join(missed) if missed else "all targets met")
     return 1 if missed else 0
 
 

@@ -69,6 +69,7 @@ from testkit import agent
 from testkit.bench import vllm_router
 from testkit.paths import OUT_DIR
 from testkit.plots import pyplot
+from testkit.report import results_page
 
 MODEL = "autoglm-phone-9b"
 REPLICAS = 4
@@ -539,7 +540,8 @@ def judge(per_seed: list[dict[str, dict[str, float]]], args: argparse.Namespace)
                          "vllm-router"]  # fmt: skip
     checks = {who: check(mean, who) for who in judged if who in mean}
     ceil = ceiling(make_trace(args.seeds[0], args.conversations), args.seeds[0], args.concurrent)
-    report(mean, checks, ceil, args)
+    with results_page("router_sessions", run=f"session ids {args.session_ids}"):
+        report(mean, checks, ceil, args)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     (OUT_DIR / f"router_sessions-{args.session_ids}.json").write_text(json.dumps({
         "load": {"replicas": REPLICAS, "conversations": args.conversations,

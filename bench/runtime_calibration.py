@@ -19,6 +19,7 @@ from autoglm_runtime.sim.process import SimProcess
 from testkit.bench.runtime_workload import closed_loop, within
 from testkit.paths import OUT_DIR
 from testkit.plots import pyplot
+from testkit.report import results_page
 
 TOKEN = "calibration-token"
 PUBLISHED = {
@@ -75,13 +76,14 @@ def run(seconds: float, warmup: float, tolerance: float) -> int:
             rows.append((mode, metric, target, value, (value - target) / target, ok))
         if results[mode]["errors"]:
             failures += 1
-    print(f"{'mode':<10} {'metric':<13} {'published':>9} {'sim':>9} {'delta':>7}  within")
-    for mode, metric, target, value, delta, ok in rows:
-        print(f"{mode:<10} {metric:<13} {target:>9.3f} {value:>9.3f} {delta:>+7.1%}  "
-              f"{'yes' if ok else 'NO'}")
-    for mode in results:
-        print(f"{mode}: {results[mode]['requests']:.0f} requests measured, "
-              f"{results[mode]['errors']:.0f} errors")
+    with results_page("runtime_calibration"):
+        print(f"{'mode':<10} {'metric':<13} {'published':>9} {'sim':>9} {'delta':>7}  within")
+        for mode, metric, target, value, delta, ok in rows:
+            print(f"{mode:<10} {metric:<13} {target:>9.3f} {value:>9.3f} {delta:>+7.1%}  "
+                  f"{'yes' if ok else 'NO'}")
+        for mode in results:
+            print(f"{mode}: {results[mode]['requests']:.0f} requests measured, "
+                  f"{results[mode]['errors']:.0f} errors")
 
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     (OUT_DIR / "runtime_calibration.json").write_text(json.dumps({

@@ -25,6 +25,7 @@ from autoglm_runtime.sim.process import SimProcess
 from testkit.bench.runtime_workload import MODEL, PhaseResult, Sample
 from testkit.paths import OUT_DIR
 from testkit.plots import pyplot
+from testkit.report import results_page
 
 STREAMS = 64
 PASS_THROUGH_PROFILE = {"maxConcurrency": STREAMS, "maxQueue": 64, "queueTimeoutSeconds": 60,
@@ -97,14 +98,15 @@ def run(seconds: float, warmup: float, rounds: int, max_tokens: int) -> int:
     ratio = with_["req_per_s"] / without["req_per_s"]
     ok = added < 0.05 and ratio >= 0.97 and not with_["errors"] and not without["errors"]
 
-    print(f"{STREAMS} concurrent streams, {max_tokens} tokens each, {rounds} x {seconds:g} s "
-          "per side")
-    print(f"{'':<20} {'median e2e':>11} {'median ttft':>12} {'req/s':>8} {'requests':>9}")
-    for name, row in (("without middleware", without), ("with middleware", with_)):
-        print(f"{name:<20} {row['median_e2e_s']:>10.3f}s {row['median_ttft_s']:>11.3f}s "
-              f"{row['req_per_s']:>8.2f} {row['requests']:>9.0f}")
-    print(f"added median latency {added:+.2%} (target < 5%), TTFT {ttft_added * 1000:+.1f} ms, "
-          f"throughput ratio {ratio:.3f} (target >= 0.97): {'PASS' if ok else 'FAIL'}")
+    with results_page("runtime_middleware_overhead"):
+        print(f"{STREAMS} concurrent streams, {max_tokens} tokens each, {rounds} x {seconds:g} s "
+              "per side")
+        print(f"{'':<20} {'median e2e':>11} {'median ttft':>12} {'req/s':>8} {'requests':>9}")
+        for name, row in (("without middleware", without), ("with middleware", with_)):
+            print(f"{name:<20} {row['median_e2e_s']:>10.3f}s {row['median_ttft_s']:>11.3f}s "
+                  f"{row['req_per_s']:>8.2f} {row['requests']:>9.0f}")
+        print(f"added median latency {added:+.2%} (target < 5%), TTFT {ttft_added * 1000:+.1f} ms, "
+              f"throughput ratio {ratio:.3f} (target >= 0.97): {'PASS' if ok else 'FAIL'}")
 
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     (OUT_DIR / "runtime_middleware_overhead.json").write_text(json.dumps({

@@ -10,15 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
-
 from autoglm_runtime.sim.process import RouterProcess, SimProcess, free_port
+from testkit.loopback import ServedOnLoopback
 
 Message = MutableMapping[str, Any]
 API_KEY = "abuse-suite-key"
@@ -121,35 +119,13 @@ class Seen:
 
 
 @dataclass
-class RecordingReplica:
+class RecordingReplica(ServedOnLoopback):
     """A replica that answers like the runtime's /health and /metrics and records every other
     request exactly as it arrived (raw path, headers, body). Chat bodies holding "flood" get a
     50 MiB stream; "slow" ones an answer after 2 s."""
 
     seen: list[Seen] = field(default_factory=list)
     port: int = field(default_factory=free_port)
-
-    def __post_init__(self) -> None:
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="error",
-                                lifespan="off", interface="asgi3")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> RecordingReplica:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "recording replica did not start"
-            time.sleep(0.02)
-        return self
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
 
     def forwarded(self) -> list[Seen]:
         """Requests a router forwarded (its own polls carry no X-Forwarded-For)."""

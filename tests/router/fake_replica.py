@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
-
 from autoglm_runtime.sim.process import free_port
+from testkit.loopback import ServedOnLoopback
 
 Message = MutableMapping[str, Any]
 FLOOD_CHUNK = b"x" * 65536
@@ -32,7 +29,7 @@ class Seen:
 
 
 @dataclass
-class FakeReplica:
+class FakeReplica(ServedOnLoopback):
     mode: str = "batching"
     behavior: str = "echo"
     flood_chunks: int = 800  # 50 MiB
@@ -41,28 +38,6 @@ class FakeReplica:
     held: int = 0  # requests it says it holds (autoglm_requests_inflight), e.g. another router's
     metrics_reads: int = 0  # GET /metrics requests it answered
     port: int = field(default_factory=free_port)
-
-    def __post_init__(self) -> None:
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="error",
-                                lifespan="off", interface="asgi3")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> FakeReplica:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "fake replica did not start"
-            time.sleep(0.02)
-        return self
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
 
     async def app(self, scope: Message, receive: Callable[[], Awaitable[Message]],
                   send: Callable[[Message], Awaitable[None]]) -> None:
