@@ -5,8 +5,9 @@
 
 Replays each trace (bench/traces/policy_traces.py, its docstring has their parameters) with
 seeds 2-6 against a pool of 4 replicas (2 GPUs each) simulated in fast-forwarded time by
-testkit.bench.policy_sim: the mode middleware's admission from `autoglm_runtime.profiles` (the
-defaults of StreamingProfile and BatchingProfile) in front of the sim's engine step model
+testkit.bench.policy_sim: the mode middleware's own admission code
+(`autoglm_runtime.admission.AdmissionQueue` and `BatchWindow`, at the defaults of
+StreamingProfile and BatchingProfile) in front of the sim's step planning and step model
 (`autoglm_runtime.sim.model.LatencyModel`, calibrated to the published streaming TTFT ~0.32 s /
 4.1 req/s and batching 1.8 s / 7.2 req/s per replica). Nothing is tuned on these traces: the
 operator's policy runs with the CRD defaults (`AdaptiveSettings()`).

@@ -1,20 +1,25 @@
 """The live admission policy of a replica: a concurrency cap, a bounded wait queue, a batch window.
 
-Everything runs on the server's event loop, so plain counters are safe without locks. Changing
-the profile never touches admitted requests: a lower cap only slows new admissions.
+`AdmissionQueue` and `BatchWindow` are the rule itself, with no event loop and time from a
+clock parameter; `AdmissionController` runs them on the server's event loop with futures. The
+policy benchmark's replicas run the same two classes in fast-forwarded time. Everything runs on
+one event loop, so plain counters are safe without locks. Changing the profile never touches
+admitted requests: a lower cap only slows new admissions.
 """
 
 from __future__ import annotations
 
 import asyncio
 import heapq
-import itertools
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from autoglm_runtime.profiles import ModeProfile
+
+T = TypeVar("T")
 
 
 class Rejected(Exception):
@@ -44,12 +49,153 @@ class Draining(Rejected):
     reason = "draining"
 
 
-@dataclass(order=True)
-class _Waiter:
+@dataclass(order=True, slots=True)
+class Waiter(Generic[T]):
+    """One request waiting for slots: lower priority value first, FIFO within one value."""
+
     priority: int
     seq: int
-    future: asyncio.Future[None] = field(compare=False)
+    item: T = field(compare=False)
     slots: int = field(default=1, compare=False)
+    since: float = field(default=0.0, compare=False)
+    timeout: float = field(default=math.inf, compare=False)
+    gone: bool = field(default=False, compare=False)  # admitted, timed out or withdrawn
+
+
+@dataclass
+class Woken(Generic[T]):
+    """What freed slots did to the queue: the requests admitted and those past their timeout."""
+
+    admitted: list[T] = field(default_factory=list)
+    timed_out: list[T] = field(default_factory=list)
+
+
+class AdmissionQueue(Generic[T]):
+    """The admission rule with no event loop: the cap, the bounded priority queue, its timeout.
+
+    One piece of code for every model of a replica: the live middleware drives it in real time
+    (`AdmissionController`, with futures as items), the policy benchmark's replicas in
+    fast-forwarded time (`testkit.bench.policy_sim`, with its requests as items). Time comes from
+    `clock`; a waiter's timeout is the one in force when it started waiting.
+    """
+
+    def __init__(self, profile: ModeProfile, clock: Callable[[], float]) -> None:
+        self.profile = profile
+        self._clock = clock
+        self._heap: list[Waiter[T]] = []
+        self._seq = 0  # FIFO within a priority (a plain int: the policy benchmark copies pools)
+        self.inflight = 0
+        self.queued = 0
+
+    def has_free_slot(self, slots: int = 1) -> bool:
+        return self.inflight + slots <= self.profile.max_concurrency and self.queued == 0
+
+    def try_admit(self, slots: int = 1) -> bool:
+        """Take the slots now if they are free and nobody waits ahead."""
+        if not self.has_free_slot(slots):
+            return False
+        self.inflight += slots
+        return True
+
+    def is_full(self) -> bool:
+        return self.queued >= self.profile.max_queue
+
+    def wait(self, item: T, priority: int, slots: int = 1) -> Waiter[T]:
+        self._seq += 1
+        waiter = Waiter(priority, self._seq, item, slots, self._clock(),
+                        self.profile.queue_timeout_seconds)
+        heapq.heappush(self._heap, waiter)
+        self.queued += 1
+        return waiter
+
+    def withdraw(self, waiter: Waiter[T]) -> None:
+        """The waiter left (its own timer fired, or its client went away)."""
+        if not waiter.gone:
+            waiter.gone = True
+            self.queued -= 1
+
+    def release(self, slots: int = 1) -> Woken[T]:
+        self.inflight -= slots
+        return self.wake()
+
+    def set_profile(self, profile: ModeProfile) -> Woken[T]:
+        """A new cap applies to new admissions only; a higher one admits waiters at once."""
+        self.profile = profile
+        return self.wake()
+
+    def wake(self) -> Woken[T]:
+        woken: Woken[T] = Woken()
+        now = self._clock()
+        while self._heap:
+            waiter = self._heap[0]
+            if waiter.gone:
+                heapq.heappop(self._heap)
+                continue
+            # The first in line waits for all its slots: nothing behind it jumps ahead.
+            if self.inflight + waiter.slots > self.profile.max_concurrency:
+                break
+            heapq.heappop(self._heap)
+            waiter.gone = True
+            self.queued -= 1
+            if now - waiter.since > waiter.timeout:
+                woken.timed_out.append(waiter.item)
+                continue
+            self.inflight += waiter.slots
+            woken.admitted.append(waiter.item)
+        return woken
+
+    def expire(self) -> list[T]:
+        """Take out every waiter past its timeout, wherever it stands in the queue."""
+        now = self._clock()
+        expired = [w for w in self._heap if not w.gone and now - w.since > w.timeout]
+        for waiter in expired:
+            self.withdraw(waiter)
+        return [w.item for w in expired]
+
+    def waiting(self) -> list[T]:
+        return [w.item for w in self._heap if not w.gone]
+
+
+class BatchWindow(Generic[T]):
+    """The micro-batch window: admitted requests are held until `batch_size` of them are, or
+    until `batch_window_millis` after the first. Drivers arm their own timer and hand its
+    `generation` back to `on_timer`, so a timer from an earlier group releases nothing."""
+
+    def __init__(self) -> None:
+        self.held: list[T] = []
+        self.generation = 0
+        self.timer_armed = False
+
+    def hold(self, item: T, profile: ModeProfile) -> tuple[list[T], float | None]:
+        """The items released now, and the seconds of a timer to arm (None: arm none)."""
+        if profile.batch_window_millis == 0 or profile.batch_size <= 1:
+            return [item], None
+        self.held.append(item)
+        if len(self.held) >= profile.batch_size:
+            return self.release(), None
+        if self.timer_armed:
+            return [], None
+        self.timer_armed = True
+        return [], profile.batch_window_millis / 1000
+
+    def release(self) -> list[T]:
+        self.timer_armed = False
+        self.generation += 1
+        group, self.held = self.held, []
+        return group
+
+    def on_timer(self, generation: int) -> list[T]:
+        return self.release() if generation == self.generation else []
+
+    def on_profile(self, profile: ModeProfile) -> list[T]:
+        """Release a held group the new profile would not hold."""
+        if profile.batch_window_millis == 0 or len(self.held) >= profile.batch_size:
+            return self.release()
+        return []
+
+    def leave(self, item: T) -> None:
+        if item in self.held:
+            self.held.remove(item)
 
 
 @dataclass
@@ -63,41 +209,45 @@ class Ticket:
 
 
 class AdmissionController:
+    """The admission rule (`AdmissionQueue`, `BatchWindow`) on the server's event loop."""
+
     # Weight of the newest sample in the service-time average behind Retry-After.
     _EWMA = 0.2
 
     def __init__(self, profile: ModeProfile, clock: Callable[[], float] = time.monotonic) -> None:
-        self._profile = profile
         self._clock = clock
-        self._heap: list[_Waiter] = []
-        self._seq = itertools.count()
-        self._group: list[asyncio.Future[None]] = []
-        self._group_timer: asyncio.TimerHandle | None = None
+        self._queue: AdmissionQueue[asyncio.Future[None]] = AdmissionQueue(profile, clock)
+        self._window: BatchWindow[asyncio.Future[None]] = BatchWindow()
+        self._window_timer: asyncio.TimerHandle | None = None
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._service_seconds = 1.0
-        self.inflight = 0
-        self.queued = 0
         self.draining = False
 
     @property
     def profile(self) -> ModeProfile:
-        return self._profile
+        return self._queue.profile
+
+    @property
+    def inflight(self) -> int:
+        return self._queue.inflight
+
+    @property
+    def queued(self) -> int:
+        return self._queue.queued
 
     def set_profile(self, profile: ModeProfile) -> None:
-        self._profile = profile
-        if profile.batch_window_millis == 0 or len(self._group) >= profile.batch_size:
-            self._release_group()
-        self._wake()
+        self._resolve(self._window.on_profile(profile))
+        self._settle(self._queue.set_profile(profile))
 
     def start_draining(self) -> None:
         self.draining = True
 
     def has_free_slot(self, slots: int = 1) -> bool:
-        return self.inflight + slots <= self._profile.max_concurrency and self.queued == 0
+        return self._queue.has_free_slot(slots)
 
     def retry_after(self) -> int:
         """Seconds until a slot is likely free: the queue ahead drained at the cap's pace."""
-        p = self._profile
+        p = self.profile
         estimate = (self.queued + 1) * self._service_seconds / p.max_concurrency
         return max(1, min(p.queue_timeout_seconds, math.ceil(estimate)))
 
@@ -106,16 +256,13 @@ class AdmissionController:
         if self.draining:
             raise Draining("the replica is draining; retry on another replica", retry_after=1)
         start = self._clock()
-        p = self._profile
-        if self.inflight + slots <= p.max_concurrency and self.queued == 0:
-            self.inflight += slots
-        else:
-            if self.queued >= p.max_queue:
+        if not self._queue.try_admit(slots):
+            if self._queue.is_full():
                 raise QueueFull(
-                    f"the wait queue is full ({p.max_queue} requests)",
+                    f"the wait queue is full ({self.profile.max_queue} requests)",
                     retry_after=self.retry_after(),
                 )
-            await self._wait_in_queue(priority, p.queue_timeout_seconds, slots)
+            await self._wait_in_queue(priority, slots)
         ticket = Ticket(admitted_at=self._clock(), waited_seconds=self._clock() - start,
                         slots=slots)
         try:
@@ -125,79 +272,70 @@ class AdmissionController:
             raise
         return ticket
 
-    async def _wait_in_queue(self, priority: int, timeout: float, slots: int) -> None:
+    async def _wait_in_queue(self, priority: int, slots: int) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._heap, _Waiter(priority, next(self._seq), future, slots))
-        self.queued += 1
+        waiter = self._queue.wait(future, priority, slots)
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(waiter.timeout):
                 await future
+        except QueueTimeout:
+            raise  # the queue found it past its timeout; already uncounted
         except BaseException as exc:
-            if future.done() and not future.cancelled():
+            if future.done() and not future.cancelled() and future.exception() is None:
                 # The slot arrived in the same tick as the timeout or cancel: give it back.
-                self.inflight -= slots
-                self._wake()
-                self._notify_idle()
+                self._settle(self._queue.release(slots))
             else:
                 future.cancel()
-                self.queued -= 1
+                self._queue.withdraw(waiter)
                 self._notify_idle()
             if isinstance(exc, TimeoutError):
-                raise QueueTimeout(
-                    f"no slot became free within {timeout:g} s", retry_after=1
-                ) from None
+                raise self._timed_out(waiter.timeout) from None
             raise
 
+    @staticmethod
+    def _timed_out(timeout: float) -> QueueTimeout:
+        return QueueTimeout(f"no slot became free within {timeout:g} s", retry_after=1)
+
     async def _hold_for_batch(self) -> None:
-        p = self._profile
-        if p.batch_window_millis == 0 or p.batch_size <= 1:
-            return
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        self._group.append(future)
-        if len(self._group) >= p.batch_size:
-            self._release_group()
-        elif self._group_timer is None:
-            self._group_timer = loop.call_later(p.batch_window_millis / 1000, self._release_group)
+        released, timer_seconds = self._window.hold(future, self.profile)
+        if timer_seconds is not None:
+            self._window_timer = loop.call_later(
+                timer_seconds, self._on_window_timer, self._window.generation
+            )
+        self._resolve(released)
         try:
             await future
         except BaseException:
-            if future in self._group:
-                self._group.remove(future)
+            self._window.leave(future)
             raise
 
-    def _release_group(self) -> None:
-        if self._group_timer is not None:
-            self._group_timer.cancel()
-            self._group_timer = None
-        group, self._group = self._group, []
-        for future in group:
+    def _on_window_timer(self, generation: int) -> None:
+        self._resolve(self._window.on_timer(generation))
+
+    def _resolve(self, futures: list[asyncio.Future[None]]) -> None:
+        if not self._window.timer_armed and self._window_timer is not None:
+            self._window_timer.cancel()
+            self._window_timer = None
+        for future in futures:
             if not future.done():
                 future.set_result(None)
+
+    def _settle(self, woken: Woken[asyncio.Future[None]]) -> None:
+        for future in woken.admitted:
+            future.set_result(None)
+        for future in woken.timed_out:
+            future.set_exception(self._timed_out(self.profile.queue_timeout_seconds))
+        self._notify_idle()
 
     def release(self, ticket: Ticket) -> None:
         if ticket.released:
             return
         ticket.released = True
-        self.inflight -= ticket.slots
         served = self._clock() - ticket.admitted_at
         self._service_seconds += self._EWMA * (served - self._service_seconds)
-        self._wake()
-        self._notify_idle()
-
-    def _wake(self) -> None:
-        while self._heap:
-            waiter = self._heap[0]
-            if waiter.future.done():
-                heapq.heappop(self._heap)
-                continue  # timed out or cancelled; already uncounted
-            # The first in line waits for all its slots: nothing behind it jumps ahead.
-            if self.inflight + waiter.slots > self._profile.max_concurrency:
-                break
-            heapq.heappop(self._heap)
-            self.queued -= 1
-            self.inflight += waiter.slots
-            waiter.future.set_result(None)
+        self._settle(self._queue.release(ticket.slots))
 
     def _notify_idle(self) -> None:
         if self.inflight == 0 and self.queued == 0:

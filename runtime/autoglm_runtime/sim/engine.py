@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from autoglm_runtime.sim.metrics import SimMetrics
-from autoglm_runtime.sim.model import LatencyModel, MemoryModel
+from autoglm_runtime.sim.model import LatencyModel, MemoryModel, fill_step
 from autoglm_runtime.sim.prefix_cache import BLOCK_TOKENS, PrefixCache, block_hashes
 
 
@@ -169,30 +169,29 @@ class SimEngine:
             if victim in decoding:
                 decoding.remove(victim)
                 budget += 1
-        plan: list[tuple[SimRequest, int]] = []
-        for request in self.running:
-            remaining = request.prompt_total - request.prefilled
-            if remaining > 0 and budget > 0:
-                chunk = min(budget, remaining)
-                plan.append((request, chunk))
-                budget -= chunk
         kv_free = self.config.kv_cache_tokens - self.kv_used - len(decoding)
-        while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
-            head = self.waiting[0]
-            if head.cancelled:
+
+        def admit_next() -> tuple[SimRequest, int] | None:
+            nonlocal kv_free
+            while self.waiting and len(self.running) < self.config.max_num_seqs:
+                head = self.waiting[0]
+                if head.cancelled:
+                    heapq.heappop(self.waiting)
+                    self._finish(head, "abort")
+                    continue
+                if head.prompt_total + 1 > kv_free:
+                    return None  # vLLM's priority scheduler also waits rather than skip the head
                 heapq.heappop(self.waiting)
-                self._finish(head, "abort")
-                continue
-            if head.prompt_total + 1 > kv_free:
-                break  # vLLM's priority scheduler also waits rather than skipping the head
-            heapq.heappop(self.waiting)
-            head.scheduled_at = head.scheduled_at or time.monotonic()
-            self.running.append(head)
-            self._use_cached_prefix(head)
-            chunk = min(budget, head.prompt_total - head.prefilled)
-            plan.append((head, chunk))
-            budget -= chunk
-            kv_free -= head.prompt_total + 1
+                head.scheduled_at = head.scheduled_at or time.monotonic()
+                self.running.append(head)
+                self._use_cached_prefix(head)
+                kv_free -= head.prompt_total + 1
+                return head, head.prompt_total - head.prefilled
+            return None
+
+        started = [(r, r.prompt_total - r.prefilled) for r in self.running
+                   if r.prompt_total > r.prefilled]
+        plan = fill_step(budget, started, admit_next)
         images = sum(r.images_to_encode for r, _ in plan if not r.vision_done)
         self._evict()
         self._update_gauges()

@@ -41,7 +41,11 @@ which peaks near the published 36-38 GB and rises with load, so VRAM thresholds 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
+
+S = TypeVar("S")
 
 GB = 1000**3  # the published figures are in decimal gigabytes
 GiB = 1024**3
@@ -63,6 +67,34 @@ class LatencyModel:
 
     def step_seconds(self, decoding: int, prefill_tokens: int, images: int) -> float:
         return self.t0 + self.t1 * decoding + self.c_p * prefill_tokens + self.c_img * images
+
+
+def fill_step(
+    budget: int,
+    started: Iterable[tuple[S, int]],
+    admit_next: Callable[[], tuple[S, int] | None],
+) -> list[tuple[S, int]]:
+    """One step's prefill as vLLM's scheduler fills it with chunked prefill.
+
+    `budget` is the step's token budget left after one token per decoding sequence. Sequences
+    already running get theirs first, in order (`started`: each with its prompt tokens still to
+    prefill), then new ones while `admit_next` takes one from the waiting queue (None: nothing
+    more can start). Each takes as many of its prompt tokens as the budget has left. The sim's
+    engine (real time) and the policy benchmark's replicas (fast-forwarded) both plan with it.
+    """
+    plan: list[tuple[S, int]] = []
+    for sequence, remaining in started:
+        if budget <= 0:
+            return plan
+        chunk = min(budget, remaining)
+        plan.append((sequence, chunk))
+        budget -= chunk
+    while budget > 0 and (admitted := admit_next()) is not None:
+        sequence, remaining = admitted
+        chunk = min(budget, remaining)
+        plan.append((sequence, chunk))
+        budget -= chunk
+    return plan
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,10 @@
 
 Each replica is the runtime as deployed: the mode middleware (concurrency cap, bounded priority
 wait queue with a timeout, micro-batch window, SSE coalescing, stream priority), then vLLM's API
-server preprocessing, then the engine's continuous batching with chunked prefill. The engine is
-the sim's step model (`autoglm_runtime.sim.model.LatencyModel`, the same equations
+server preprocessing, then the engine's continuous batching with chunked prefill. The admission
+is the middleware's own code (`autoglm_runtime.admission.AdmissionQueue` and `BatchWindow`) on
+the pool's simulated clock. The engine plans each step with the sim's own `fill_step` and times
+it with the sim's step model (`autoglm_runtime.sim.model.LatencyModel`, the same equations
 `autoglm_runtime.sim.engine` runs in real time):
 
     step T = t0 + t1 * b + c_p * p + c_img * i
@@ -34,7 +36,7 @@ import heapq
 import math
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -46,9 +48,10 @@ from autoglm_router.features import (
     RequestFeatures,
     TrafficClass,
 )
+from autoglm_runtime.admission import AdmissionQueue, BatchWindow, Woken
 from autoglm_runtime.profiles import Mode, ModeProfile, ModeProfiles
 from autoglm_runtime.requests import DEFAULT_PRIORITY, STREAM_PRIORITY
-from autoglm_runtime.sim.model import IMAGE_TOKENS, LatencyModel, MemoryModel
+from autoglm_runtime.sim.model import IMAGE_TOKENS, LatencyModel, MemoryModel, fill_step
 
 CHAT = 0  # interactive, streamed; SLO on time to first visible token
 BATCH = 1  # batch job, not streamed; SLO on completion time
@@ -115,19 +118,22 @@ _PRE_DONE = 2
 
 
 class Replica:
-    def __init__(self, index: int, mode: Mode, profiles: ModeProfiles, env: EngineEnvelope) -> None:
+    def __init__(
+        self,
+        index: int,
+        mode: Mode,
+        profiles: ModeProfiles,
+        env: EngineEnvelope,
+        clock: Callable[[], float],
+    ) -> None:
         self.index = index
         self.name = f"replica-{index}"
         self.profiles = profiles
         self.env = env
         self.mode = mode
-        self.profile: ModeProfile = profiles.for_mode(mode)
-        # middleware
-        self.inflight = 0
-        self.queue: list[tuple[int, int, Req]] = []  # (priority, seq, req)
-        self.group: list[Req] = []
-        self.group_version = 0
-        self.group_timer = False
+        # the middleware's own admission rule, on the pool's simulated clock
+        self.admission: AdmissionQueue[Req] = AdmissionQueue(profiles.for_mode(mode), clock)
+        self.window: BatchWindow[Req] = BatchWindow()
         # engine
         self.waiting: list[tuple[int, int, Req]] = []
         self.prefilling: list[Req] = []
@@ -170,18 +176,26 @@ class Replica:
         self._state = None
 
     @property
+    def profile(self) -> ModeProfile:
+        return self.admission.profile
+
+    @property
     def running(self) -> int:
         return len(self.prefilling) + len(self.decoding)
 
     @property
+    def inflight(self) -> int:
+        return self.admission.inflight
+
+    @property
     def queued(self) -> int:
-        return len(self.queue)
+        return self.admission.queued
 
     def load(self) -> float:
-        return (self.inflight + len(self.queue)) / self.profile.max_concurrency
+        return (self.inflight + self.queued) / self.profile.max_concurrency
 
     def free_slot(self) -> bool:
-        return self.inflight < self.profile.max_concurrency and not self.queue
+        return self.admission.has_free_slot()
 
 
 def routing_config(profiles: ModeProfiles) -> routing.RoutingConfig:
@@ -211,7 +225,9 @@ class Pool:
         self.profiles = profiles or ModeProfiles()
         self.env = env or EngineEnvelope()
         self.workload = workload or Workload()
-        self.replicas = [Replica(i, m, self.profiles, self.env) for i, m in enumerate(modes)]
+        self.replicas = [
+            Replica(i, m, self.profiles, self.env, self.clock) for i, m in enumerate(modes)
+        ]
         self.arrivals = arrivals  # shared, never mutated: excluded from clone()
         self.next_arrival = 0
         self.now = 0.0
@@ -232,6 +248,9 @@ class Pool:
             for text, images in w.shapes
         ]
 
+    def clock(self) -> float:
+        return self.now
+
     # --- cloning (the oracle's hindsight) ---------------------------------------------------
 
     def clone(self) -> Pool:
@@ -251,11 +270,9 @@ class Pool:
             return
         replica.mode = mode
         replica._state = None
-        replica.profile = p = self.profiles.for_mode(mode)
-        # As AdmissionController.set_profile: release a held group the new profile would not hold.
-        if p.batch_window_millis == 0 or len(replica.group) >= p.batch_size:
-            self._release_group(replica)
-        self._wake(replica)
+        profile = self.profiles.for_mode(mode)
+        self._preprocess(replica, replica.window.on_profile(profile))
+        self._settle(replica, replica.admission.set_profile(profile))
 
     # --- event loop ---------------------------------------------------------------------------
 
@@ -291,8 +308,7 @@ class Pool:
                 self._engine_submit(pair[1], pair[0], when)
             elif kind == _GROUP:
                 assert isinstance(obj, Replica)
-                if aux == obj.group_version:
-                    self._release_group(obj)
+                self._preprocess(obj, obj.window.on_timer(aux))
         self.now = max(self.now, end)
 
     def drain(self, limit: float) -> None:
@@ -350,9 +366,8 @@ class Pool:
         p = replica.profile
         stream = req.kind == CHAT
         replica.received[0 if stream else 1] += 1
-        if len(replica.queue) >= p.max_queue and not (
-            replica.inflight < p.max_concurrency and not replica.queue
-        ):
+        admission = replica.admission
+        if admission.is_full() and not admission.has_free_slot():
             return False
         req.prio = (STREAM_PRIORITY if stream else DEFAULT_PRIORITY) if p.prioritize_streams else 0
         # vLLM's first streamed event carries only the role; the coalescer flushes after
@@ -362,59 +377,34 @@ class Pool:
         replica.book(req, +1)
         if self.routing == "router":
             replica.sent.append(t)
-        if replica.inflight < p.max_concurrency and not replica.queue:
-            replica.inflight += 1
-            self._admitted(replica, req, t)
+        if admission.try_admit():
+            self._admitted(replica, req)
         else:
-            heapq.heappush(replica.queue, (req.prio, req.rid, req))
+            admission.wait(req, req.prio)
         return True
 
-    def _admitted(self, replica: Replica, req: Req, t: float) -> None:
-        p = replica.profile
-        if p.batch_window_millis == 0 or p.batch_size <= 1:
-            self._push(t + self.t_pre[req.shape], _PRE_DONE, (req, replica))
-            return
-        replica.group.append(req)
-        if len(replica.group) >= p.batch_size:
-            self._release_group(replica)
-        elif not replica.group_timer:
-            replica.group_timer = True
-            replica.group_version += 1
-            self._push(t + p.batch_window_millis / 1000, _GROUP, replica, replica.group_version)
+    def _admitted(self, replica: Replica, req: Req) -> None:
+        """Past the cap: the batch window, then vLLM's preprocessing, then the engine."""
+        released, timer_seconds = replica.window.hold(req, replica.profile)
+        if timer_seconds is not None:
+            self._push(self.now + timer_seconds, _GROUP, replica, replica.window.generation)
+        self._preprocess(replica, released)
 
-    def _release_group(self, replica: Replica) -> None:
-        replica.group_timer = False
-        replica.group_version += 1
-        group, replica.group = replica.group, []
-        for req in group:
+    def _preprocess(self, replica: Replica, reqs: list[Req]) -> None:
+        for req in reqs:
             self._push(self.now + self.t_pre[req.shape], _PRE_DONE, (req, replica))
 
-    def _wake(self, replica: Replica) -> None:
-        cap = replica.profile.max_concurrency
-        timeout = replica.profile.queue_timeout_seconds
-        now = self.now
-        while replica.queue and replica.inflight < cap:
-            _, _, req = heapq.heappop(replica.queue)
-            if now - req.arrival > timeout:
-                self._reject(req)  # QueueTimeout: it gave up waiting (503)
-                continue
-            replica.inflight += 1
-            self._admitted(replica, req, now)
+    def _settle(self, replica: Replica, woken: Woken[Req]) -> None:
+        for req in woken.timed_out:
+            self._reject(req)  # QueueTimeout: it gave up waiting (503)
+        for req in woken.admitted:
+            self._admitted(replica, req)
 
     def expire_queues(self) -> None:
         """Drop waiters past their queue timeout (the live middleware does this on a timer)."""
-        now = self.now
         for replica in self.replicas:
-            timeout = replica.profile.queue_timeout_seconds
-            if any(now - req.arrival > timeout for _, _, req in replica.queue):
-                kept = []
-                for item in replica.queue:
-                    if now - item[2].arrival > timeout:
-                        self._reject(item[2])
-                    else:
-                        kept.append(item)
-                heapq.heapify(kept)
-                replica.queue = kept
+            for req in replica.admission.expire():
+                self._reject(req)
 
     def _reject(self, req: Req) -> None:
         req.rejected = True
@@ -446,22 +436,19 @@ class Pool:
         env = self.env
         lat = env.latency
         b = len(replica.decoding)
-        budget = env.max_num_batched_tokens - b
-        plan: list[tuple[Req, int]] = []
         images = 0
-        for req in replica.prefilling:
-            if budget <= 0:
-                break
-            chunk = min(budget, req.prompt - req.prefilled)
-            plan.append((req, chunk))
-            budget -= chunk
-        while replica.waiting and len(replica.prefilling) + b < env.max_num_seqs and budget > 0:
+
+        def admit_next() -> tuple[Req, int] | None:
+            nonlocal images
+            if not replica.waiting or len(replica.prefilling) + b >= env.max_num_seqs:
+                return None
             _, _, req = heapq.heappop(replica.waiting)
             replica.prefilling.append(req)
-            chunk = min(budget, req.prompt)
-            plan.append((req, chunk))
-            budget -= chunk
             images += req.images
+            return req, req.prompt
+
+        started = [(req, req.prompt - req.prefilled) for req in replica.prefilling]
+        plan = fill_step(env.max_num_batched_tokens - b, started, admit_next)
         replica.step_version += 1
         replica.step_start = t
         if plan:
@@ -532,9 +519,8 @@ class Pool:
         if self.track_metrics:
             self.completions.append(t)
         # The middleware releases the slot when the response ends.
-        replica.inflight -= 1
         saved, self.now = self.now, t
-        self._wake(replica)
+        self._settle(replica, replica.admission.release())
         self.now = saved
 
     # --- what Prometheus would see ------------------------------------------------------------
@@ -543,9 +529,9 @@ class Pool:
         """Requests admitted or queued but not finished (for the end-of-trace accounting)."""
         seen: dict[int, Req] = {}
         for r in self.replicas:
-            for _, _, req in r.queue:
+            for req in r.admission.waiting():
                 seen[req.rid] = req
-            for req in r.group:
+            for req in r.window.held:
                 seen[req.rid] = req
             for _, _, req in r.waiting:
                 seen[req.rid] = req
@@ -578,7 +564,7 @@ class Pool:
         span = min(window, now) or 1.0
         qps = len(self.completions) / span
         queue = float(
-            sum(len(r.waiting) + len(r.queue) for r in self.replicas if r.mode is Mode.STREAMING)
+            sum(len(r.waiting) + r.queued for r in self.replicas if r.mode is Mode.STREAMING)
         )
         mem = self.env.memory
         total = mem.gpus * mem.gpu_total_bytes

@@ -6,6 +6,8 @@ import pytest
 
 from autoglm_runtime.admission import (
     AdmissionController,
+    AdmissionQueue,
+    BatchWindow,
     Draining,
     QueueFull,
     QueueTimeout,
@@ -168,3 +170,68 @@ async def test_a_request_of_n_sequences_takes_n_slots_and_waits_for_all_of_them(
     ctrl.release(waiting.result())
     ctrl.release(behind.result())
     assert ctrl.inflight == 0
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_queue_admits_in_priority_order_as_slots_free_without_an_event_loop() -> None:
+    clock = FakeClock()
+    queue: AdmissionQueue[str] = AdmissionQueue(profile(max_concurrency=1, max_queue=3), clock)
+    assert queue.try_admit()
+    assert not queue.try_admit()
+    for name, priority in (("late", 1), ("first", 0), ("later", 1)):
+        queue.wait(name, priority)
+    assert queue.is_full() and (queue.inflight, queue.queued) == (1, 3)
+    assert queue.release().admitted == ["first"]
+    assert queue.release().admitted == ["late"]
+    assert (queue.inflight, queue.queued, queue.waiting()) == (1, 1, ["later"])
+
+
+def test_a_waiter_keeps_the_timeout_in_force_when_it_started_waiting() -> None:
+    clock = FakeClock()
+    queue: AdmissionQueue[str] = AdmissionQueue(
+        profile(max_concurrency=1, queue_timeout_seconds=30), clock
+    )
+    queue.try_admit()
+    queue.wait("chat", 0)
+    queue.set_profile(profile(max_concurrency=1, queue_timeout_seconds=60))
+    clock.now = 45.0
+    woken = queue.release()
+    assert (woken.admitted, woken.timed_out) == ([], ["chat"])
+    assert (queue.inflight, queue.queued) == (0, 0)
+
+
+def test_expire_takes_out_waiters_past_their_timeout_anywhere_in_the_queue() -> None:
+    clock = FakeClock()
+    queue: AdmissionQueue[str] = AdmissionQueue(
+        profile(max_concurrency=1, max_queue=5, queue_timeout_seconds=10), clock
+    )
+    queue.try_admit()
+    queue.wait("old", 1)
+    clock.now = 8.0
+    queue.wait("new", 0)
+    withdrawn = queue.wait("gone", 0)
+    queue.withdraw(withdrawn)
+    queue.withdraw(withdrawn)  # twice is harmless
+    clock.now = 12.0
+    assert queue.expire() == ["old"]
+    assert (queue.queued, queue.waiting()) == (1, ["new"])
+
+
+def test_a_window_timer_from_an_earlier_group_releases_nothing() -> None:
+    window: BatchWindow[str] = BatchWindow()
+    held = profile(batch_window_millis=100, batch_size=3)
+    assert window.hold("a", held) == ([], 0.1)
+    stale = window.generation
+    assert window.hold("b", held) == ([], None)
+    assert window.hold("c", held) == (["a", "b", "c"], None)
+    assert window.hold("d", held) == ([], 0.1)
+    assert window.on_timer(stale) == []
+    assert window.on_timer(window.generation) == ["d"]
+    assert window.hold("e", profile()) == (["e"], None)  # no window: straight through

@@ -5,7 +5,7 @@ import time
 
 from autoglm_runtime.sim.engine import EngineConfig, SimEngine, SimRequest
 from autoglm_runtime.sim.metrics import SimMetrics
-from autoglm_runtime.sim.model import LatencyModel, MemoryModel
+from autoglm_runtime.sim.model import LatencyModel, MemoryModel, fill_step
 
 FAST = 0.01  # 100x real time
 
@@ -111,3 +111,15 @@ def test_latency_model_equations() -> None:
     assert memory.used_bytes(64, 2048) > memory.used_bytes(8, 0) > memory.used_bytes(0, 0)
     assert memory.used_bytes(10**6, 10**6) == memory.gpus * memory.gpu_total_bytes
     assert [g for g, _, _ in memory.per_gpu(10)] == [0, 1]
+
+
+def test_a_step_prefills_running_sequences_first_then_admits_new_ones_within_its_budget() -> None:
+    waiting = [("c", 700), ("d", 50)]
+
+    def admit_next() -> tuple[str, int] | None:
+        return waiting.pop(0) if waiting else None
+
+    plan = fill_step(1000, [("a", 200), ("b", 300)], admit_next)
+    assert plan == [("a", 200), ("b", 300), ("c", 500)]
+    assert waiting == [("d", 50)]  # the budget ran out: d is not asked for
+    assert fill_step(100, [("a", 200), ("b", 300)], admit_next) == [("a", 100)]
