@@ -166,9 +166,13 @@ class BatchWindow(Generic[T]):
         self.generation = 0
         self.timer_armed = False
 
+    @staticmethod
+    def holds(profile: ModeProfile) -> bool:
+        return profile.batch_window_millis > 0 and profile.batch_size > 1
+
     def hold(self, item: T, profile: ModeProfile) -> tuple[list[T], float | None]:
         """The items released now, and the seconds of a timer to arm (None: arm none)."""
-        if profile.batch_window_millis == 0 or profile.batch_size <= 1:
+        if not self.holds(profile):
             return [item], None
         self.held.append(item)
         if len(self.held) >= profile.batch_size:
@@ -297,6 +301,8 @@ class AdmissionController:
         return QueueTimeout(f"no slot became free within {timeout:g} s", retry_after=1)
 
     async def _hold_for_batch(self) -> None:
+        if not self._window.holds(self.profile):
+            return  # the default: no future, no timer on the request's path
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         released, timer_seconds = self._window.hold(future, self.profile)
