@@ -79,9 +79,13 @@ class AdmissionQueue(Generic[T]):
     `clock`; a waiter's timeout is the one in force when it started waiting.
     """
 
-    def __init__(self, profile: ModeProfile, clock: Callable[[], float]) -> None:
+    def __init__(self, profile: ModeProfile, clock: Callable[[], float],
+                 abandoned: Callable[[T], bool] = lambda item: False) -> None:
         self.profile = profile
         self._clock = clock
+        # An item whose owner left before `withdraw` could run (a future cancelled in this
+        # tick): it is skipped, so a freed slot goes to the next waiter.
+        self._abandoned = abandoned
         self._heap: list[Waiter[T]] = []
         self._seq = 0  # FIFO within a priority (a plain int: the policy benchmark copies pools)
         self.inflight = 0
@@ -128,8 +132,9 @@ class AdmissionQueue(Generic[T]):
         now = self._clock()
         while self._heap:
             waiter = self._heap[0]
-            if waiter.gone:
+            if waiter.gone or self._abandoned(waiter.item):
                 heapq.heappop(self._heap)
+                self.withdraw(waiter)
                 continue
             # The first in line waits for all its slots: nothing behind it jumps ahead.
             if self.inflight + waiter.slots > self.profile.max_concurrency:
@@ -220,7 +225,8 @@ class AdmissionController:
 
     def __init__(self, profile: ModeProfile, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._queue: AdmissionQueue[asyncio.Future[None]] = AdmissionQueue(profile, clock)
+        self._queue: AdmissionQueue[asyncio.Future[None]] = AdmissionQueue(
+            profile, clock, abandoned=asyncio.Future.done)
         self._window: BatchWindow[asyncio.Future[None]] = BatchWindow()
         self._window_timer: asyncio.TimerHandle | None = None
         self._idle_waiters: list[asyncio.Future[None]] = []

@@ -99,6 +99,24 @@ async def test_cancelled_waiter_leaks_nothing() -> None:
     ctrl.release(await ctrl.acquire())
 
 
+async def test_a_slot_freed_in_the_tick_a_waiter_is_cancelled_goes_to_the_next() -> None:
+    # A client leaves (its task cancelled) and a running request ends before the cancelled
+    # task runs again: the freed slot must go to the next waiter, not to the one that left.
+    ctrl = AdmissionController(profile(max_concurrency=1, max_queue=3))
+    held = await ctrl.acquire()
+    leaving = asyncio.create_task(ctrl.acquire())
+    staying = asyncio.create_task(ctrl.acquire())
+    await settle()
+    leaving.cancel()
+    ctrl.release(held)
+    with pytest.raises(asyncio.CancelledError):
+        await leaving
+    ticket = await asyncio.wait_for(staying, timeout=1)
+    assert (ctrl.inflight, ctrl.queued) == (1, 0)
+    ctrl.release(ticket)
+    assert ctrl.inflight == 0
+
+
 async def test_raising_the_cap_admits_waiters_lowering_keeps_running() -> None:
     ctrl = AdmissionController(profile(max_concurrency=1, max_queue=4))
     held = await ctrl.acquire()
