@@ -5,6 +5,11 @@ One engine of its own, with --max-num-seqs 1, so the engine runs one request at 
 order in which requests finish is the order in which the scheduler chose them. The middleware's
 streaming cap (8) admits every request here at once, so any order comes from vLLM, not from
 the middleware's queue. The drain test ends this engine's life, so it runs last.
+
+Each test holds the engine's one slot with a long request until vLLM's own queue is seen full,
+then its client leaves. On 2 shared cores, /metrics can take seconds to answer while the engine
+decodes (the worker and the engine core's busy wait take both cores), so that request must
+outlast any wait for an answer: it has a context of its own, long enough for minutes of decode.
 """
 
 from __future__ import annotations
@@ -22,15 +27,19 @@ from engine_kit import MODEL, Engine, metric_samples, running_engine
 from autoglm_operator.resource import spec as crd
 
 pytestmark = pytest.mark.timeout(400)
-# The default context (2048) less the prompt: ~30 s of decode at this tier's ~65 tokens/s,
-# far longer than queueing the others takes; the test's client leaves once they are queued.
-BLOCKER_TOKENS = 2000
+# 16,384 tokens hold ~1,000 of the KV cache's ~2,000 blocks (engine_kit.CPU_ENV).
+SERIAL_CONTEXT = 16384
+# The context less room for the prompt: 50 s to 4 min of decode at this tier's 65-330
+# tokens/s, where queueing the others takes well under a second when /metrics answers.
+BLOCKER_TOKENS = SERIAL_CONTEXT - 384
+QUEUE_SEEN_SECONDS = 120
 
 
 @pytest.fixture(scope="module")
-def serial_engine(model_dir: Path, default_spec: crd.AutoGLMDeploymentSpec,
+def serial_engine(model_dir: Path,
                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    with running_engine(default_spec, model_dir, tmp_path_factory.mktemp("serial"),
+    spec = crd.AutoGLMDeploymentSpec.model_validate({"maxModelLen": SERIAL_CONTEXT})
+    with running_engine(spec, model_dir, tmp_path_factory.mktemp("serial"),
                         max_num_seqs=1) as started:
         yield started
 
@@ -55,12 +64,19 @@ async def finish_time(http: httpx.AsyncClient, body: dict) -> tuple[float, int, 
 async def waiting(http: httpx.AsyncClient, count: int,
                   gauge: str = "vllm:num_requests_waiting") -> None:
     """Until vLLM's own queue (or `gauge`) holds `count` requests."""
-    for _ in range(400):
-        samples = metric_samples((await http.get("/metrics")).text, gauge)
-        if samples and samples[0][1] >= count:
+    deadline = time.monotonic() + QUEUE_SEEN_SECONDS
+    seen: dict[str, float] = {}
+    while time.monotonic() < deadline:
+        text = (await http.get("/metrics")).text
+        seen = {name: samples[0][1] for name in (
+            gauge, "vllm:num_requests_running", "vllm:num_requests_waiting",
+            "autoglm_requests_inflight", "autoglm_requests_queued")
+            if (samples := metric_samples(text, name))}
+        if seen.get(gauge, 0) >= count:
             return
         await asyncio.sleep(0.05)
-    raise AssertionError(f"{gauge} never reached {count}")
+    raise AssertionError(f"{gauge} never reached {count} in {QUEUE_SEEN_SECONDS} s; "
+                         f"last seen {seen}")
 
 
 async def test_streamed_requests_are_served_before_earlier_batch_work(
@@ -96,16 +112,10 @@ async def test_sigterm_drains_admitted_streams_and_refuses_new_ones(
                    for i in (1, 2, 3)]
         await waiting(http, 3)  # one running, three in vLLM's queue
         serial_engine.process.send_signal(signal.SIGTERM)
-        refused = None
-        for _ in range(100):
-            try:
-                response = await http.post("/v1/chat/completions", json=chat_body(9, False, 4))
-            except httpx.TransportError:
-                break  # the engine stopped listening: also a clean refusal
-            if response.status_code != 200:
-                refused = response
-                break
-            await asyncio.sleep(0.05)
+        # A request sent before the drain began would queue behind the blocker: probe once the
+        # launcher has told the middleware to drain.
+        await waiting(http, 1, "autoglm_draining")
+        refused = await http.post("/v1/chat/completions", json=chat_body(9, False, 4))
         blocker.cancel()
         results = await asyncio.gather(*streams)
         health = None
@@ -115,7 +125,7 @@ async def test_sigterm_drains_admitted_streams_and_refuses_new_ones(
             except httpx.TransportError:
                 health = None
     assert [(status, last) for _, status, last in results] == [(200, "data: [DONE]")] * 3
-    assert refused is not None and refused.status_code == 503, refused
+    assert refused.status_code == 503, refused.text
     assert refused.headers.get("retry-after") is not None
     assert health in (None, 503), "a draining engine fails its readiness check"
     assert serial_engine.process.wait(timeout=120) == 0
