@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -14,6 +16,10 @@ from autoglm_runtime.profiles import MODE_PATH
 from autoglm_runtime.sim.metrics import SimMetrics
 
 pytestmark = pytest.mark.timeout(300)
+STATE_SEEN_SECONDS = 120
+# Most of the default 2048-token context: a minute or more of decode, 8 at a time.
+HOLD = {"model": MODEL, "messages": [{"role": "user", "content": "Hold the slot."}],
+        "max_tokens": 1900, "min_tokens": 1900, "temperature": 0}
 
 
 async def streamed_chat(client: AsyncOpenAI, i: int) -> tuple[str, str | None, int]:
@@ -29,29 +35,45 @@ async def streamed_chat(client: AsyncOpenAI, i: int) -> tuple[str, str | None, i
     return text, finish, chunks
 
 
+async def admin_state(admin: httpx.AsyncClient, done: Callable[[dict], bool]) -> dict:
+    """The admin endpoint's state once `done` holds; on 2 cores an answer can take seconds
+    while the engine decodes, so this waits by the clock, not by a count of polls."""
+    deadline = time.monotonic() + STATE_SEEN_SECONDS
+    state = (await admin.get(MODE_PATH)).json()
+    while not done(state) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        state = (await admin.get(MODE_PATH)).json()
+    return state
+
+
 async def test_live_flip_under_load_fails_and_drops_nothing(engine: Engine, answer: dict) -> None:
     action = answer["answer"].split("</think>", 1)[1]
     client = AsyncOpenAI(base_url=f"{engine.base_url}/v1", api_key="EMPTY", max_retries=0)
     async with httpx.AsyncClient(base_url=engine.base_url, headers=engine.admin(),
-                                 timeout=10) as admin:
+                                 timeout=STATE_SEEN_SECONDS) as admin:
         start = (await admin.get(MODE_PATH)).json()
         assert start["mode"] == "streaming"
+        cap = start["profile"]["maxConcurrency"]
+        # Long requests fill the streaming cap and hold it however slowly this machine
+        # answers, so the chats are certainly queued at the flip; they leave after it.
+        holders = [asyncio.create_task(admin.post("/v1/chat/completions", json=HOLD))
+                   for _ in range(cap)]
+        await admin_state(admin, lambda s: s["inflight"] >= cap)
         chats = [asyncio.create_task(streamed_chat(client, i)) for i in range(24)]
-        for _ in range(100):  # until the streaming cap (8) is full and the rest wait
-            state = (await admin.get(MODE_PATH)).json()
-            if state["queued"] > 0:
-                break
-            await asyncio.sleep(0.05)
-        assert state["inflight"] > 0 and state["queued"] > 0, state
+        state = await admin_state(admin, lambda s: s["queued"] >= len(chats))
+        assert state["inflight"] == cap and state["queued"] == len(chats), state
         flipped = await admin.put(MODE_PATH, json={"mode": "batching"})
         assert flipped.status_code == 200 and flipped.json()["mode"] == "batching"
         await asyncio.sleep(0.3)
         back = await admin.put(MODE_PATH, json={"mode": "streaming"})
         assert back.status_code == 200 and back.json()["mode"] == "streaming"
         results = await asyncio.gather(*chats)
-        end = (await admin.get(MODE_PATH)).json()
+        for holder in holders:
+            holder.cancel()
+        await asyncio.gather(*holders, return_exceptions=True)
+        end = await admin_state(admin, lambda s: s["inflight"] == 0 and s["queued"] == 0)
     assert [(text, finish) for text, finish, _ in results] == [(action, "stop")] * 24
-    assert end["inflight"] == 0 and end["queued"] == 0
+    assert end["inflight"] == 0 and end["queued"] == 0, end
 
 
 def families(text: str) -> dict[str, tuple[str, frozenset[str]]]:
