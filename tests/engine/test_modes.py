@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 
 import httpx
 import pytest
-from engine_kit import MODEL, Engine
+from engine_kit import MODEL, Engine, poll_until
 from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -36,14 +35,11 @@ async def streamed_chat(client: AsyncOpenAI, i: int) -> tuple[str, str | None, i
 
 
 async def admin_state(admin: httpx.AsyncClient, done: Callable[[dict], bool]) -> dict:
-    """The admin endpoint's state once `done` holds; on 2 cores an answer can take seconds
-    while the engine decodes, so this waits by the clock, not by a count of polls."""
-    deadline = time.monotonic() + STATE_SEEN_SECONDS
-    state = (await admin.get(MODE_PATH)).json()
-    while not done(state) and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-        state = (await admin.get(MODE_PATH)).json()
-    return state
+    """The admin endpoint's state once `done` holds (or its last one after the wait)."""
+    async def read() -> dict:
+        return (await admin.get(MODE_PATH)).json()
+
+    return await poll_until(read, done, STATE_SEEN_SECONDS)
 
 
 async def test_live_flip_under_load_fails_and_drops_nothing(engine: Engine, answer: dict) -> None:

@@ -8,7 +8,7 @@ the middleware's queue. The drain test ends this engine's life, so it runs last.
 
 Each test holds the engine's one slot with a long request until vLLM's own queue is seen full,
 then its client leaves. On 2 shared cores, /metrics can take seconds to answer while the engine
-decodes (the worker and the engine core's busy wait take both cores), so that request must
+decodes (most likely the engine core's busy wait beside it), so that request must
 outlast any wait for an answer: it has a context of its own, long enough for minutes of decode.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from engine_kit import MODEL, Engine, metric_samples, running_engine
+from engine_kit import MODEL, Engine, metric_samples, poll_until, running_engine
 
 from autoglm_operator.resource import spec as crd
 
@@ -64,19 +64,17 @@ async def finish_time(http: httpx.AsyncClient, body: dict) -> tuple[float, int, 
 async def waiting(http: httpx.AsyncClient, count: int,
                   gauge: str = "vllm:num_requests_waiting") -> None:
     """Until vLLM's own queue (or `gauge`) holds `count` requests."""
-    deadline = time.monotonic() + QUEUE_SEEN_SECONDS
-    seen: dict[str, float] = {}
-    while time.monotonic() < deadline:
+    async def read() -> dict[str, float]:
         text = (await http.get("/metrics")).text
-        seen = {name: samples[0][1] for name in (
+        return {name: samples[0][1] for name in (
             gauge, "vllm:num_requests_running", "vllm:num_requests_waiting",
             "autoglm_requests_inflight", "autoglm_requests_queued")
             if (samples := metric_samples(text, name))}
-        if seen.get(gauge, 0) >= count:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{gauge} never reached {count} in {QUEUE_SEEN_SECONDS} s; "
-                         f"last seen {seen}")
+
+    seen = await poll_until(read, lambda s: s.get(gauge, 0) >= count, QUEUE_SEEN_SECONDS)
+    if seen.get(gauge, 0) < count:
+        raise AssertionError(f"{gauge} never reached {count} in {QUEUE_SEEN_SECONDS} s; "
+                             f"last seen {seen}")
 
 
 async def test_streamed_requests_are_served_before_earlier_batch_work(
