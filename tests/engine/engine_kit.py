@@ -34,6 +34,10 @@ REPO = Path(__file__).resolve().parents[2]
 ADMIN_TOKEN = "engine-tier-admin-token"
 MODEL = "autoglm-phone-9b"
 STARTUP_SECONDS = 600  # model load, CPU kernel warm-up and the first compile on 2 shared cores
+# The tests' clients run without retries, so nothing is hidden, and so need deadlines that outlast
+# this machine: the openai client's default gives a connection 5 s, and with the engine decoding
+# on both cores a connection now and then takes longer (a chat was lost to it in CI).
+CLIENT_TIMEOUT = httpx.Timeout(300, connect=60)
 
 # What the CPU needs in the engine's environment, and why.
 CPU_ENV = {

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from engine_kit import REPO, Engine, running_engine
+from engine_kit import CLIENT_TIMEOUT, REPO, Engine, running_engine
 from phone_agent import PhoneAgent
 
 from autoglm_operator.resource import spec as crd
@@ -47,7 +47,7 @@ def routed(engine: Engine, spec: crd.AutoGLMDeploymentSpec,
     router.start(timeout=60.0)
     try:
         yield openai.OpenAI(base_url=f"{router.base_url}/v1", api_key="EMPTY", max_retries=0,
-                            timeout=300)
+                            timeout=CLIENT_TIMEOUT)
     finally:
         router.stop()
 

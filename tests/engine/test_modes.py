@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import httpx
 import pytest
-from engine_kit import MODEL, Engine, poll_until
+from engine_kit import CLIENT_TIMEOUT, MODEL, Engine, poll_until
 from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -44,9 +44,10 @@ async def admin_state(admin: httpx.AsyncClient, done: Callable[[dict], bool]) ->
 
 async def test_live_flip_under_load_fails_and_drops_nothing(engine: Engine, answer: dict) -> None:
     action = answer["answer"].split("</think>", 1)[1]
-    client = AsyncOpenAI(base_url=f"{engine.base_url}/v1", api_key="EMPTY", max_retries=0)
+    client = AsyncOpenAI(base_url=f"{engine.base_url}/v1", api_key="EMPTY", max_retries=0,
+                         timeout=CLIENT_TIMEOUT)
     async with httpx.AsyncClient(base_url=engine.base_url, headers=engine.admin(),
-                                 timeout=STATE_SEEN_SECONDS) as admin:
+                                 timeout=CLIENT_TIMEOUT) as admin:
         start = (await admin.get(MODE_PATH)).json()
         assert start["mode"] == "streaming"
         cap = start["profile"]["maxConcurrency"]
@@ -54,19 +55,22 @@ async def test_live_flip_under_load_fails_and_drops_nothing(engine: Engine, answ
         # answers, so the chats are certainly queued at the flip; they leave after it.
         holders = [asyncio.create_task(admin.post("/v1/chat/completions", json=HOLD))
                    for _ in range(cap)]
-        await admin_state(admin, lambda s: s["inflight"] >= cap)
-        chats = [asyncio.create_task(streamed_chat(client, i)) for i in range(24)]
-        state = await admin_state(admin, lambda s: s["queued"] >= len(chats))
-        assert state["inflight"] == cap and state["queued"] == len(chats), state
-        flipped = await admin.put(MODE_PATH, json={"mode": "batching"})
-        assert flipped.status_code == 200 and flipped.json()["mode"] == "batching"
-        await asyncio.sleep(0.3)
-        back = await admin.put(MODE_PATH, json={"mode": "streaming"})
-        assert back.status_code == 200 and back.json()["mode"] == "streaming"
-        results = await asyncio.gather(*chats)
-        for holder in holders:
-            holder.cancel()
-        await asyncio.gather(*holders, return_exceptions=True)
+        chats: list[asyncio.Task] = []
+        try:
+            await admin_state(admin, lambda s: s["inflight"] >= cap)
+            chats = [asyncio.create_task(streamed_chat(client, i)) for i in range(24)]
+            state = await admin_state(admin, lambda s: s["queued"] >= len(chats))
+            assert state["inflight"] == cap and state["queued"] == len(chats), state
+            flipped = await admin.put(MODE_PATH, json={"mode": "batching"})
+            assert flipped.status_code == 200 and flipped.json()["mode"] == "batching"
+            await asyncio.sleep(0.3)
+            back = await admin.put(MODE_PATH, json={"mode": "streaming"})
+            assert back.status_code == 200 and back.json()["mode"] == "streaming"
+            results = await asyncio.gather(*chats)
+        finally:
+            for task in (*holders, *chats):
+                task.cancel()
+            await asyncio.gather(*holders, *chats, return_exceptions=True)
         end = await admin_state(admin, lambda s: s["inflight"] == 0 and s["queued"] == 0)
     assert [(text, finish) for text, finish, _ in results] == [(action, "stop")] * 24
     assert end["inflight"] == 0 and end["queued"] == 0, end
@@ -83,7 +87,8 @@ def families(text: str) -> dict[str, tuple[str, frozenset[str]]]:
 
 
 async def test_every_sim_metric_exists_on_the_real_engine(engine: Engine) -> None:
-    client = AsyncOpenAI(base_url=f"{engine.base_url}/v1", api_key="EMPTY")
+    client = AsyncOpenAI(base_url=f"{engine.base_url}/v1", api_key="EMPTY",
+                         timeout=CLIENT_TIMEOUT)
     await streamed_chat(client, 0)  # some series appear with the first finished request
     async with httpx.AsyncClient(base_url=engine.base_url, timeout=10) as http:
         real = families((await http.get("/metrics")).text)
