@@ -75,7 +75,7 @@ test-e2e: venv binaries  ## control plane + Prometheus + sim runtimes + load
 test-vllm:  ## the pinned vLLM in its own cached environment (hack/vllm-env.sh), on the CPU
 	env=$$(bash hack/vllm-env.sh); VLLM_TARGET_DEVICE=cpu "$$env/bin/python" -m pytest -m vllm tests/vllm
 
-test-engine:  ## a real vLLM engine on the CPU (hack/vllm-cpu-env.sh) serving a tiny GLM-4.1V
+test-engine:  ## real vLLM engines on the CPU (hack/vllm-cpu-env.sh) serving a tiny GLM-4.1V; Prometheus (make deps)
 	env=$$(bash hack/vllm-cpu-env.sh); model=$$("$$env/bin/python" hack/tiny_glm4v.py); \
 	  AUTOGLM_TINY_MODEL="$$model" "$$env/bin/python" -m pytest -m engine tests/engine
 
