@@ -1,6 +1,10 @@
 """A tiny kubelet for kwok pods: runs a `sim` runtime for each AutoGLM serving pod, and an
 `autoglm-router` for each router pod.
 
+With `engines` set, the first serving pods (up to its count) run a real vLLM engine on the CPU
+instead: the pod's own command and argv (`autoglm-runtime serve -- <vLLM argv>`) in the engine
+environment, with testkit.engine's CPU changes (the tiny model, tensor parallel 1).
+
 kwok marks pods Running without running anything. With a loopback pod CIDR each pod's IP is a
 127.x address, so this runner starts `autoglm-runtime sim` bound to that IP, with the pod's
 ConfigMap, Secret and downward-API volumes written to a local folder and the pod's env pointed
@@ -34,6 +38,7 @@ from typing import Any
 from kubernetes import client, config, watch  # type: ignore[import-untyped]
 
 from autoglm_operator.reconcile.children import router as router_children
+from testkit.engine import cpu_argv, cpu_engine_env
 from testkit.localcluster import LocalCluster, log
 
 SELECTOR = "app.kubernetes.io/name in (autoglm,autoglm-router)"
@@ -57,6 +62,16 @@ class RunningPod:
     mounts: dict[str, Path]  # the container's mount paths, as local folders
     sigterm_at: float | None = None  # time.time() of the kubelet's SIGTERM, once deleted
     router: bool = False  # an autoglm-router pod, not a serving one
+    engine: bool = False  # a real vLLM engine, not a sim
+
+
+@dataclass(frozen=True)
+class Engines:
+    """Real engines for serving pods: the engine environment's python, the model, how many."""
+
+    python: str
+    model_dir: Path
+    count: int = 1
 
 
 def _downward_labels(labels: dict[str, str]) -> str:
@@ -74,8 +89,10 @@ class PodRunner:
         time_factor: float = 1.0,
         sim_args: list[str] | None = None,
         targets_file: Path | None = None,
+        engines: Engines | None = None,
     ) -> None:
         self.cluster = cluster
+        self.engines = engines
         self.targets_file = targets_file
         self.workdir = workdir
         self.time_factor = time_factor
@@ -255,7 +272,7 @@ class PodRunner:
             self._forget_deferred(uid)
         if pod is not None:
             self._write_targets()
-            what = "router" if pod.router else "sim"
+            what = "router" if pod.router else "engine" if pod.engine else "sim"
             log(f"podrunner: stopping {what} for {pod.namespace}/{pod.name}")
             threading.Thread(target=self._shut_down, args=(pod, deleted), daemon=True).start()
 
@@ -342,6 +359,8 @@ class PodRunner:
                     if item.field_ref and item.field_ref.field_path == "metadata.labels":
                         labels_file = local / item.path
                         labels_file.write_text(_downward_labels(pod.metadata.labels or {}))
+            elif volume.empty_dir is not None:
+                local.mkdir(parents=True, exist_ok=True)  # HOME, caches: the pod's own folder
             else:
                 continue
             mounts[mount.mount_path] = local
@@ -358,22 +377,34 @@ class PodRunner:
         for var, default in (("AUTOGLM_CONFIG_FILE", "/etc/autoglm/config.json"),
                              ("AUTOGLM_LABELS_FILE", "/etc/podinfo/labels")):  # fmt: skip
             env.setdefault(var, self._rewrite(default, mounts))
-        argv = [
-            str(Path(sys.executable).with_name("autoglm-runtime")), "sim",
-            "--host", pod.status.pod_ip, "--port", str(RUNTIME_PORT),
-            "--time-factor", str(self.time_factor), *self.sim_args,
-        ]  # fmt: skip
+        engine = self.engines is not None and self._engines_running() < self.engines.count
+        if engine:
+            assert self.engines is not None
+            env = cpu_engine_env(env, self.engines.python)
+            vllm_argv = container.args or []
+            argv = [self.engines.python, "-m", "autoglm_runtime.cli", "serve", "--",
+                    *cpu_argv(vllm_argv, self.engines.model_dir, pod.status.pod_ip)]
+        else:
+            argv = [
+                str(Path(sys.executable).with_name("autoglm-runtime")), "sim",
+                "--host", pod.status.pod_ip, "--port", str(RUNTIME_PORT),
+                "--time-factor", str(self.time_factor), *self.sim_args,
+            ]  # fmt: skip
         logfile = open(folder / "runtime.log", "ab")  # noqa: SIM115 - owned by the child
         process = subprocess.Popen(
             argv, env=env, stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True
         )
         logfile.close()
-        log(f"podrunner: started sim for {pod.metadata.namespace}/{pod.metadata.name} "
-            f"at {pod.status.pod_ip}:{RUNTIME_PORT}")  # fmt: skip
+        log(f"podrunner: started {'a vLLM engine' if engine else 'sim'} for "
+            f"{pod.metadata.namespace}/{pod.metadata.name} at {pod.status.pod_ip}:{RUNTIME_PORT}")
         instance = (pod.metadata.labels or {}).get("app.kubernetes.io/instance", "")
         return RunningPod(pod.metadata.uid, pod.metadata.name, pod.metadata.namespace,
                           pod.status.pod_ip, folder, process, labels_file, instance,
-                          mounts)  # fmt: skip
+                          mounts, engine=engine)  # fmt: skip
+
+    def _engines_running(self) -> int:
+        with self._lock:
+            return sum(1 for p in self.pods.values() if p.engine)
 
     def _launch_router(self, pod: Any, folder: Path) -> RunningPod:
         """`autoglm-router` with the container's args on the pod IP, as its ServiceAccount."""
@@ -444,7 +475,12 @@ class PodRunner:
     @staticmethod
     def _terminate(pod: RunningPod) -> None:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(pod.process.pid, signal.SIGTERM)
+            if pod.engine:
+                # The kubelet signals the container's first process only: the launcher, which
+                # drains and then stops vLLM's processes itself.
+                os.kill(pod.process.pid, signal.SIGTERM)
+            else:
+                os.killpg(pod.process.pid, signal.SIGTERM)
 
     @staticmethod
     def _reap(pod: RunningPod, timeout: float) -> None:
@@ -454,3 +490,6 @@ class PodRunner:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pod.process.pid, signal.SIGKILL)
             pod.process.wait()
+        if pod.engine:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pod.process.pid, signal.SIGKILL)  # what the container's end kills

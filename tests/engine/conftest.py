@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from engine_kit import Engine, answer_of, running_engine, tiny_model
 
 from autoglm_operator.resource import spec as crd
+from testkit.engine import Engine, answer_of, running_engine, tiny_model
 
 HERE = Path(__file__).resolve().parent
 

@@ -18,12 +18,13 @@ from pathlib import Path
 
 import openai
 import pytest
-from engine_kit import CLIENT_TIMEOUT, REPO, Engine, running_engine
 from phone_agent import PhoneAgent
 
 from autoglm_operator.resource import spec as crd
 from autoglm_runtime.image_budget import OFFICIAL_MAX_PIXELS, image_tokens
 from autoglm_runtime.sim.process import RouterProcess
+from testkit.engine import OPENAI_TIMEOUT, Engine, running_engine
+from testkit.paths import REPO
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -47,7 +48,7 @@ def routed(engine: Engine, spec: crd.AutoGLMDeploymentSpec,
     router.start(timeout=60.0)
     try:
         yield openai.OpenAI(base_url=f"{router.base_url}/v1", api_key="EMPTY", max_retries=0,
-                            timeout=CLIENT_TIMEOUT)
+                            timeout=OPENAI_TIMEOUT)
     finally:
         router.stop()
 

@@ -8,7 +8,6 @@ import io
 import json
 
 import pytest
-from engine_kit import CLIENT_TIMEOUT, MODEL, Engine
 from langchain_core.messages import AIMessageChunk, HumanMessage, SystemMessage
 from langchain_openai import ChatOpenAI
 from openai import AsyncOpenAI, OpenAI
@@ -18,6 +17,7 @@ from autoglm_operator.resource import spec as crd
 from autoglm_router.features import CHAT_PATH, prefill_tokens
 from autoglm_router.scan import scan_request
 from autoglm_runtime.image_budget import MAX_PIXELS_CEILING, image_tokens
+from testkit.engine import MODEL, OPENAI_TIMEOUT, Engine
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -52,7 +52,7 @@ def think_and_action(answer: dict[str, str]) -> tuple[str, str]:
 
 def test_openai_text_chat_splits_reasoning_and_stops(engine: Engine, answer: dict) -> None:
     think, action = think_and_action(answer)
-    client = OpenAI(base_url=f"{engine.base_url}/v1", api_key="EMPTY", timeout=CLIENT_TIMEOUT)
+    client = OpenAI(base_url=f"{engine.base_url}/v1", api_key="EMPTY", timeout=OPENAI_TIMEOUT)
     response = client.chat.completions.create(
         model=MODEL, messages=[{"role": "system", "content": SYSTEM},
                                {"role": "user", "content": TASK}],
@@ -67,7 +67,7 @@ def test_openai_text_chat_splits_reasoning_and_stops(engine: Engine, answer: dic
 
 def test_openai_streamed_text_chat_is_the_same_turn(engine: Engine, answer: dict) -> None:
     think, action = think_and_action(answer)
-    client = OpenAI(base_url=f"{engine.base_url}/v1", api_key="EMPTY", timeout=CLIENT_TIMEOUT)
+    client = OpenAI(base_url=f"{engine.base_url}/v1", api_key="EMPTY", timeout=OPENAI_TIMEOUT)
     stream = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": TASK}], max_tokens=128,
         temperature=0, stream=True, stream_options={"include_usage": True},
@@ -95,7 +95,7 @@ def default_budget() -> int:
 async def test_openai_screenshot_costs_its_image_tokens(engine: Engine, answer: dict) -> None:
     think, action = think_and_action(answer)
     client = AsyncOpenAI(base_url=f"{engine.base_url}/v1", api_key="EMPTY",
-                         timeout=CLIENT_TIMEOUT)
+                         timeout=OPENAI_TIMEOUT)
     response = await client.chat.completions.create(
         model=MODEL, messages=agent_messages(540, 1200), max_tokens=128, temperature=0)
     # The engine's processor scales 540x1200 to the budget; the rest is the text.
@@ -117,7 +117,7 @@ def test_a_native_screenshot_fits_the_default_context_scaled_to_the_budget(
     """1080x2400 is 3354 image tokens unscaled, over --max-model-len 2048 alone; the operator's
     default max_pixels has the engine's processor scale it to fit beside the default completion."""
     assert image_tokens(1080, 2400, MAX_PIXELS_CEILING) == 3354
-    client = OpenAI(base_url=f"{engine.base_url}/v1", api_key="EMPTY", timeout=CLIENT_TIMEOUT)
+    client = OpenAI(base_url=f"{engine.base_url}/v1", api_key="EMPTY", timeout=OPENAI_TIMEOUT)
     response = client.chat.completions.create(
         model=MODEL, messages=agent_messages(1080, 2400), max_tokens=16)
     image = image_tokens(1080, 2400, default_budget())
@@ -158,7 +158,7 @@ async def test_langchain_astream_with_a_screenshot(engine: Engine, answer: dict)
 def test_thinking_off_prefills_an_empty_think_block(engine: Engine) -> None:
     """enable_thinking=False reaches the chat template (the middleware moves LangChain's extra
     into chat_template_kwargs): the prompt grows by the pre-filled `<think></think>`."""
-    client = OpenAI(base_url=f"{engine.base_url}/v1", api_key="EMPTY", timeout=CLIENT_TIMEOUT)
+    client = OpenAI(base_url=f"{engine.base_url}/v1", api_key="EMPTY", timeout=OPENAI_TIMEOUT)
 
     def prompt_tokens(enable_thinking: bool) -> int:
         response = client.chat.completions.create(
@@ -179,7 +179,7 @@ def test_the_routers_prefill_estimate_is_within_ten_percent_of_the_engines_count
     body = {"model": MODEL, "messages": messages, "max_tokens": 4}
     estimate = prefill_tokens(CHAT_PATH, scan_request(json.dumps(body).encode()),
                               default_budget())  # fmt: skip
-    client = OpenAI(base_url=f"{engine.base_url}/v1", api_key="EMPTY", timeout=CLIENT_TIMEOUT)
+    client = OpenAI(base_url=f"{engine.base_url}/v1", api_key="EMPTY", timeout=OPENAI_TIMEOUT)
     counted = client.chat.completions.create(**body).usage.prompt_tokens
     print(f"{width}x{height}: router {estimate:.0f}, engine {counted} tokens")
     assert abs(estimate - counted) <= 0.10 * counted

@@ -7,12 +7,12 @@ from collections.abc import Callable
 
 import httpx
 import pytest
-from engine_kit import CLIENT_TIMEOUT, MODEL, Engine, poll_until
 from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from autoglm_runtime.profiles import MODE_PATH
 from autoglm_runtime.sim.metrics import SimMetrics
+from testkit.engine import CLIENT_TIMEOUT, MODEL, OPENAI_TIMEOUT, Engine, poll_until
 
 pytestmark = pytest.mark.timeout(300)
 STATE_SEEN_SECONDS = 120
@@ -45,7 +45,7 @@ async def admin_state(admin: httpx.AsyncClient, done: Callable[[dict], bool]) ->
 async def test_live_flip_under_load_fails_and_drops_nothing(engine: Engine, answer: dict) -> None:
     action = answer["answer"].split("</think>", 1)[1]
     client = AsyncOpenAI(base_url=f"{engine.base_url}/v1", api_key="EMPTY", max_retries=0,
-                         timeout=CLIENT_TIMEOUT)
+                         timeout=OPENAI_TIMEOUT)
     async with httpx.AsyncClient(base_url=engine.base_url, headers=engine.admin(),
                                  timeout=CLIENT_TIMEOUT) as admin:
         start = (await admin.get(MODE_PATH)).json()
@@ -88,7 +88,7 @@ def families(text: str) -> dict[str, tuple[str, frozenset[str]]]:
 
 async def test_every_sim_metric_exists_on_the_real_engine(engine: Engine) -> None:
     client = AsyncOpenAI(base_url=f"{engine.base_url}/v1", api_key="EMPTY",
-                         timeout=CLIENT_TIMEOUT)
+                         timeout=OPENAI_TIMEOUT)
     await streamed_chat(client, 0)  # some series appear with the first finished request
     async with httpx.AsyncClient(base_url=engine.base_url, timeout=10) as http:
         real = families((await http.get("/metrics")).text)

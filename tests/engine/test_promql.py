@@ -17,13 +17,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from engine_kit import CLIENT_TIMEOUT, MODEL, Engine, poll_until
 from openai import AsyncOpenAI
 
 from autoglm_operator.adaptive.signals import Availability, Reading
 from autoglm_operator.io import prom
 from autoglm_operator.resource.spec import PrometheusSource
 from autoglm_runtime.profiles import MODE_PATH
+from testkit.engine import CLIENT_TIMEOUT, MODEL, OPENAI_TIMEOUT, Engine, poll_until
 from testkit.localprom import LocalPrometheus
 
 pytestmark = pytest.mark.timeout(400)
@@ -57,7 +57,7 @@ def prometheus(engine: Engine, tmp_path: Path) -> Iterator[LocalPrometheus]:
 async def traffic(engine: Engine) -> AsyncIterator[None]:
     """Streamed chats and non-streamed completions, two at a time, short, until the block ends."""
     client = AsyncOpenAI(base_url=f"{engine.base_url}/v1", api_key="EMPTY", max_retries=0,
-                         timeout=CLIENT_TIMEOUT)
+                         timeout=OPENAI_TIMEOUT)
 
     async def chats() -> None:
         while True:

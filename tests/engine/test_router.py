@@ -17,21 +17,22 @@ from pathlib import Path
 
 import httpx
 import pytest
-from engine_kit import (
-    CLIENT_TIMEOUT,
-    MODEL,
-    REPO,
-    Engine,
-    metric_samples,
-    poll_until,
-    running_engine,
-)
 from openai import AsyncOpenAI
 
 from autoglm_operator.resource import spec as crd
 from autoglm_runtime.profiles import MODE_PATH
 from autoglm_runtime.sim.process import RouterProcess
 from testkit.agent import SYSTEM_PROMPT
+from testkit.engine import (
+    CLIENT_TIMEOUT,
+    MODEL,
+    OPENAI_TIMEOUT,
+    Engine,
+    metric_samples,
+    poll_until,
+    running_engine,
+)
+from testkit.paths import REPO
 
 pytestmark = pytest.mark.timeout(600)
 SEEN_SECONDS = 120
@@ -62,7 +63,7 @@ def router(engine: Engine, second_engine: Engine,
 
 def client_of(router: RouterProcess) -> AsyncOpenAI:
     return AsyncOpenAI(base_url=f"{router.base_url}/v1", api_key="EMPTY", max_retries=0,
-                       timeout=CLIENT_TIMEOUT)
+                       timeout=OPENAI_TIMEOUT)
 
 
 async def set_mode(engine: Engine, mode: str) -> None:

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from engine_kit import MODEL, Engine, metric_samples, poll_until, running_engine
 
 from autoglm_operator.resource import spec as crd
+from testkit.engine import MODEL, Engine, metric_samples, poll_until, running_engine
 
 pytestmark = pytest.mark.timeout(400)
 # 16,384 tokens hold ~1,000 of the KV cache's ~2,000 blocks (engine_kit.CPU_ENV).

