@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import statistics
 import tempfile
 import time
@@ -202,10 +203,16 @@ LOWER = ("chat_ttft_p50", "chat_ttft_p95", "chat_tpot_p50")
 HIGHER = ("chat_rps", "job_rps", "goodput")
 
 
+def rounds(rows: Sequence[dict[str, Any]], backend: str, load: str, mode: str,
+           key: str) -> list[float]:
+    """One figure of every round of one backend, load and mode (where it has one)."""
+    return [r[key] for r in rows
+            if (r["backend"], r["load"], r["mode"]) == (backend, load, mode) and r[key] is not None]
+
+
 def winner(rows: Sequence[dict[str, Any]], backend: str, load: str, key: str) -> str:
     """The mode every round of which beats every round of the other, else "tie"."""
-    by_mode = {m: [r[key] for r in rows if (r["backend"], r["load"], r["mode"]) ==
-                   (backend, load, m) and r[key] is not None] for m in MODES}
+    by_mode = {m: rounds(rows, backend, load, m, key) for m in MODES}
     if not all(by_mode.values()):
         return "-"
     s, b = by_mode["streaming"], by_mode["batching"]
@@ -226,8 +233,7 @@ def table(rows: Sequence[dict[str, Any]], loads: Sequence[Load]) -> list[dict[st
         for key in (*LOWER, *HIGHER):
             medians = []
             for mode in MODES:
-                values = [r[key] for r in rows if (r["backend"], r["load"], r["mode"]) ==
-                          ("engine", load.name, mode) and r[key] is not None]
+                values = rounds(rows, "engine", load.name, mode, key)
                 medians.append(statistics.median(values) if values else None)
             if None in medians:
                 continue
@@ -250,9 +256,7 @@ def plot(rows: Sequence[dict[str, Any]], loads: Sequence[Load], path: Path) -> N
                               strict=True):
         for backend, style in (("engine", "-o"), ("sim", "--x")):
             for mode in MODES:
-                values = [statistics.median([r[key] for r in rows if r["backend"] == backend
-                                             and r["load"] == n and r["mode"] == mode
-                                             and r[key] is not None] or [float("nan")])
+                values = [statistics.median(rounds(rows, backend, n, mode, key) or [math.nan])
                           for n in names]
                 ax.plot(names, values, style, label=f"{backend} {mode}")
         ax.set_title(title)
