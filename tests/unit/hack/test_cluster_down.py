@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,12 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def bystander() -> Iterator[subprocess.Popen[bytes]]:
     """A process in its own group, as a user's program holding a reused PID would be."""
     proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    # Popen returns once the child's exec has begun; /proc/<pid>/cmdline stays empty until the
+    # kernel has set up the new program's arguments, a moment later.
+    cmdline = Path(f"/proc/{proc.pid}/cmdline")
+    deadline = time.monotonic() + 5
+    while not cmdline.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.01)
     yield proc
     proc.kill()
     proc.wait()
