@@ -42,6 +42,7 @@ from autoglm_operator.resource.spec import AdaptiveSettings, ModePolicy
 from autoglm_runtime.config import RuntimeConfig
 from autoglm_runtime.middleware import ModeMiddleware
 from autoglm_runtime.profiles import Mode, ModeProfiles
+from autoglm_runtime.requests import STREAM_PRIORITY
 from testkit.bench import policy_traces as traces
 from testkit.paths import OUT_DIR as OUT
 from testkit.report import results_page
@@ -162,7 +163,7 @@ async def run(
         if not pool:
             return min(range(REPLICAS), key=load)
         best = min(pool, key=load)
-        if kind == traces.BATCH or mws[best].controller.has_free_slot():
+        if kind == traces.BATCH or mws[best].controller.has_free_slot(STREAM_PRIORITY):
             return best
         return min(range(REPLICAS), key=lambda i: (load(i), mws[i].mode is not Mode.STREAMING))
 

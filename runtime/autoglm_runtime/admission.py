@@ -1,5 +1,10 @@
 """The live admission policy of a replica: a concurrency cap, a bounded wait queue, a batch window.
 
+A profile that puts streams first (`prioritize_streams`) caps only what other requests fill:
+streamed chats are bounded by the engine's own sequence limit, and vLLM's priority scheduler
+starts them ahead of the rest. Held behind the cap, a chat would wait in front of an engine with
+room for it (measured on the real engine: docs/benchmarks/engine_modes.md).
+
 `AdmissionQueue` and `BatchWindow` are the rule itself, with no event loop and time from a
 clock parameter; `AdmissionController` runs them on the server's event loop with futures. The
 policy benchmark's replicas run the same two classes in fast-forwarded time. Everything runs on
@@ -18,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from autoglm_runtime.profiles import ModeProfile
+from autoglm_runtime.requests import STREAM_PRIORITY
 
 T = TypeVar("T")
 
@@ -79,10 +85,11 @@ class AdmissionQueue(Generic[T]):
     `clock`; a waiter's timeout is the one in force when it started waiting.
     """
 
-    def __init__(self, profile: ModeProfile, clock: Callable[[], float],
+    def __init__(self, profile: ModeProfile, clock: Callable[[], float], engine_max_seqs: int,
                  abandoned: Callable[[T], bool] = lambda item: False) -> None:
         self.profile = profile
         self._clock = clock
+        self.engine_max_seqs = engine_max_seqs  # vLLM's --max-num-seqs
         # An item whose owner left before `withdraw` could run (a future cancelled in this
         # tick): it is skipped, so a freed slot goes to the next waiter.
         self._abandoned = abandoned
@@ -91,12 +98,20 @@ class AdmissionQueue(Generic[T]):
         self.inflight = 0
         self.queued = 0
 
-    def has_free_slot(self, slots: int = 1) -> bool:
-        return self.inflight + slots <= self.profile.max_concurrency and self.queued == 0
+    def cap(self, priority: int) -> int:
+        """The most slots in flight under which a request at `priority` is admitted."""
+        if self.profile.prioritize_streams and priority == STREAM_PRIORITY:
+            return max(self.engine_max_seqs, self.profile.max_concurrency)
+        return self.profile.max_concurrency
 
-    def try_admit(self, slots: int = 1) -> bool:
+    def has_free_slot(self, priority: int, slots: int = 1) -> bool:
+        head = self._head()
+        return ((head is None or head.priority > priority)
+                and self.inflight + slots <= self.cap(priority))
+
+    def try_admit(self, priority: int, slots: int = 1) -> bool:
         """Take the slots now if they are free and nobody waits ahead."""
-        if not self.has_free_slot(slots):
+        if not self.has_free_slot(priority, slots):
             return False
         self.inflight += slots
         return True
@@ -127,17 +142,24 @@ class AdmissionQueue(Generic[T]):
         self.profile = profile
         return self.wake()
 
+    def _head(self) -> Waiter[T] | None:
+        """The first live waiter; those gone or abandoned are dropped on the way."""
+        while self._heap:
+            waiter = self._heap[0]
+            if not (waiter.gone or self._abandoned(waiter.item)):
+                return waiter
+            heapq.heappop(self._heap)
+            self.withdraw(waiter)
+        return None
+
     def wake(self) -> Woken[T]:
         woken: Woken[T] = Woken()
         now = self._clock()
-        while self._heap:
-            waiter = self._heap[0]
-            if waiter.gone or self._abandoned(waiter.item):
-                heapq.heappop(self._heap)
-                self.withdraw(waiter)
-                continue
-            # The first in line waits for all its slots: nothing behind it jumps ahead.
-            if self.inflight + waiter.slots > self.profile.max_concurrency:
+        while (waiter := self._head()) is not None:
+            # The first in line waits for all its slots: nothing behind it jumps ahead. Streams
+            # stand ahead of the rest, and their cap is the higher, so a head that cannot start
+            # means no waiter can.
+            if self.inflight + waiter.slots > self.cap(waiter.priority):
                 break
             heapq.heappop(self._heap)
             waiter.gone = True
@@ -223,10 +245,11 @@ class AdmissionController:
     # Weight of the newest sample in the service-time average behind Retry-After.
     _EWMA = 0.2
 
-    def __init__(self, profile: ModeProfile, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, profile: ModeProfile, engine_max_seqs: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._queue: AdmissionQueue[asyncio.Future[None]] = AdmissionQueue(
-            profile, clock, abandoned=asyncio.Future.done)
+            profile, clock, engine_max_seqs, abandoned=asyncio.Future.done)
         self._window: BatchWindow[asyncio.Future[None]] = BatchWindow()
         self._window_timer: asyncio.TimerHandle | None = None
         self._idle_waiters: list[asyncio.Future[None]] = []
@@ -252,8 +275,8 @@ class AdmissionController:
     def start_draining(self) -> None:
         self.draining = True
 
-    def has_free_slot(self, slots: int = 1) -> bool:
-        return self._queue.has_free_slot(slots)
+    def has_free_slot(self, priority: int, slots: int = 1) -> bool:
+        return self._queue.has_free_slot(priority, slots)
 
     def retry_after(self) -> int:
         """Seconds until a slot is likely free: the queue ahead drained at the cap's pace."""
@@ -266,7 +289,7 @@ class AdmissionController:
         if self.draining:
             raise Draining("the replica is draining; retry on another replica", retry_after=1)
         start = self._clock()
-        if not self._queue.try_admit(slots):
+        if not self._queue.try_admit(priority, slots):
             if self._queue.is_full():
                 raise QueueFull(
                     f"the wait queue is full ({self.profile.max_queue} requests)",

@@ -62,6 +62,11 @@ class RuntimeSettings(BaseSettings):
         validation_alias=AliasChoices("VLLM_API_KEY", "vllm_api_key"),
         description="The key clients must send as `Authorization: Bearer <key>`; none: no check.",
     )
+    engine_max_num_seqs: int | None = Field(
+        default=None, ge=1,
+        description="Set by the launcher for its child only: the engine's --max-num-seqs, "
+                    "which bounds streams a profile puts first; none: the profiles' envelope.",
+    )
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     drain_grace_seconds: float = Field(default=30.0, ge=0)
     # vLLM's own bound: no prompt can hold more characters than this times the context.

@@ -79,22 +79,35 @@ def serve_argv(settings: RuntimeSettings, passthrough: Sequence[str]) -> list[st
     return argv
 
 
-def port_of(argv: Sequence[str], default: int = 8000) -> int:
+# The engine's --max-num-seqs, for its middleware (config.RuntimeSettings.engine_max_num_seqs).
+ENGINE_MAX_NUM_SEQS_ENV = "AUTOGLM_ENGINE_MAX_NUM_SEQS"
+
+
+def int_flag(argv: Sequence[str], flag: str) -> int | None:
+    """The integer value of `flag` in vLLM args (`--flag N` or `--flag=N`); None if absent."""
     for index, arg in enumerate(argv):
-        if arg == "--port" and index + 1 < len(argv):
+        if arg == flag and index + 1 < len(argv):
             with contextlib.suppress(ValueError):
                 return int(argv[index + 1])
-        elif arg.startswith("--port="):
+        elif arg.startswith(flag + "="):
             with contextlib.suppress(ValueError):
                 return int(arg.split("=", 1)[1])
-    return default
+    return None
 
 
-def engine_env(environ: Mapping[str, str], drain_token: str) -> dict[str, str]:
+def port_of(argv: Sequence[str], default: int = 8000) -> int:
+    port = int_flag(argv, "--port")
+    return default if port is None else port
+
+
+def engine_env(environ: Mapping[str, str], drain_token: str,
+               argv: Sequence[str] = ()) -> dict[str, str]:
     """The engine's environment: the pod's, what the engine must run with (ENGINE_ENV), the
-    drain token, and a keep-alive that outlasts the clients' (keepalive.py) unless the pod sets
-    its own."""
+    drain token, the engine's sequence limit for the middleware's admission, and a keep-alive
+    that outlasts the clients' (keepalive.py) unless the pod sets its own."""
     env = {**environ, **ENGINE_ENV, "AUTOGLM_DRAIN_TOKEN": drain_token}
+    if (max_num_seqs := int_flag(argv, "--max-num-seqs")) is not None:
+        env[ENGINE_MAX_NUM_SEQS_ENV] = str(max_num_seqs)
     env.setdefault(VLLM_KEEP_ALIVE_ENV, str(SERVER_KEEP_ALIVE_SECONDS))
     return env
 
@@ -110,7 +123,7 @@ class Launcher:
         self._drainer: threading.Thread | None = None
 
     def run(self) -> int:
-        env = engine_env(os.environ, self.drain_token)
+        env = engine_env(os.environ, self.drain_token, self.command)
         log.info("Starting %s", " ".join(self.command))
         self.process = subprocess.Popen(self.command, env=env)
         previous = {

@@ -98,7 +98,8 @@ class ModeMiddleware:
         self.since = datetime.now(UTC)
         self.switches = 0
         self.draining = False
-        self.controller = AdmissionController(self.config.profiles.for_mode(self.mode))
+        self.controller = AdmissionController(self.config.profiles.for_mode(self.mode),
+                                              engine_max_seqs=self._engine_max_seqs())
         self.registry = registry
         self.metrics = runtime_metrics(registry)
         self.metrics.queued.set_function(lambda: self.controller.queued)
@@ -221,6 +222,15 @@ class ModeMiddleware:
         finally:
             self._release(ticket)
 
+    def _engine_max_seqs(self) -> int:
+        """The engine's sequence limit: what the launcher read in its argv, else the config's
+        engine, else the profiles' envelope (what the operator sets)."""
+        if self.settings.engine_max_num_seqs is not None:
+            return self.settings.engine_max_num_seqs
+        if self.config.engine is not None:
+            return self.config.engine.max_num_seqs
+        return self.config.profiles.envelope_max_num_seqs
+
     async def _prepare(
         self, scope: Scope, receive: Receive, send: Send, path: str
     ) -> PreparedRequest | None:
@@ -271,7 +281,7 @@ class ModeMiddleware:
 
     async def _acquire(self, priority: int, watch: Receive, slots: int = 1) -> Ticket | None:
         """Admission; while queued, a client that disconnects gives up its place (None)."""
-        if self.controller.has_free_slot(slots):
+        if self.controller.has_free_slot(priority, slots):
             return await self.controller.acquire(priority, slots)
         acquiring = asyncio.ensure_future(self.controller.acquire(priority, slots))
         watching = asyncio.ensure_future(watch())

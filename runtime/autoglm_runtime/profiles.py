@@ -33,7 +33,13 @@ class CamelModel(BaseModel):
 
 # Constraints live on the types; the two profiles below differ only in their defaults.
 MaxConcurrency = Annotated[
-    int, Field(ge=1, le=1024, description="Requests running in the engine at once; the rest wait.")
+    int,
+    Field(
+        ge=1,
+        le=1024,
+        description="Requests running in the engine at once; the rest wait. Under "
+        "prioritizeStreams it caps the others: streamed chats run up to the engine's sequences.",
+    ),
 ]
 MaxQueue = Annotated[
     int,
@@ -63,7 +69,10 @@ StreamCoalesceChunks = Annotated[
 ]
 PrioritizeStreams = Annotated[
     bool,
-    Field(description="Give stream=true requests a better vLLM priority than non-streamed ones."),
+    Field(
+        description="Streamed chats first: a better vLLM priority than the rest, and admitted "
+        "past maxConcurrency up to the engine's --max-num-seqs."
+    ),
 ]
 
 _BATCH_RULE: JsonDict = {

@@ -21,17 +21,16 @@ HOLD = {"model": MODEL, "messages": [{"role": "user", "content": "Hold the slot.
         "max_tokens": 1900, "min_tokens": 1900, "temperature": 0}
 
 
-async def streamed_chat(client: AsyncOpenAI, i: int) -> tuple[str, str | None, int]:
+async def streamed_chat(client: AsyncOpenAI, i: int) -> tuple[str, str | None]:
     stream = await client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": f"Step {i}: tap the search box."}],
         max_tokens=128, temperature=0, stream=True)
-    text, finish, chunks = "", None, 0
+    text, finish = "", None
     async for chunk in stream:
         for choice in chunk.choices:
-            chunks += 1
             text += choice.delta.content or ""
             finish = choice.finish_reason or finish
-    return text, finish, chunks
+    return text, finish
 
 
 async def admin_state(admin: httpx.AsyncClient, done: Callable[[dict], bool]) -> dict:
@@ -40,6 +39,13 @@ async def admin_state(admin: httpx.AsyncClient, done: Callable[[dict], bool]) ->
         return (await admin.get(MODE_PATH)).json()
 
     return await poll_until(read, done, STATE_SEEN_SECONDS)
+
+
+async def chat(client: AsyncOpenAI, i: int) -> tuple[str, str | None]:
+    answer = await client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": f"Step {i}: tap the search box."}],
+        max_tokens=128, temperature=0)
+    return answer.choices[0].message.content or "", answer.choices[0].finish_reason
 
 
 async def test_live_flip_under_load_fails_and_drops_nothing(engine: Engine, answer: dict) -> None:
@@ -51,28 +57,35 @@ async def test_live_flip_under_load_fails_and_drops_nothing(engine: Engine, answ
         start = (await admin.get(MODE_PATH)).json()
         assert start["mode"] == "streaming"
         cap = start["profile"]["maxConcurrency"]
-        # Long requests fill the streaming cap and hold it however slowly this machine
-        # answers, so the chats are certainly queued at the flip; they leave after it.
+        # Long non-streamed requests fill the streaming cap and hold it however slowly this
+        # machine answers, so other non-streamed chats are certainly queued at the flip, while
+        # streamed chats run at once (the cap bounds only what streams do not fill).
         holders = [asyncio.create_task(admin.post("/v1/chat/completions", json=HOLD))
                    for _ in range(cap)]
-        chats: list[asyncio.Task] = []
+        queued: list[asyncio.Task] = []
+        streamed: list[asyncio.Task] = []
         try:
             await admin_state(admin, lambda s: s["inflight"] >= cap)
-            chats = [asyncio.create_task(streamed_chat(client, i)) for i in range(24)]
-            state = await admin_state(admin, lambda s: s["queued"] >= len(chats))
-            assert state["inflight"] == cap and state["queued"] == len(chats), state
+            queued = [asyncio.create_task(chat(client, i)) for i in range(12)]
+            await admin_state(admin, lambda s: s["queued"] >= len(queued))
+            streamed = [asyncio.create_task(streamed_chat(client, i)) for i in range(12)]
+            state = await admin_state(admin, lambda s: s["inflight"] >= cap + len(streamed))
+            assert state["inflight"] == cap + len(streamed), state
+            assert state["queued"] == len(queued), state
             flipped = await admin.put(MODE_PATH, json={"mode": "batching"})
             assert flipped.status_code == 200 and flipped.json()["mode"] == "batching"
             await asyncio.sleep(0.3)
             back = await admin.put(MODE_PATH, json={"mode": "streaming"})
             assert back.status_code == 200 and back.json()["mode"] == "streaming"
-            results = await asyncio.gather(*chats)
+            results = await asyncio.gather(*queued)
+            streams = await asyncio.gather(*streamed)
         finally:
-            for task in (*holders, *chats):
+            for task in (*holders, *queued, *streamed):
                 task.cancel()
-            await asyncio.gather(*holders, *chats, return_exceptions=True)
+            await asyncio.gather(*holders, *queued, *streamed, return_exceptions=True)
         end = await admin_state(admin, lambda s: s["inflight"] == 0 and s["queued"] == 0)
-    assert [(text, finish) for text, finish, _ in results] == [(action, "stop")] * 24
+    assert results == [(action, "stop")] * len(queued)
+    assert streams == [(action, "stop")] * len(streamed)
     assert end["inflight"] == 0 and end["queued"] == 0, end
 
 

@@ -65,10 +65,15 @@ def create_app(settings: SimSettings | None = None) -> FastAPI:
     app = FastAPI(title="autoglm-runtime sim", lifespan=_lifespan(context, engine_config))
     app.state.sim = context
     if settings.with_middleware:
-        if settings.runtime is None:
+        runtime_settings = settings.runtime
+        if settings.max_num_seqs is not None:
+            # As the launcher tells vLLM's middleware the engine's own --max-num-seqs.
+            runtime_settings = (runtime_settings or RuntimeSettings()).model_copy(
+                update={"engine_max_num_seqs": settings.max_num_seqs})
+        if runtime_settings is None:
             app.add_middleware(ModeMiddleware)  # the way vLLM's --middleware loads it
         else:
-            app.add_middleware(ModeMiddleware, settings=settings.runtime)
+            app.add_middleware(ModeMiddleware, settings=runtime_settings)
     app.add_exception_handler(SimError, _sim_error)
     for router in ROUTERS:
         app.include_router(router)

@@ -132,7 +132,8 @@ class Replica:
         self.env = env
         self.mode = mode
         # the middleware's own admission rule, on the pool's simulated clock
-        self.admission: AdmissionQueue[Req] = AdmissionQueue(profiles.for_mode(mode), clock)
+        self.admission: AdmissionQueue[Req] = AdmissionQueue(profiles.for_mode(mode), clock,
+                                                             env.max_num_seqs)
         self.window: BatchWindow[Req] = BatchWindow()
         # engine
         self.waiting: list[tuple[int, int, Req]] = []
@@ -193,9 +194,6 @@ class Replica:
 
     def load(self) -> float:
         return (self.inflight + self.queued) / self.profile.max_concurrency
-
-    def free_slot(self) -> bool:
-        return self.admission.has_free_slot()
 
 
 def routing_config(profiles: ModeProfiles) -> routing.RoutingConfig:
@@ -367,9 +365,10 @@ class Pool:
         stream = req.kind == CHAT
         replica.received[0 if stream else 1] += 1
         admission = replica.admission
-        if admission.is_full() and not admission.has_free_slot():
+        prio = (STREAM_PRIORITY if stream else DEFAULT_PRIORITY) if p.prioritize_streams else 0
+        if admission.is_full() and not admission.has_free_slot(prio):
             return False
-        req.prio = (STREAM_PRIORITY if stream else DEFAULT_PRIORITY) if p.prioritize_streams else 0
+        req.prio = prio
         # vLLM's first streamed event carries only the role; the coalescer flushes after
         # `coalesce` events, so the client sees token `coalesce - 1` first (token 1 if off).
         req.visible = max(1, (p.stream_coalesce_chunks if stream else 1) - 1)
@@ -377,7 +376,7 @@ class Pool:
         replica.book(req, +1)
         if self.routing == "router":
             replica.sent.append(t)
-        if admission.try_admit():
+        if admission.try_admit(req.prio):
             self._admitted(replica, req)
         else:
             admission.wait(req, req.prio)

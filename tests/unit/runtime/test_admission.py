@@ -14,6 +14,9 @@ from autoglm_runtime.admission import (
     Ticket,
 )
 from autoglm_runtime.profiles import ModeProfile
+from autoglm_runtime.requests import DEFAULT_PRIORITY, STREAM_PRIORITY
+
+ENGINE_MAX_SEQS = 16  # the engine's --max-num-seqs
 
 
 def profile(**kwargs: int) -> ModeProfile:
@@ -22,13 +25,17 @@ def profile(**kwargs: int) -> ModeProfile:
     return ModeProfile(**values)
 
 
+def controller(**kwargs: int) -> AdmissionController:
+    return AdmissionController(profile(**kwargs), engine_max_seqs=ENGINE_MAX_SEQS)
+
+
 async def settle() -> None:
     for _ in range(5):
         await asyncio.sleep(0)
 
 
 async def test_cap_then_fifo_queue() -> None:
-    ctrl = AdmissionController(profile())
+    ctrl = controller()
     first, second = await ctrl.acquire(), await ctrl.acquire()
     order: list[str] = []
 
@@ -55,7 +62,7 @@ async def test_cap_then_fifo_queue() -> None:
 
 
 async def test_lower_priority_value_goes_first() -> None:
-    ctrl = AdmissionController(profile(max_concurrency=1, max_queue=5))
+    ctrl = controller(max_concurrency=1, max_queue=5)
     held = await ctrl.acquire()
     order: list[int] = []
 
@@ -72,7 +79,7 @@ async def test_lower_priority_value_goes_first() -> None:
 
 
 async def test_queue_timeout_is_503_and_frees_the_place() -> None:
-    ctrl = AdmissionController(profile(max_concurrency=1, queue_timeout_seconds=1))
+    ctrl = controller(max_concurrency=1, queue_timeout_seconds=1)
     held = await ctrl.acquire()
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -86,7 +93,7 @@ async def test_queue_timeout_is_503_and_frees_the_place() -> None:
 
 
 async def test_cancelled_waiter_leaks_nothing() -> None:
-    ctrl = AdmissionController(profile(max_concurrency=1))
+    ctrl = controller(max_concurrency=1)
     held = await ctrl.acquire()
     task = asyncio.create_task(ctrl.acquire())
     await settle()
@@ -102,7 +109,7 @@ async def test_cancelled_waiter_leaks_nothing() -> None:
 async def test_a_slot_freed_in_the_tick_a_waiter_is_cancelled_goes_to_the_next() -> None:
     # A client leaves (its task cancelled) and a running request ends before the cancelled
     # task runs again: the freed slot must go to the next waiter, not to the one that left.
-    ctrl = AdmissionController(profile(max_concurrency=1, max_queue=3))
+    ctrl = controller(max_concurrency=1, max_queue=3)
     held = await ctrl.acquire()
     leaving = asyncio.create_task(ctrl.acquire())
     staying = asyncio.create_task(ctrl.acquire())
@@ -118,7 +125,7 @@ async def test_a_slot_freed_in_the_tick_a_waiter_is_cancelled_goes_to_the_next()
 
 
 async def test_raising_the_cap_admits_waiters_lowering_keeps_running() -> None:
-    ctrl = AdmissionController(profile(max_concurrency=1, max_queue=4))
+    ctrl = controller(max_concurrency=1, max_queue=4)
     held = await ctrl.acquire()
     tasks = [asyncio.create_task(ctrl.acquire()) for _ in range(3)]
     await settle()
@@ -134,7 +141,7 @@ async def test_raising_the_cap_admits_waiters_lowering_keeps_running() -> None:
 
 
 async def test_batch_window_releases_when_full() -> None:
-    ctrl = AdmissionController(profile(max_concurrency=8, batch_window_millis=5000, batch_size=3))
+    ctrl = controller(max_concurrency=8, batch_window_millis=5000, batch_size=3)
     tasks = [asyncio.create_task(ctrl.acquire()) for _ in range(2)]
     await settle()
     assert not any(t.done() for t in tasks)  # held: the group is not full
@@ -144,7 +151,7 @@ async def test_batch_window_releases_when_full() -> None:
 
 
 async def test_batch_window_releases_on_time() -> None:
-    ctrl = AdmissionController(profile(max_concurrency=8, batch_window_millis=100, batch_size=4))
+    ctrl = controller(max_concurrency=8, batch_window_millis=100, batch_size=4)
     loop = asyncio.get_running_loop()
     start = loop.time()
     ticket = await ctrl.acquire()
@@ -153,7 +160,7 @@ async def test_batch_window_releases_on_time() -> None:
 
 
 async def test_switching_off_the_window_releases_the_group() -> None:
-    ctrl = AdmissionController(profile(max_concurrency=8, batch_window_millis=5000, batch_size=4))
+    ctrl = controller(max_concurrency=8, batch_window_millis=5000, batch_size=4)
     task = asyncio.create_task(ctrl.acquire())
     await settle()
     ctrl.set_profile(profile(max_concurrency=8))
@@ -161,7 +168,7 @@ async def test_switching_off_the_window_releases_the_group() -> None:
 
 
 async def test_draining_refuses_new_and_waits_for_admitted() -> None:
-    ctrl = AdmissionController(profile())
+    ctrl = controller()
     ticket = await ctrl.acquire()
     ctrl.start_draining()
     with pytest.raises(Draining):
@@ -172,10 +179,10 @@ async def test_draining_refuses_new_and_waits_for_admitted() -> None:
 
 
 async def test_a_request_of_n_sequences_takes_n_slots_and_waits_for_all_of_them() -> None:
-    ctrl = AdmissionController(profile(max_concurrency=3))
+    ctrl = controller(max_concurrency=3)
     one = await ctrl.acquire()
     pair = await ctrl.acquire(slots=2)
-    assert ctrl.inflight == 3 and not ctrl.has_free_slot()
+    assert ctrl.inflight == 3 and not ctrl.has_free_slot(DEFAULT_PRIORITY)
     ctrl.release(one)
     # One slot is free, but the next in line needs two: it waits, and nothing passes it.
     waiting = asyncio.create_task(ctrl.acquire(slots=2))
@@ -200,9 +207,11 @@ class FakeClock:
 
 def test_the_queue_admits_in_priority_order_as_slots_free_without_an_event_loop() -> None:
     clock = FakeClock()
-    queue: AdmissionQueue[str] = AdmissionQueue(profile(max_concurrency=1, max_queue=3), clock)
-    assert queue.try_admit()
-    assert not queue.try_admit()
+    queue: AdmissionQueue[str] = AdmissionQueue(
+        profile(max_concurrency=1, max_queue=3), clock, ENGINE_MAX_SEQS
+    )
+    assert queue.try_admit(DEFAULT_PRIORITY)
+    assert not queue.try_admit(DEFAULT_PRIORITY)
     for name, priority in (("late", 1), ("first", 0), ("later", 1)):
         queue.wait(name, priority)
     assert queue.is_full() and (queue.inflight, queue.queued) == (1, 3)
@@ -214,9 +223,9 @@ def test_the_queue_admits_in_priority_order_as_slots_free_without_an_event_loop(
 def test_a_waiter_keeps_the_timeout_in_force_when_it_started_waiting() -> None:
     clock = FakeClock()
     queue: AdmissionQueue[str] = AdmissionQueue(
-        profile(max_concurrency=1, queue_timeout_seconds=30), clock
+        profile(max_concurrency=1, queue_timeout_seconds=30), clock, ENGINE_MAX_SEQS
     )
-    queue.try_admit()
+    queue.try_admit(DEFAULT_PRIORITY)
     queue.wait("chat", 0)
     queue.set_profile(profile(max_concurrency=1, queue_timeout_seconds=60))
     clock.now = 45.0
@@ -228,9 +237,9 @@ def test_a_waiter_keeps_the_timeout_in_force_when_it_started_waiting() -> None:
 def test_expire_takes_out_waiters_past_their_timeout_anywhere_in_the_queue() -> None:
     clock = FakeClock()
     queue: AdmissionQueue[str] = AdmissionQueue(
-        profile(max_concurrency=1, max_queue=5, queue_timeout_seconds=10), clock
+        profile(max_concurrency=1, max_queue=5, queue_timeout_seconds=10), clock, ENGINE_MAX_SEQS
     )
-    queue.try_admit()
+    queue.try_admit(DEFAULT_PRIORITY)
     queue.wait("old", 1)
     clock.now = 8.0
     queue.wait("new", 0)
@@ -253,3 +262,44 @@ def test_a_window_timer_from_an_earlier_group_releases_nothing() -> None:
     assert window.on_timer(stale) == []
     assert window.on_timer(window.generation) == ["d"]
     assert window.hold("e", profile()) == (["e"], None)  # no window: straight through
+
+
+def streams_first_queue(clock: FakeClock, **kwargs: int) -> AdmissionQueue[str]:
+    return AdmissionQueue(
+        profile(max_concurrency=2, max_queue=8, prioritize_streams=True, **kwargs),
+        clock, ENGINE_MAX_SEQS,
+    )
+
+
+def test_streams_first_caps_the_rest_and_runs_streamed_chats_up_to_the_engine_limit() -> None:
+    queue = streams_first_queue(FakeClock())
+    assert all(queue.try_admit(STREAM_PRIORITY) for _ in range(ENGINE_MAX_SEQS))
+    assert not queue.try_admit(STREAM_PRIORITY)  # the engine is full: the chat waits
+    queue.wait("chat", STREAM_PRIORITY)
+    queue.wait("batch", DEFAULT_PRIORITY)
+    # A freed slot goes to the waiting chat; the batch request waits for the inflight to fall
+    # under the cap, whatever slots the engine has.
+    assert queue.release().admitted == ["chat"]
+    for _ in range(ENGINE_MAX_SEQS - 2):
+        assert queue.release().admitted == []
+    assert queue.release().admitted == ["batch"]
+    assert (queue.inflight, queue.queued) == (2, 0)
+
+
+def test_a_streamed_chat_passes_batch_work_that_waits_for_the_cap() -> None:
+    queue = streams_first_queue(FakeClock())
+    assert queue.try_admit(DEFAULT_PRIORITY) and queue.try_admit(DEFAULT_PRIORITY)
+    assert not queue.try_admit(DEFAULT_PRIORITY)
+    queue.wait("batch", DEFAULT_PRIORITY)
+    assert queue.has_free_slot(STREAM_PRIORITY) and queue.try_admit(STREAM_PRIORITY)
+    assert not queue.has_free_slot(DEFAULT_PRIORITY)  # nothing passes the batch request
+    assert (queue.inflight, queue.queued, queue.waiting()) == (3, 1, ["batch"])
+
+
+def test_without_streams_first_every_request_waits_behind_the_cap() -> None:
+    queue: AdmissionQueue[str] = AdmissionQueue(
+        profile(max_concurrency=2, max_queue=8), FakeClock(), ENGINE_MAX_SEQS
+    )
+    assert queue.try_admit(STREAM_PRIORITY) and queue.try_admit(STREAM_PRIORITY)
+    assert not queue.try_admit(STREAM_PRIORITY)
+    assert queue.cap(STREAM_PRIORITY) == queue.cap(DEFAULT_PRIORITY) == 2

@@ -261,6 +261,25 @@ async def test_non_admitted_paths_pass_through(make_client: MakeClient) -> None:
     assert response.status_code == 200
 
 
+async def test_streamed_chats_run_past_the_streaming_cap_up_to_the_engine_limit(
+    make_client: MakeClient, engine: FakeEngine
+) -> None:
+    profiles = {"streaming": {"maxConcurrency": 1, "maxQueue": 4, "queueTimeoutSeconds": 30}}
+    middleware, client = make_client({"profiles": profiles}, engine_max_num_seqs=3)
+    engine.release.clear()
+    chats = [asyncio.create_task(client.post(CHAT, json=chat(stream=True))) for _ in range(4)]
+    await asyncio.sleep(0.05)
+    assert (middleware.controller.inflight, middleware.controller.queued) == (3, 1)
+    other = asyncio.create_task(client.post(CHAT, json=chat()))  # non-streamed: over its cap
+    await asyncio.sleep(0.05)
+    assert (middleware.controller.inflight, middleware.controller.queued) == (3, 2)
+    assert [body.get("stream") for body in engine.bodies] == [True] * 3
+    engine.release.set()
+    answers = await asyncio.gather(*chats, other)
+    assert [answer.status_code for answer in answers] == [200] * 5
+    assert (middleware.controller.inflight, middleware.controller.queued) == (0, 0)
+
+
 @pytest.mark.parametrize("path", ["/v1/completions"])
 async def test_completions_are_admitted(make_client: MakeClient, engine: FakeEngine,
                                         path: str) -> None:

@@ -144,3 +144,16 @@ def test_the_engine_keeps_idle_connections_longer_than_clients_reuse_them() -> N
 def test_a_keep_alive_the_pod_sets_itself_is_kept() -> None:
     env = launcher.engine_env({"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "120"}, "t")
     assert env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] == "120"
+
+
+@pytest.mark.parametrize("flag", [["--max-num-seqs", "96"], ["--max-num-seqs=96"]])
+def test_the_middleware_learns_the_engine_sequence_limit_from_the_argv(
+    flag: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key, value in launcher.engine_env({}, "t", ["vllm", "serve", "m", *flag]).items():
+        monkeypatch.setenv(key, value)
+    assert RuntimeSettings().engine_max_num_seqs == 96
+
+
+def test_no_sequence_limit_in_the_argv_sets_none() -> None:
+    assert launcher.ENGINE_MAX_NUM_SEQS_ENV not in launcher.engine_env({}, "t", ["vllm", "serve"])
