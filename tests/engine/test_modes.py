@@ -3,22 +3,47 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
+from autoglm_operator.resource import spec as crd
 from autoglm_runtime.profiles import MODE_PATH
 from autoglm_runtime.sim.metrics import SimMetrics
-from testkit.engine import CLIENT_TIMEOUT, MODEL, OPENAI_TIMEOUT, Engine, poll_until
+from testkit.engine import (
+    CLIENT_TIMEOUT,
+    MODEL,
+    OPENAI_TIMEOUT,
+    Engine,
+    poll_until,
+    running_engine,
+)
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(600)
 STATE_SEEN_SECONDS = 120
-# Most of the default 2048-token context: a minute or more of decode, 8 at a time.
+# The flip test's engine has a context of its own, so that what must be in flight at the flip
+# stays there however slowly this machine answers the admin endpoint: on 2 shared cores a poll
+# can take seconds while the engine decodes, and a request of the default context's length
+# can finish first (CI saw the 2048-token holders and 128-token streams all done before one
+# poll saw them in flight).
+FLIP_CONTEXT = 16384
+# Most of that context: minutes of decode. The test's client leaves once the flip is done.
 HOLD = {"model": MODEL, "messages": [{"role": "user", "content": "Hold the slot."}],
-        "max_tokens": 1900, "min_tokens": 1900, "temperature": 0}
+        "max_tokens": FLIP_CONTEXT - 384, "min_tokens": FLIP_CONTEXT - 384, "temperature": 0}
+# Streams long enough to be in flight at the flip (a minute here: decode slows as the context
+# grows), short enough to finish soon after it.
+STREAM_TOKENS = 3000
+
+
+@pytest.fixture(scope="module")
+def flip_engine(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    spec = crd.AutoGLMDeploymentSpec.model_validate({"maxModelLen": FLIP_CONTEXT})
+    with running_engine(spec, model_dir, tmp_path_factory.mktemp("flip")) as started:
+        yield started
 
 
 async def streamed_chat(client: AsyncOpenAI, i: int) -> tuple[str, str | None]:
@@ -31,6 +56,21 @@ async def streamed_chat(client: AsyncOpenAI, i: int) -> tuple[str, str | None]:
             text += choice.delta.content or ""
             finish = choice.finish_reason or finish
     return text, finish
+
+
+async def long_stream(client: AsyncOpenAI, i: int) -> tuple[str | None, int | None]:
+    """A stream of STREAM_TOKENS tokens: (its finish reason, the tokens its usage counts)."""
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": f"Step {i}: tap the search box."}],
+        max_tokens=STREAM_TOKENS, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"min_tokens": STREAM_TOKENS})
+    finish, tokens = None, None
+    async for chunk in stream:
+        for choice in chunk.choices:
+            finish = choice.finish_reason or finish
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    return finish, tokens
 
 
 async def admin_state(admin: httpx.AsyncClient, done: Callable[[dict], bool]) -> dict:
@@ -48,44 +88,46 @@ async def chat(client: AsyncOpenAI, i: int) -> tuple[str, str | None]:
     return answer.choices[0].message.content or "", answer.choices[0].finish_reason
 
 
-async def test_live_flip_under_load_fails_and_drops_nothing(engine: Engine, answer: dict) -> None:
+async def test_live_flip_under_load_fails_and_drops_nothing(flip_engine: Engine,
+                                                            answer: dict) -> None:
     action = answer["answer"].split("</think>", 1)[1]
-    client = AsyncOpenAI(base_url=f"{engine.base_url}/v1", api_key="EMPTY", max_retries=0,
+    client = AsyncOpenAI(base_url=f"{flip_engine.base_url}/v1", api_key="EMPTY", max_retries=0,
                          timeout=OPENAI_TIMEOUT)
-    async with httpx.AsyncClient(base_url=engine.base_url, headers=engine.admin(),
+    async with httpx.AsyncClient(base_url=flip_engine.base_url, headers=flip_engine.admin(),
                                  timeout=CLIENT_TIMEOUT) as admin:
         start = (await admin.get(MODE_PATH)).json()
         assert start["mode"] == "streaming"
         cap = start["profile"]["maxConcurrency"]
-        # Long non-streamed requests fill the streaming cap and hold it however slowly this
-        # machine answers, so other non-streamed chats are certainly queued at the flip, while
-        # streamed chats run at once (the cap bounds only what streams do not fill).
+        # Non-streamed holders fill the streaming cap, streamed chats run past it (the cap
+        # bounds only what streams do not fill), and the non-streamed chats after them wait.
+        # Each wait below is for a state that holds until the test ends it.
         holders = [asyncio.create_task(admin.post("/v1/chat/completions", json=HOLD))
                    for _ in range(cap)]
-        queued: list[asyncio.Task] = []
         streamed: list[asyncio.Task] = []
+        queued: list[asyncio.Task] = []
         try:
             await admin_state(admin, lambda s: s["inflight"] >= cap)
+            streamed = [asyncio.create_task(long_stream(client, i)) for i in range(8)]
+            await admin_state(admin, lambda s: s["inflight"] >= cap + len(streamed))
             queued = [asyncio.create_task(chat(client, i)) for i in range(12)]
-            await admin_state(admin, lambda s: s["queued"] >= len(queued))
-            streamed = [asyncio.create_task(streamed_chat(client, i)) for i in range(12)]
-            state = await admin_state(admin, lambda s: s["inflight"] >= cap + len(streamed))
-            assert state["inflight"] == cap + len(streamed), state
-            assert state["queued"] == len(queued), state
+            state = await admin_state(admin, lambda s: s["queued"] >= len(queued))
+            assert (state["inflight"], state["queued"]) == (cap + len(streamed), len(queued)), state
             flipped = await admin.put(MODE_PATH, json={"mode": "batching"})
             assert flipped.status_code == 200 and flipped.json()["mode"] == "batching"
             await asyncio.sleep(0.3)
             back = await admin.put(MODE_PATH, json={"mode": "streaming"})
             assert back.status_code == 200 and back.json()["mode"] == "streaming"
+            for holder in holders:
+                holder.cancel()  # their clients leave; vLLM aborts them
             results = await asyncio.gather(*queued)
             streams = await asyncio.gather(*streamed)
         finally:
-            for task in (*holders, *queued, *streamed):
+            for task in (*holders, *streamed, *queued):
                 task.cancel()
-            await asyncio.gather(*holders, *queued, *streamed, return_exceptions=True)
+            await asyncio.gather(*holders, *streamed, *queued, return_exceptions=True)
         end = await admin_state(admin, lambda s: s["inflight"] == 0 and s["queued"] == 0)
     assert results == [(action, "stop")] * len(queued)
-    assert streams == [(action, "stop")] * len(streamed)
+    assert streams == [("length", STREAM_TOKENS)] * len(streamed)
     assert end["inflight"] == 0 and end["queued"] == 0, end
 
 

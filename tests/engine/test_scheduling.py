@@ -8,8 +8,10 @@ the middleware's queue. The drain test ends this engine's life, so it runs last.
 
 Each test holds the engine's one slot with a long request until vLLM's own queue is seen full,
 then its client leaves. On 2 shared cores, /metrics can take seconds to answer while the engine
-decodes (most likely the engine core's busy wait beside it), so that request must
-outlast any wait for an answer: it has a context of its own, long enough for minutes of decode.
+decodes (the API server shares a core with the engine core's loop), so that request must
+outlast every wait for an answer: it has a context of its own, long enough for minutes of
+decode, and a client deadline longer than the waits (CI once saw the blocker cut by a 120 s
+client deadline before the streams had reached vLLM's queue).
 """
 
 from __future__ import annotations
@@ -24,12 +26,19 @@ import httpx
 import pytest
 
 from autoglm_operator.resource import spec as crd
-from testkit.engine import MODEL, Engine, metric_samples, poll_until, running_engine
+from testkit.engine import (
+    CLIENT_TIMEOUT,
+    MODEL,
+    Engine,
+    metric_samples,
+    poll_until,
+    running_engine,
+)
 
-pytestmark = pytest.mark.timeout(400)
-# 16,384 tokens hold ~1,000 of the KV cache's ~2,000 blocks (engine_kit.CPU_ENV).
-SERIAL_CONTEXT = 16384
-# The context less room for the prompt: 50 s to 4 min of decode at this tier's 65-330
+pytestmark = pytest.mark.timeout(600)
+# 32,768 tokens: a sixteenth of the KV cache (524,288 tokens at CPU_ENV's 1 GiB).
+SERIAL_CONTEXT = 32768
+# The context less room for the prompt: 100 s to 8 min of decode at this tier's 65-330
 # tokens/s, where queueing the others takes well under a second when /metrics answers.
 BLOCKER_TOKENS = SERIAL_CONTEXT - 384
 QUEUE_SEEN_SECONDS = 120
@@ -79,7 +88,7 @@ async def waiting(http: httpx.AsyncClient, count: int,
 
 async def test_streamed_requests_are_served_before_earlier_batch_work(
         serial_engine: Engine) -> None:
-    async with httpx.AsyncClient(base_url=serial_engine.base_url, timeout=120) as http:
+    async with httpx.AsyncClient(base_url=serial_engine.base_url, timeout=CLIENT_TIMEOUT) as http:
         # It holds the engine's one slot until all six are queued, however fast this machine
         # decodes (a fixed length finished first on a quiet machine); then its client leaves.
         blocker = asyncio.create_task(finish_time(http, chat_body(0, False, BLOCKER_TOKENS)))
@@ -101,7 +110,7 @@ async def test_streamed_requests_are_served_before_earlier_batch_work(
 
 async def test_sigterm_drains_admitted_streams_and_refuses_new_ones(
         serial_engine: Engine) -> None:
-    async with httpx.AsyncClient(base_url=serial_engine.base_url, timeout=120) as http:
+    async with httpx.AsyncClient(base_url=serial_engine.base_url, timeout=CLIENT_TIMEOUT) as http:
         # A long stream holds the engine's one slot, so the other three are still queued; its
         # client leaves once the refusal is seen, and the three queued ones must then finish.
         blocker = asyncio.create_task(finish_time(http, chat_body(0, True, BLOCKER_TOKENS)))
