@@ -94,6 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batching-cap", type=_positive(int),
                    default=BatchingProfile().max_concurrency,
                    help="in-flight requests a batching replica takes before it counts as full")
+    chat_caps = RoutingConfig().chat_caps
+    p.add_argument("--streaming-chat-cap", type=_positive(int),
+                   default=chat_caps[Mode.STREAMING],
+                   help="the same for a streamed chat: a profile that puts streams first "
+                   "admits them up to the engine's --max-num-seqs")
+    p.add_argument("--batching-chat-cap", type=_positive(int),
+                   default=chat_caps[Mode.BATCHING],
+                   help="the same for a streamed chat on a batching replica")
     p.add_argument("--virtual-nodes", type=_positive(int), default=100,
                    help="points per replica on the hash ring")
     p.add_argument("--prefix-chars", type=_positive(int), default=DEFAULTS.prefix_chars,
@@ -153,6 +161,8 @@ def create_app(args: argparse.Namespace, discovery: Discovery | None = None) -> 
         other_overflow=args.other_overflow, fresh_seconds=args.fresh_seconds,
         virtual_nodes=args.virtual_nodes,
         caps={Mode.STREAMING: args.streaming_cap, Mode.BATCHING: args.batching_cap},
+        chat_caps={Mode.STREAMING: args.streaming_chat_cap,
+                   Mode.BATCHING: args.batching_chat_cap},
     )
     settings = ProxySettings(
         prefix_chars=args.prefix_chars, image_max_pixels=args.image_max_pixels,

@@ -12,7 +12,7 @@ from enum import StrEnum
 
 from autoglm_router.features import KeyKind, RequestFeatures, TrafficClass
 from autoglm_router.ring import ring_of
-from autoglm_runtime.profiles import BatchingProfile, Mode, StreamingProfile
+from autoglm_runtime.profiles import Mode, ModeProfiles
 
 
 @dataclass(frozen=True)
@@ -32,17 +32,24 @@ class ReplicaState:
 
 
 def _default_caps() -> dict[Mode, int]:
-    return {
-        Mode.STREAMING: StreamingProfile().max_concurrency,
-        Mode.BATCHING: BatchingProfile().max_concurrency,
-    }
+    return {mode: ModeProfiles().for_mode(mode).max_concurrency for mode in Mode}
+
+
+def _default_chat_caps() -> dict[Mode, int]:
+    profiles = ModeProfiles()
+    return {mode: profiles.for_mode(mode).admission_cap(True, profiles.envelope_max_num_seqs)
+            for mode in Mode}
 
 
 @dataclass(frozen=True)
 class RoutingConfig:
     load_factor: float = 1.25
     spill: bool = True
+    # In flight on a replica of each mode before it counts as full (its admission cap): `caps`
+    # for most requests, `chat_caps` for streamed chats, which a profile that puts streams first
+    # admits up to the engine's sequence limit (ModeProfile.admission_cap).
     caps: Mapping[Mode, int] = field(default_factory=_default_caps)
+    chat_caps: Mapping[Mode, int] = field(default_factory=_default_chat_caps)
     virtual_nodes: int = 100
     shed: bool = True
     # Non-streamed work waits for seconds, not for a first token: it is shed only past
@@ -61,8 +68,12 @@ class RoutingConfig:
             raise ValueError(f"fresh_seconds must be above 0, got {self.fresh_seconds}")
         if self.other_overflow < 0.0:
             raise ValueError(f"other_overflow must be at least 0, got {self.other_overflow}")
-        if any(cap < 1 for cap in self.caps.values()):
+        if any(cap < 1 for cap in (*self.caps.values(), *self.chat_caps.values())):
             raise ValueError("every mode's concurrency cap must be at least 1")
+
+    def cap(self, mode: Mode, features: RequestFeatures) -> int:
+        caps = self.chat_caps if features.traffic_class is TrafficClass.STREAMED_CHAT else self.caps
+        return caps.get(mode, 1 << 30)
 
 
 class Reason(StrEnum):
@@ -108,9 +119,9 @@ def decide(
     in_mode = bool(preferred)
     if not preferred:
         preferred = eligible  # a class with no replica in its mode uses all
-    with_room = [r for r in preferred if has_room(r, config)]
+    with_room = [r for r in preferred if has_room(r, features, config)]
     if not with_room and config.spill:
-        others = [r for r in eligible if r not in preferred and has_room(r, config)]
+        others = [r for r in eligible if r not in preferred and has_room(r, features, config)]
         if others:
             return Route(least_loaded(others).name, Reason.SPILLED, False)
     pool = with_room or preferred
@@ -160,11 +171,12 @@ def session_route(
     return Route(name, Reason.BOUNDED if bounded else Reason.HASHED, in_mode)
 
 
-def has_room(replica: ReplicaState, config: RoutingConfig, scale: float = 1.0) -> bool:
-    """Under its mode's concurrency cap; a replica of unknown mode has no known cap."""
+def has_room(replica: ReplicaState, features: RequestFeatures, config: RoutingConfig,
+             scale: float = 1.0) -> bool:
+    """Under its mode's admission cap for this request; a replica of unknown mode has none."""
     if replica.mode is None:
         return True
-    return replica.inflight < scale * config.caps.get(replica.mode, 1 << 30)
+    return replica.inflight < scale * config.cap(replica.mode, features)
 
 
 def overloaded(
@@ -179,7 +191,7 @@ def overloaded(
     """
     chat = features.traffic_class is TrafficClass.STREAMED_CHAT
     scale = 1.0 if chat else 1.0 + config.other_overflow
-    return not any(has_room(r, config, scale) for r in pool)
+    return not any(has_room(r, features, config, scale) for r in pool)
 
 
 def least_loaded(replicas: Sequence[ReplicaState]) -> ReplicaState:
@@ -250,6 +262,6 @@ def retry_route(
         return None
     if failure is Failure.QUEUE_FULL:
         # Elsewhere only if another replica has room; else the client gets the 429.
-        replicas = [r for r in replicas if has_room(r, config)]
+        replicas = [r for r in replicas if has_room(r, features, config)]
     route = decide(features, replicas, config, exclude=tried)
     return route if isinstance(route, Route) else None

@@ -100,9 +100,7 @@ class AdmissionQueue(Generic[T]):
 
     def cap(self, priority: int) -> int:
         """The most slots in flight under which a request at `priority` is admitted."""
-        if self.profile.prioritize_streams and priority == STREAM_PRIORITY:
-            return max(self.engine_max_seqs, self.profile.max_concurrency)
-        return self.profile.max_concurrency
+        return self.profile.admission_cap(priority == STREAM_PRIORITY, self.engine_max_seqs)
 
     def has_free_slot(self, priority: int, slots: int = 1) -> bool:
         head = self._head()

@@ -94,6 +94,15 @@ class ModeProfile(CamelModel):
     stream_coalesce_chunks: StreamCoalesceChunks = 1
     prioritize_streams: PrioritizeStreams = False
 
+    def admission_cap(self, streamed_chat: bool, engine_max_num_seqs: int) -> int:
+        """Requests in flight under which one more is admitted: a profile that puts streams
+        first lets a streamed chat run up to the engine's own sequence limit, where vLLM's
+        priority starts it ahead of the rest; the cap bounds everything else. The middleware
+        admits by this rule and the router counts a replica full by it."""
+        if self.prioritize_streams and streamed_chat:
+            return max(engine_max_num_seqs, self.max_concurrency)
+        return self.max_concurrency
+
 
 class StreamingProfile(ModeProfile):
     """Quiet hours: few sequences at once, streamed requests first, lowest time-to-first-token."""

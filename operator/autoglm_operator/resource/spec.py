@@ -1026,6 +1026,23 @@ class AutoGLMDeploymentSpec(CamelModel):
     )
     router: RouterSettings = Field(default_factory=RouterSettings)
 
+    def engine_max_num_seqs(self, mode: Mode | None = None) -> int:
+        """vLLM's --max-num-seqs: the envelope both modes fit in, or a mode's own cap for the
+        pods a Rolling switch starts with that mode's flags (`mode` given)."""
+        if mode is None:
+            return self.profiles.envelope_max_num_seqs
+        return self.profiles.for_mode(mode).max_concurrency
+
+    def admission_caps(self, streamed_chat: bool) -> dict[Mode, int]:
+        """Requests in flight on a replica of each mode before one of this class queues there
+        (ModeProfile.admission_cap), on the engine the operator starts for that mode."""
+        rolling = self.switch_strategy is SwitchStrategy.ROLLING
+        return {
+            mode: self.profiles.for_mode(mode).admission_cap(
+                streamed_chat, self.engine_max_num_seqs(mode if rolling else None))
+            for mode in Mode
+        }  # fmt: skip
+
 
 class Condition(CamelModel):
     type: str

@@ -196,10 +196,13 @@ class Replica:
         return (self.inflight + self.queued) / self.profile.max_concurrency
 
 
-def routing_config(profiles: ModeProfiles) -> routing.RoutingConfig:
-    """The router's defaults, with the modes' caps from the profiles the replicas run."""
+def routing_config(profiles: ModeProfiles, engine_max_num_seqs: int) -> routing.RoutingConfig:
+    """The router's defaults, with the modes' caps from the profiles the replicas run (as the
+    operator sets them: reconcile/children/router.py)."""
     return routing.RoutingConfig(
-        caps={mode: profiles.for_mode(mode).max_concurrency for mode in Mode}
+        caps={mode: profiles.for_mode(mode).max_concurrency for mode in Mode},
+        chat_caps={mode: profiles.for_mode(mode).admission_cap(True, engine_max_num_seqs)
+                   for mode in Mode},
     )
 
 
@@ -239,7 +242,7 @@ class Pool:
         w = self.workload
         self.routing = routing
         self.rng = random.Random(seed)
-        self.route_config = routing_config(self.profiles)
+        self.route_config = routing_config(self.profiles, self.env.max_num_seqs)
         self._features: dict[tuple[int, float], RequestFeatures] = {}
         self.t_pre = [
             lat.preprocess_seconds(text + IMAGE_TOKENS * images, images)

@@ -52,25 +52,36 @@ def test_light_load_streaming_pool_meets_every_slo() -> None:
     assert 0.2 <= r["ttft_p50"] <= 0.36
 
 
+def _capacity(modes, rate: float, **kwargs) -> float:
+    """Requests per second a pool completes within a minute of open-loop arrivals at `rate`."""
+    pool, _ = _run(modes, _poisson(rate, 60), 60, **kwargs)
+    return len([o for o in pool.outcomes if o.e2e >= 0 and o.arrival + o.e2e <= 60]) / 60
+
+
 def test_overloaded_streaming_pool_misses_and_sheds() -> None:
-    # 40 req/s against 4 streaming replicas (~4.1 req/s each): the queue overflows.
-    arrivals = _poisson(40.0, 60)
+    # Far past what 4 streaming replicas serve of chats (one alone: ~9.5 req/s, streamed chats
+    # running up to the engine's 64 sequences): the router sheds, most chats miss.
+    arrivals = _poisson(80.0, 60)
     pool, r = _run([Mode.STREAMING] * 4, arrivals, 60)
     assert r["slo_attainment"] < 0.5
     assert r["rejected"] > 0
-    # Never more than the replicas can serve: ~4.1 req/s each by the calibration.
+    # Never more than the replicas can serve, each measured alone.
     pool_done = [o for o in pool.outcomes if o.e2e >= 0 and o.arrival + o.e2e <= 60]
-    assert len(pool_done) / 60 < 4 * 4.6
+    assert len(pool_done) / 60 <= 4 * 1.1 * _capacity([Mode.STREAMING], 20.0)
 
 
 def test_streaming_replica_capacity_matches_the_calibration() -> None:
-    # One replica, chats only, open loop well above capacity: the 8-sequence cap serves
-    # ~4.1 req/s (published), and every arrival is accounted for exactly once.
+    # One replica, chats only, open loop well above capacity, on an engine of 8 sequences (the
+    # streaming cap, as a Rolling switch starts it): the published ~4.1 req/s, and every
+    # arrival is accounted for exactly once.
     arrivals = _poisson(8.0, 60)
-    pool, r = _run([Mode.STREAMING], arrivals, 60)
+    env = policy_sim.EngineEnvelope(max_num_seqs=8)
+    pool, r = _run([Mode.STREAMING], arrivals, 60, env=env)
     assert r["requests"] == len(arrivals)
     done_in_trace = [o for o in pool.outcomes if o.e2e >= 0 and o.arrival + o.e2e <= 60]
     assert 3.6 <= len(done_in_trace) / 60 <= 4.6
+    # With the envelope's 64 sequences, streams first: chats run past the cap of 8.
+    assert _capacity([Mode.STREAMING], 20.0) > 1.5 * len(done_in_trace) / 60
 
 
 def test_batching_mode_trades_ttft_for_throughput() -> None:

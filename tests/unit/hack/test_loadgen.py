@@ -17,12 +17,22 @@ async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
 async def test_a_request_still_open_when_the_wait_ends_is_a_failure_not_dropped(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    received: list[bytes] = []
+
+    async def count_and_never_answer(reader: asyncio.StreamReader,
+                                     writer: asyncio.StreamWriter) -> None:
+        received.append(await reader.read(65536))
+        await asyncio.sleep(30)
+
+    server = await asyncio.start_server(count_and_never_answer, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     monkeypatch.setattr(loadgen, "WAIT_SECONDS", 0.5)
     async with server:
         report = await loadgen.run_load([f"http://127.0.0.1:{port}/v1"], lambda _: 10, 0.35)
-    assert len(report.results) >= 3
+    # Every request the server received is in the report (how many were sent in 0.35 s
+    # depends on how busy this machine is, not on the report).
+    assert len(received) >= 1
+    assert len(report.results) == len(received)
     assert {r.error for r in report.results} == {loadgen.UNFINISHED}
 
 

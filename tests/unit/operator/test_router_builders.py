@@ -112,11 +112,25 @@ def test_router_args_are_what_the_router_cli_accepts() -> None:
     assert (parsed.port, parsed.port_name) == (8000, "http")
     assert parsed.load_factor == 2.0 and parsed.spill is False
     assert (parsed.streaming_cap, parsed.batching_cap) == (6, 48)
+    # Streamed chats run past the streaming cap up to the engine's --max-num-seqs (the
+    # envelope, 48); batching puts no class first.
+    assert (parsed.streaming_chat_cap, parsed.batching_chat_cap) == (48, 48)
     assert parsed.drain_seconds == 90
     # Screenshots priced at the replicas' own budget: the official 5,000,000 at this context.
     assert parsed.image_max_pixels == spec.multimodal.effective_max_pixels(25480) == 5_000_000
     default = router_cli.build_parser().parse_args(router_builders.router_args(OWNER, SPEC))
     assert default.load_factor == 1.25 and default.spill is True
+
+
+def test_under_a_rolling_switch_a_streaming_replica_counts_full_at_its_own_engines_sequences(
+) -> None:
+    # Rolling starts each mode with its own flags: the streaming engine has 8 sequences, so
+    # streamed chats are admitted up to 8 there, and the router counts it full at 8.
+    spec = crd.AutoGLMDeploymentSpec.model_validate({"switchStrategy": "Rolling"})
+    parsed = router_cli.build_parser().parse_args(router_builders.router_args(OWNER, spec))
+    assert (parsed.streaming_chat_cap, parsed.streaming_cap) == (8, 8)
+    in_place = router_cli.build_parser().parse_args(router_builders.router_args(OWNER, SPEC))
+    assert (in_place.streaming_chat_cap, in_place.streaming_cap) == (64, 8)
 
 
 LIMITS = {"maxHeaderBytes": 16384, "maxHeaders": 50, "headerTimeoutSeconds": 5,

@@ -19,12 +19,15 @@ from autoglm_router.routing import (
     Route,
     RoutingConfig,
     decide,
+    has_room,
     retry_route,
 )
 from autoglm_runtime.profiles import Mode
 
 S, B = Mode.STREAMING, Mode.BATCHING
-CONFIG = RoutingConfig()  # caps: streaming 8, batching 64; load factor 1.25
+CONFIG = RoutingConfig()  # caps: streaming 8 (64 for streamed chats), batching 64; load 1.25
+# A streaming replica full for a streamed chat: streams first run up to the engine's 64.
+S_FULL = {"inflight": 64, "load": 64.0}
 
 
 def chat(stream: bool, key: str | None = None, cost: float = 1.0,
@@ -60,15 +63,19 @@ CLASS_CASES = [
     ("unknown mode counts in 'all' only", chat(True),
      pool(("x", None), ("b", B), b={"load": 5.0, "inflight": 5}), "x", Reason.LEAST_FRESH,
      False),
-    ("streaming replica at its cap: spill to the least-loaded other", chat(True),
-     pool(("s", S), ("b1", B), ("b2", B), s={"inflight": 8, "load": 8.0},
+    ("streaming replica at its chat cap: spill to the least-loaded other", chat(True),
+     pool(("s", S), ("b1", B), ("b2", B), s=S_FULL,
           b1={"inflight": 3, "load": 3.0}, b2={"inflight": 1, "load": 1.0}),
      "b2", Reason.SPILLED, False),
+    ("streaming replica past its cap of 8: a streamed chat still goes there", chat(True),
+     pool(("s", S), ("b", B), s={"inflight": 8, "load": 8.0}), "s", Reason.LEAST_LOADED, True),
+    ("streaming replica at its cap of 8: a spilled batch job finds it full", chat(False),
+     pool(("s", S), ("b", B), s={"inflight": 8, "load": 8.0}, b={"inflight": 64, "load": 64.0}),
+     "b", Reason.LEAST_LOADED, True),
     ("batching replica at its cap: spill to the streaming one", chat(False),
      pool(("s", S), ("b", B), b={"inflight": 64, "load": 64.0}), "s", Reason.SPILLED, False),
     ("one preferred replica at cap, another not: no spill", chat(True),
-     pool(("s1", S), ("s2", S), ("b", B), s1={"inflight": 8, "load": 8.0}),
-     "s2", Reason.LEAST_LOADED, True),
+     pool(("s1", S), ("s2", S), ("b", B), s1=S_FULL), "s2", Reason.LEAST_LOADED, True),
 ]
 
 
@@ -81,15 +88,15 @@ def test_class_rule(case: str, features: RequestFeatures, replicas: list[Replica
 
 
 def test_spill_off_keeps_the_class_in_its_mode() -> None:
-    replicas = pool(("s", S), ("b", B), s={"inflight": 8, "load": 8.0})
+    replicas = pool(("s", S), ("b", B), s=S_FULL)
     config = RoutingConfig(spill=False, shed=False)
     assert routed(decide(chat(True), replicas, config)).replica == "s"
 
 
 # --- rule 1c: shed when every replica is at its cap -------------------------------------------
 
-FULL = {"s": {"inflight": 8, "load": 8.0}, "b": {"inflight": 64, "load": 64.0}}
-DOUBLE = {"s": {"inflight": 16, "load": 16.0}, "b": {"inflight": 128, "load": 128.0}}
+FULL = {"s": S_FULL, "b": {"inflight": 64, "load": 64.0}}
+DOUBLE = {"s": {"inflight": 128, "load": 128.0}, "b": {"inflight": 128, "load": 128.0}}
 SHED_CASES = [
     # (case, features, replicas, config, expected: a replica name or 429)
     ("every replica at its cap: a streamed chat gets 429", chat(True),
@@ -132,8 +139,33 @@ def test_shed_rule(case: str, features: RequestFeatures, replicas: list[ReplicaS
 
 def test_caps_come_from_the_config() -> None:
     replicas = pool(("s", S), ("b", B), s={"inflight": 2, "load": 2.0})
-    config = RoutingConfig(caps={S: 2, B: 64})
-    assert routed(decide(chat(True), replicas, config)).reason is Reason.SPILLED
+    assert routed(decide(chat(True), replicas, RoutingConfig(chat_caps={S: 2, B: 64}))).reason \
+        is Reason.SPILLED
+    config = RoutingConfig(caps={S: 2, B: 0 + 1})
+    assert routed(decide(chat(False), replicas, replace(config, caps={S: 2, B: 1}))).replica == "b"
+    assert routed(decide(chat(True), replicas, config)).replica == "s"
+
+
+def test_the_router_counts_a_replica_full_where_its_admission_queues() -> None:
+    """The default caps are the middleware's rule (ModeProfile.admission_cap) at the defaults:
+    a replica the router counts as having room admits the request without a queue."""
+    from autoglm_runtime.admission import AdmissionQueue
+    from autoglm_runtime.profiles import ModeProfiles
+    from autoglm_runtime.requests import DEFAULT_PRIORITY, STREAM_PRIORITY
+
+    profiles = ModeProfiles()
+    for mode in (S, B):
+        for stream, priority in ((True, STREAM_PRIORITY), (False, DEFAULT_PRIORITY)):
+            queue: AdmissionQueue[None] = AdmissionQueue(
+                profiles.for_mode(mode), clock=lambda: 0.0,
+                engine_max_seqs=profiles.envelope_max_num_seqs)
+            admitted = 0
+            while queue.try_admit(priority):
+                admitted += 1
+            full = pool(("r", mode), r={"inflight": admitted, "load": float(admitted)})
+            below = pool(("r", mode), r={"inflight": admitted - 1})
+            assert not has_room(full[0], chat(stream), CONFIG), (mode, stream, admitted)
+            assert has_room(below[0], chat(stream), CONFIG), (mode, stream, admitted)
 
 
 # --- rule 2: sessions (consistent hashing with bounded loads) -------------------------------
@@ -318,7 +350,7 @@ def test_with_a_streaming_replica_chats_ignore_recent_requests() -> None:
     # from a full one goes to the least-loaded other replica.
     replicas = pool(("s", S), ("b", B), s={"inflight": 3, "load": 3.0, "fresh": 3})
     assert routed(decide(chat(True), replicas, CONFIG)).replica == "s"
-    full = pool(("s", S), ("b1", B), ("b2", B), s={"inflight": 8, "load": 8.0},
+    full = pool(("s", S), ("b1", B), ("b2", B), s=S_FULL,
                 b1={"inflight": 1, "load": 1.0, "fresh": 5}, b2={"inflight": 6, "load": 6.0})
     route = routed(decide(chat(True), full, CONFIG))
     assert (route.replica, route.reason) == ("b1", Reason.SPILLED)

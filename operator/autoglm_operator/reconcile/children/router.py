@@ -17,6 +17,7 @@ from autoglm_operator.reconcile.children.serving import Manifest, Owner
 from autoglm_operator.resource import names
 from autoglm_operator.resource import spec as crd
 from autoglm_operator.resource.names import router_name
+from autoglm_runtime.profiles import Mode
 
 ROUTER_COMPONENT = "router"
 CONTAINER_NAME = "router"
@@ -59,6 +60,7 @@ def termination_grace_seconds(spec: crd.AutoGLMDeploymentSpec) -> int:
 def router_args(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> list[str]:
     """`autoglm-router`'s flags (router/autoglm_router/cli.py) for this deployment."""
     router = spec.router
+    caps, chat_caps = spec.admission_caps(streamed_chat=False), spec.admission_caps(True)
     args = [
         "--host", "0.0.0.0",
         "--port", str(HTTP_PORT),
@@ -69,8 +71,10 @@ def router_args(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> list[str]:
         "--port-name", "http",
         "--load-factor", router.session_affinity.load_factor,
         # The caps match what each mode admits, so spill starts where a replica's queue would.
-        "--streaming-cap", str(spec.profiles.streaming.max_concurrency),
-        "--batching-cap", str(spec.profiles.batching.max_concurrency),
+        "--streaming-cap", str(caps[Mode.STREAMING]),
+        "--batching-cap", str(caps[Mode.BATCHING]),
+        "--streaming-chat-cap", str(chat_caps[Mode.STREAMING]),
+        "--batching-chat-cap", str(chat_caps[Mode.BATCHING]),
         "--drain-seconds", str(drain_seconds(spec)),
         # Screenshots are priced as the replicas' processor scales them.
         "--image-max-pixels", str(spec.multimodal.effective_max_pixels(spec.max_model_len)),

@@ -171,11 +171,10 @@ def rolling(spec: crd.AutoGLMDeploymentSpec) -> bool:
 def engine_settings(spec: crd.AutoGLMDeploymentSpec, mode: Mode | None = None) -> EngineSettings:
     """The envelope both modes fit in (mode None), or one mode's own engine flags (Rolling)."""
     engine = spec.engine
-    max_num_seqs = spec.profiles.envelope_max_num_seqs
+    max_num_seqs = spec.engine_max_num_seqs(mode)
     stream_interval = None
     if mode is not None:
         profile = spec.profiles.for_mode(mode)
-        max_num_seqs = profile.max_concurrency
         if profile.stream_coalesce_chunks > 1:
             stream_interval = profile.stream_coalesce_chunks
     return EngineSettings(
