@@ -30,6 +30,7 @@ WATCHED_CHILDREN = (
     ("", "serviceaccounts"),
     ("rbac.authorization.k8s.io", "roles"),
     ("rbac.authorization.k8s.io", "rolebindings"),
+    ("inference.networking.k8s.io", "inferencepools"),
 )
 
 
