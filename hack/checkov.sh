@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # checkov's Kubernetes checks on what a cluster runs: the chart rendered with every optional
 # object on (hack/checkov-values.yaml) and the children the operator creates for
-# examples/autoglm.yaml (its pure builders, no cluster). Fails on any finding that is neither
-# fixed nor accepted, with a one-line reason, in hack/checkov-skips.yaml; `make checkov` and so
-# `make test` run it. checkov lives in its own venv in the cache, never in .venv.
+# examples/autoglm.yaml, with spec.gateway off and on (its pure builders, no cluster). Fails on
+# any finding that is neither fixed nor accepted, with a one-line reason, in
+# hack/checkov-skips.yaml; `make checkov` and so `make test` run it. checkov lives in its own
+# venv in the cache, never in .venv.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CHECKOV_VERSION=3.3.30
@@ -31,6 +32,14 @@ mkdir "$work/manifests"
 # The namespace the values' NetworkPolicy covers, as a user running both would have it.
 "$py" "$root/hack/render_children.py" --namespace serving "$root/examples/autoglm.yaml" \
   > "$work/manifests/children.yaml"
+# The same deployment with spec.gateway on (the pool, its picker's Service, the routers' ext_proc
+# port): the same namespace, so the same resource ids and accepted findings.
+"$py" -c 'import sys, yaml
+obj = yaml.safe_load(open(sys.argv[1]))
+obj["spec"]["gateway"] = {"enabled": True}
+yaml.safe_dump(obj, sys.stdout)' "$root/examples/autoglm.yaml" > "$work/gateway.yaml"
+"$py" "$root/hack/render_children.py" --namespace serving "$work/gateway.yaml" \
+  > "$work/manifests/children-gateway.yaml"
 # --skip-download: no call to Prisma Cloud (guidelines, severities); --soft-fail: the report
 # below decides, against the skips file.
 (cd "$work" && "$venv/bin/checkov" --directory manifests --framework kubernetes \

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from autoglm_operator.reconcile.children import gateway as gateway_builders
 from autoglm_operator.reconcile.children import router as router_builders
 from autoglm_operator.reconcile.children import serving as builders
 from autoglm_operator.resource import spec as crd
@@ -37,6 +38,7 @@ def render(path: Path, namespace: str | None = None) -> str:
     docs = [
         *builders.children(owner, spec, via_router=spec.router.enabled),
         *router_builders.children(owner, spec),
+        *gateway_builders.children(owner, spec),
         builders.admin_secret(owner, "placeholder"),
     ]
     return yaml.safe_dump_all(docs, sort_keys=False)

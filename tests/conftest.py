@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import importlib.metadata
 import secrets
-import time
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from _pytest.terminal import TerminalReporter
 
+from autoglm_operator.reconcile.children import gateway
 from testkit.localcluster import LocalCluster, loopback_pod_cidr, running_cluster
 
 REPO = Path(__file__).resolve().parent.parent
@@ -56,19 +57,7 @@ def cluster() -> Iterator[LocalCluster]:
 @pytest.fixture(scope="session")
 def crd(cluster: LocalCluster) -> str:
     """The AutoGLMDeployment CRD, installed and established."""
-    cluster.kubectl("apply", "--server-side", "-f", str(CRD_FILE))
-    name = "autoglmdeployments.autoglm.io"
-    # Polled rather than `kubectl wait`, which errors while the new CRD has no conditions yet
-    # (so does this jsonpath: an error is "not yet").
-    jsonpath = '{.status.conditions[?(@.type=="Established")].status}'
-    deadline = time.monotonic() + 60
-    while (
-        cluster.kubectl("get", "crd", name, "-o", f"jsonpath={jsonpath}", check=False).stdout
-        != "True"
-    ):
-        assert time.monotonic() < deadline, f"CRD {name} not Established after 60s"
-        time.sleep(0.2)
-    return name
+    return cluster.install_crd(CRD_FILE)
 
 
 @pytest.fixture
@@ -81,6 +70,31 @@ def namespace(cluster: LocalCluster) -> Iterator[str]:
     )
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="session")
+def inference_pool_crd_file() -> Path:
+    """The Gateway API Inference Extension's InferencePool CRD at the pinned release."""
+    out = subprocess.run(
+        ["bash", str(REPO / "hack" / "gie-crds.sh")], check=True, stdout=subprocess.PIPE, text=True
+    )
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def inference_pool_crd(cluster: LocalCluster, inference_pool_crd_file: Path) -> str:
+    """The real InferencePool CRD (inference.networking.k8s.io/v1), installed and established
+    (again, if a test before took it away)."""
+    return cluster.install_crd(inference_pool_crd_file)
+
+
+@pytest.fixture
+def no_inference_pool_crd(cluster: LocalCluster, inference_pool_crd_file: Path) -> Iterator[str]:
+    """A cluster without the InferencePool CRD, as one without a GIE gateway is; put back after.
+    Its name."""
+    cluster.remove_crd(gateway.CRD_NAME)
+    yield gateway.CRD_NAME
+    cluster.install_crd(inference_pool_crd_file)
 
 
 class InputTally:

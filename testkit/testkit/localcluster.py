@@ -361,6 +361,36 @@ class LocalCluster:
         args = ["apply", "-f", "-"] + (["-n", namespace] if namespace else [])
         return self.kubectl(*args, input=json.dumps(manifest), check=check)
 
+    def install_crd(self, path: Path, timeout: float = 60) -> str:
+        """Apply a CRD file and wait until it is Established; its name."""
+        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
+        name = self.kubectl("get", "-f", str(path), "-o", "name").stdout.strip().split("/")[-1]
+        # Polled rather than `kubectl wait`, which errors while a new CRD has no conditions yet
+        # (so does this jsonpath: an error is "not yet").
+        jsonpath = '{.status.conditions[?(@.type=="Established")].status}'
+        deadline = time.monotonic() + timeout
+        while self.kubectl("get", "crd", name, "-o", f"jsonpath={jsonpath}", check=False).stdout \
+                != "True":  # fmt: skip
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"CRD {name} not Established after {timeout}s")
+            time.sleep(0.2)
+        return name
+
+    def remove_crd(self, name: str, timeout: float = 60) -> None:
+        """Delete a CRD, if there, with every object of it, and wait until discovery no longer
+        lists its API (what a client, kopf included, asks before it watches)."""
+        found = self.kubectl("get", "crd", name, "-o", "json", "--ignore-not-found").stdout
+        if not found:
+            return
+        spec = json.loads(found)["spec"]
+        paths = [f"/apis/{spec['group']}/{v['name']}" for v in spec["versions"]]
+        self.kubectl("delete", "crd", name, "--wait=true", f"--timeout={timeout:.0f}s")
+        deadline = time.monotonic() + timeout
+        while any(self.kubectl("get", "--raw", p, check=False).returncode == 0 for p in paths):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{paths} still served {timeout}s after CRD {name} went")
+            time.sleep(0.2)
+
     def add_gpu_node(self, name: str, gpus: int = 8, labels: dict[str, str] | None = None) -> None:
         """A fake node that kwok keeps Ready, with `gpus` allocatable nvidia.com/gpu."""
         self.kubectl("apply", "-f", "-", input=json.dumps(gpu_node(name, gpus, labels)))

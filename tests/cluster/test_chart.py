@@ -274,7 +274,11 @@ def test_install_upgrade_uninstall(
 
 
 def test_cluster_scope_permissions_are_the_listed_ones(
-    cluster: LocalCluster, crd: str, namespace: str, helm: Callable[..., Any]
+    cluster: LocalCluster,
+    crd: str,
+    inference_pool_crd: str,
+    namespace: str,
+    helm: Callable[..., Any],
 ) -> None:
     out = helm(
         "install", "perm", str(CHART), "-n", namespace, "--skip-crds", "--wait", "--timeout", "120s"
@@ -569,7 +573,12 @@ def _table(granted: set[Permission], used: Counter[Permission]) -> str:
 
 @pytest.mark.timeout(600)
 def test_a_whole_lifecycle_uses_every_permission_the_chart_grants(
-    cluster: LocalCluster, crd: str, namespace: str, helm: Callable[..., Any], tmp_path: Path
+    cluster: LocalCluster,
+    crd: str,
+    inference_pool_crd: str,
+    namespace: str,
+    helm: Callable[..., Any],
+    tmp_path: Path,
 ) -> None:
     """The chart grants no verb the operator never calls.
 
@@ -655,6 +664,25 @@ def test_a_whole_lifecycle_uses_every_permission_the_chart_grants(
             "a new admin token",
             lambda: kit.get(cluster, ns, "secret", admin).get("data", {}).get("token"),
         )
+        # The gateway on: InferencePool <name> and Service <name>-epp published, a changed
+        # failure mode applied to the pool, then both deleted when it is off again.
+        def failure_mode() -> str:
+            out = cluster.kubectl("get", "inferencepool", kit.NAME, "-n", ns, "-o",
+                                  "jsonpath={.spec.endpointPickerRef.failureMode}", check=False)
+            return out.stdout if out.returncode == 0 else ""  # fmt: skip
+
+        kit.patch_agd(cluster, ns, {"spec": {"gateway": {"enabled": True}}})
+        wait_for("the InferencePool", lambda: failure_mode() == "FailClose", timeout=60)
+        kit.patch_agd(cluster, ns, {"spec": {"gateway": {"failureMode": "FailOpen"}}})
+        wait_for("the pool to fail open", lambda: failure_mode() == "FailOpen", timeout=60)
+        kit.patch_agd(cluster, ns, {"spec": {"gateway": {"enabled": False}}})
+        picker = (f"inferencepool/{kit.NAME}", f"service/{kit.NAME}-epp")
+        wait_for(
+            "the pool and the picker deleted",
+            lambda: cluster.kubectl("get", *picker, "-n", ns, "-o", "name",
+                                    "--ignore-not-found").stdout.strip() == "",
+            timeout=60,
+        )  # fmt: skip
         # The router off: Service <name> back on the serving pods, the router's children gone.
         router = [f"{kind}/{kit.NAME}-router" for kind in
                   ("deployment", "pdb", "serviceaccount", "role", "rolebinding")]  # fmt: skip

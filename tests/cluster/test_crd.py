@@ -76,6 +76,12 @@ INVALID: list[tuple[str, Any, str]] = [
      "multimodal.allowedMediaDomains may not name a cluster-internal or local host"),
     ("media-domain-upper-case", _with(VALID, "multimodal.allowedMediaDomains", ["CDN.Example"]),
      "should match"),
+    ("gateway-without-router",
+     _with(_with(VALID, "router.enabled", False), "gateway.enabled", True),
+     "gateway.enabled needs router.enabled: the InferencePool's endpoint picker runs in the "
+     "router pods"),
+    ("gateway-failure-mode-unknown", _with(VALID, "gateway.failureMode", "FailSilently"),
+     'Unsupported value: "FailSilently"'),
     ("dtype-unknown", _with(VALID, "dtype", "int8"), 'Unsupported value: "int8"'),
     ("policy-unknown", _with(VALID, "modePolicy", "Turbo"), 'Unsupported value: "Turbo"'),
     ("strategy-unknown", _with(VALID, "switchStrategy", "Instant"), 'Unsupported value: "Instant"'),
@@ -556,12 +562,14 @@ def test_values_next_to_the_rules_are_accepted(
         "sessionAffinity": {"loadFactor": "1.0"}, "replicas": 32, "spill": False,
         "limits": {"keepAliveTimeoutSeconds": 16, "maxBodyBytes": 1 << 20, "maxInflight": 1},
     }  # fmt: skip
+    spec["gateway"] = {"enabled": True, "failureMode": "FailOpen"}
     cluster.apply(_object("edges", spec), namespace)
     stored = cluster.get_json("agd", "edges", "-n", namespace)["spec"]
     assert stored["resources"]["requests"]["example.com/fpga"] == 1
     assert stored["engine"]["reasoningParser"] == ""
     assert stored["router"]["sessionAffinity"]["loadFactor"] == "1.0"
     assert stored["router"]["enabled"] is True  # defaulted
+    assert stored["gateway"] == {"enabled": True, "failureMode": "FailOpen"}
     for factor in ("10", "10.0", "1.25"):
         spec["router"]["sessionAffinity"]["loadFactor"] = factor
         cluster.apply(_object("edges", spec), namespace)
@@ -689,6 +697,19 @@ def test_served_name_is_immutable(cluster: LocalCluster, crd: str, namespace: st
     result = cluster.apply(changed, namespace, check=False)
     assert result.returncode != 0
     assert "model.servedName is immutable" in result.stderr
+
+
+def test_the_router_stays_on_while_a_gateway_uses_it(
+    cluster: LocalCluster, crd: str, namespace: str
+) -> None:
+    on = _with(VALID, "gateway.enabled", True)
+    cluster.apply(_object("gated", on), namespace)
+    result = cluster.apply(_object("gated", _with(on, "router.enabled", False)), namespace,
+                           check=False)  # fmt: skip
+    assert result.returncode != 0
+    assert "gateway.enabled needs router.enabled" in result.stderr
+    both_off = _with(_with(on, "router.enabled", False), "gateway.enabled", False)
+    cluster.apply(_object("gated", both_off), namespace)
 
 
 def test_printer_columns_and_scale(cluster: LocalCluster, crd: str, namespace: str) -> None:

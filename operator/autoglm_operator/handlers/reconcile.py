@@ -33,7 +33,7 @@ from autoglm_operator.io import executor
 from autoglm_operator.io.metrics import METRICS
 from autoglm_operator.reconcile import plan
 from autoglm_operator.reconcile import status as status_
-from autoglm_operator.reconcile.children import serving
+from autoglm_operator.reconcile.children import gateway, serving
 from autoglm_operator.reconcile.observe import INDEXES, Observed, observe
 from autoglm_operator.resource import names
 from autoglm_operator.resource import pods as pods_
@@ -93,6 +93,15 @@ def owned_roles(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_
 
 @kopf.index("rbac.authorization.k8s.io", "v1", "rolebindings", labels=CHILD_FILTER)
 def owned_rolebindings(
+    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> Any:
+    return {_key(namespace, labels): _trim(body)}
+
+
+# Unresolved (and so empty) while the cluster lacks the InferencePool CRD; kopf picks the CRD up
+# when it is installed, in scope Cluster (it watches CRDs there).
+@kopf.index(gateway.GROUP, gateway.VERSION, gateway.PLURAL, labels=CHILD_FILTER)
+def owned_inferencepools(
     namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> Any:
     return {_key(namespace, labels): _trim(body)}
@@ -252,6 +261,7 @@ class Reconciler:
         try:
             if the_plan.children is not None:
                 await self.executor.apply(body, the_plan.children, the_plan.inputs.observed, state)
+                await self._gateway(body, the_plan.children, the_plan.inputs, state)
         except executor.ApiError as err:
             state.fingerprint = None
             return _failed(self.logger, body, the_plan.inputs, state, err)
@@ -264,6 +274,25 @@ class Reconciler:
         state.fingerprint = the_plan.fingerprint
         state.failures = 0
         return None
+
+    async def _gateway(
+        self, body: kopf.Body, children: plan.Plan, inputs: plan.Inputs, state: ReconcileMemory
+    ) -> None:
+        """spec.gateway's objects: a problem with them is kept for the status (Degraded) and
+        retried on its own backoff; the serving children went ahead already."""
+        if not inputs.spec.gateway.enabled:
+            state.gateway_problem, state.gateway_failures, state.gateway_retry_at = None, 0, 0.0
+        if not children.gateway and not children.delete_gateway:
+            return
+        problem = await self.executor.apply_gateway(body, children, inputs.observed, state)
+        if problem is None:
+            state.gateway_problem, state.gateway_failures, state.gateway_retry_at = None, 0, 0.0
+            return
+        state.gateway_failures += 1
+        state.gateway_retry_at = time.monotonic() + _delay(state.gateway_failures)
+        if problem != state.gateway_problem:
+            self.logger.warning(problem.message)
+        state.gateway_problem = problem
 
     async def _check_references(
         self,
@@ -441,9 +470,14 @@ def _failed(
 def _back_off(state: ReconcileMemory) -> float:
     """One more failure in a row: the next pass waits exponentially longer (its delay)."""
     state.failures += 1
-    delay = min(settings_.MAX_BACKOFF_SECONDS, 2.0 ** min(state.failures, 10))
+    delay = _delay(state.failures)
     state.retry_at = time.monotonic() + delay
     return delay
+
+
+def _delay(failures: int) -> float:
+    """Exponential backoff after `failures` failures in a row, capped."""
+    return min(settings_.MAX_BACKOFF_SECONDS, 2.0 ** min(failures, 10))
 
 
 def _warn(logger: kopf.Logger, body: kopf.Body, problem: status_.Problem) -> status_.Problem:

@@ -6,6 +6,7 @@ import logging
 
 import kopf
 
+from autoglm_operator.reconcile.children import gateway
 from autoglm_operator.resource import names
 
 # How often each object's loop compares memory with the desired state (no API call unless
@@ -30,6 +31,7 @@ WATCHED_CHILDREN = (
     ("", "serviceaccounts"),
     ("rbac.authorization.k8s.io", "roles"),
     ("rbac.authorization.k8s.io", "rolebindings"),
+    (gateway.GROUP, gateway.PLURAL),
 )
 
 

@@ -27,8 +27,9 @@ from autoglm_operator.adaptive.pass_data import FlipOutcome, RepairOutcome
 from autoglm_operator.io import kube
 from autoglm_operator.io.runtime_client import RuntimeAdminError, SetModeResult
 from autoglm_operator.reconcile import plan
-from autoglm_operator.reconcile.children import serving
+from autoglm_operator.reconcile.children import gateway, serving
 from autoglm_operator.reconcile.observe import Observed, owned_by
+from autoglm_operator.reconcile.status import Problem
 from autoglm_operator.resource.conditions import without_empty
 from autoglm_runtime.profiles import MODE_LABEL, Mode
 
@@ -159,6 +160,32 @@ class Executor:
         for kind, name in the_plan.delete_router:
             await self.call(self.kube.delete, kind, the_plan.owner.namespace, name)
             self._report(body, "Deleted", f"Deleted {kind} {name}: router.enabled is false")
+
+    async def apply_gateway(
+        self, body: Any, the_plan: plan.Plan, observed: Observed, state: plan.ReconcileMemory
+    ) -> Problem | None:
+        """spec.gateway's writes, after the serving children and apart from them: what stops
+        them (a same-named object not ours, a cluster without the InferencePool CRD, an API
+        error) is returned as the gateway's problem, and nothing else waits for it."""
+        namespace = the_plan.owner.namespace
+        try:
+            for kind, name in the_plan.delete_gateway:
+                await self.call(self.kube.delete, kind, namespace, name)
+                self._report(body, "Deleted", f"Deleted {kind} {name}: gateway.enabled is false")
+            now = time.monotonic()
+            for action in the_plan.gateway:
+                if action.verb == "create" and action.key[0] == gateway.KIND:
+                    served = await self.call(self.kube.serves, gateway.API_VERSION, gateway.PLURAL)
+                    if not served:
+                        return Problem(
+                            "InferencePoolCRDMissing", gateway.crd_missing_message(action.key[1])
+                        )
+                await self._apply_child(body, the_plan, action, observed, state, now)
+        except NameTaken as taken:
+            return Problem("NameTaken", str(taken))
+        except ApiError as err:
+            return Problem("GatewayApplyFailed", f"spec.gateway: {err}")
+        return None
 
     def _report(self, body: Any, reason: str, message: str) -> None:
         event(body, reason=reason, message=message)

@@ -26,6 +26,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
+from autoglm_operator.reconcile.children import gateway
 from autoglm_operator.resource import spec as crd
 
 FIELD_MANAGER = "autoglm-operator"
@@ -49,6 +50,7 @@ _RESOURCES = {
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     "Pod": ("/api/v1", "pods"),
     "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
+    gateway.KIND: (f"/apis/{gateway.API_VERSION}", gateway.PLURAL),
     crd.KIND: (f"/apis/{crd.API_VERSION}", crd.PLURAL),
 }
 
@@ -155,6 +157,17 @@ class Kube:
             raise _error(ApiException(http_resp=response))
         data = response.data
         return json.loads(data) if data else {}
+
+    def serves(self, api_version: str, plural: str) -> bool:
+        """Whether the apiserver serves `plural` in the group version `api_version` (discovery,
+        which every authenticated client may read): False when its CRD is not installed."""
+        try:
+            found = self.request("GET", f"/apis/{api_version}")
+        except ApiError as err:
+            if err.not_found:
+                return False
+            raise
+        return any(r.get("name") == plural for r in found.get("resources") or [])
 
     # -- objects -------------------------------------------------------------------------------
 

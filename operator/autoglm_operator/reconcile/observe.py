@@ -25,6 +25,7 @@ CHILD_INDEXES = (
     ("owned_serviceaccounts", "ServiceAccount"),
     ("owned_roles", "Role"),
     ("owned_rolebindings", "RoleBinding"),
+    ("owned_inferencepools", "InferencePool"),
 )
 INDEXES = (*(index for index, _ in CHILD_INDEXES), "owned_secrets", "owned_pods")
 

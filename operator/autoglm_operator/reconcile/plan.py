@@ -24,7 +24,7 @@ from autoglm_operator.adaptive import pass_data, planning
 from autoglm_operator.adaptive import policy as pol
 from autoglm_operator.adaptive import report as report_
 from autoglm_operator.reconcile import status as status_
-from autoglm_operator.reconcile.children import router, serving
+from autoglm_operator.reconcile.children import gateway, router, serving
 from autoglm_operator.reconcile.observe import Key, Observed
 from autoglm_operator.resource import names
 from autoglm_operator.resource import pods as pods_
@@ -394,6 +394,11 @@ class ReconcileMemory:
     # switchStrategy Rolling: the batching replicas the adaptive pass wants (None: not decided
     # in this process yet; the plan then reads what a previous operator persisted in status).
     batching_target: int | None = None
+    # spec.gateway: why its objects could not be written (None: they were, or it is off), and
+    # when to try again. They are written after the serving children and never hold them up.
+    gateway_problem: status_.Problem | None = None
+    gateway_failures: int = 0
+    gateway_retry_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -416,6 +421,10 @@ class Plan:
     label_mode: Mode = Mode.STREAMING
     delete: tuple[Key, ...] = ()
     delete_router: tuple[Key, ...] = ()  # spec.router.enabled is false: the router's children
+    # spec.gateway, carried out last: the picker's Service and the pool to create or apply
+    # (none while a failed attempt waits out its backoff), or, turned off, what to delete.
+    gateway: tuple[Action, ...] = ()
+    delete_gateway: tuple[Key, ...] = ()
 
 
 def plan_pass(
@@ -439,6 +448,11 @@ def plan_pass(
         *router.children(owner, spec),
     ]  # fmt: skip
     secret, settled = admin_secret_action(owner, observed.secret, memory.written, now)
+    gateway_actions = []
+    if now >= memory.gateway_retry_at:
+        gateway_actions = plan_children(
+            gateway.children(owner, spec), observed.children, memory.written, now
+        )
     return Plan(
         owner=owner,
         desired_hash=", ".join(sorted(desired_hashes)),
@@ -452,6 +466,8 @@ def plan_pass(
             owner, spec, observed, desired_hashes
         ),
         delete_router=router_children_to_delete(owner, spec, observed),
+        gateway=tuple(gateway_actions),
+        delete_gateway=gateway_children_to_delete(owner, spec, observed),
     )  # fmt: skip
 
 
@@ -494,6 +510,30 @@ def router_children_to_delete(
         for key in router.keys(owner.name)
         if key in observed.children and not pods_.is_terminating(observed.children[key])
     )
+
+
+def gateway_children_to_delete(
+    owner: serving.Owner, spec: crd.AutoGLMDeploymentSpec, observed: Observed
+) -> tuple[Key, ...]:
+    """spec.gateway.enabled false: the pool and the picker's Service that still exist (only
+    ours are observed: a same-named object someone else made is left alone)."""
+    if spec.gateway.enabled:
+        return ()
+    return tuple(
+        key
+        for key in gateway.keys(owner.name)
+        if key in observed.children and not pods_.is_terminating(observed.children[key])
+    )
+
+
+def gateway_observed(name: str, observed: Observed) -> tuple[Key, ...]:
+    """Which of spec.gateway's objects this deployment holds now."""
+    return tuple(key for key in gateway.keys(name) if key in observed.children)
+
+
+def gateway_due(memory: ReconcileMemory, now: float) -> bool:
+    """A failed attempt at the gateway's objects has waited out its backoff."""
+    return memory.gateway_problem is not None and now >= memory.gateway_retry_at
 
 
 def rolling_step_for(
@@ -675,7 +715,9 @@ def plan_iteration(
         target = modes.rolling.batching_target if modes.rolling is not None else None
     fingerprint = (inputs.observed.fingerprint(), target)
     reconcile = now >= memory.retry_at and (
-        fingerprint != memory.fingerprint or has_pending(memory.written, now)
+        fingerprint != memory.fingerprint
+        or has_pending(memory.written, now)
+        or gateway_due(memory, now)
     )
     children = None
     if reconcile and inputs.problem is None:
@@ -733,6 +775,8 @@ def settle(
         now=pol.iso_time(inputs.now),
         problem=problem,
         router=router_deployment,
+        gateway_children=gateway_observed(meta["name"], inputs.observed),
+        gateway_problem=memory.gateway_problem if inputs.spec.gateway.enabled else None,
     )
     full = status_.overlay(current, update.status)
     return Settled(full, tuple(update.flipped), report, int(update.status["readyReplicas"]))

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autoglm_operator.reconcile.children import serving
+from autoglm_operator.reconcile.children import gateway, serving
 from autoglm_operator.resource import spec as crd
 from autoglm_operator.resource.conditions import transition_time
 from autoglm_operator.resource.pods import (
@@ -42,6 +42,7 @@ OWNED_FIELDS = (
     "selector",
     "endpoint",
     "router",
+    "gateway",
 )
 
 # Container states that will not fix themselves, by the reason the kubelet reports.
@@ -101,6 +102,7 @@ def _degraded(
     live: list[dict[str, Any]],
     routers: list[dict[str, Any]],
     problem: Problem | None,
+    gateway_problem: Problem | None = None,
 ) -> dict[str, Any]:
     if problem is not None:
         return _cond(DEGRADED, True, problem.reason, problem.message)
@@ -136,6 +138,9 @@ def _degraded(
     progress = condition(deployment or {}, "Progressing")
     if progress and progress.get("reason") == "ProgressDeadlineExceeded":
         return _cond(DEGRADED, True, "ProgressDeadlineExceeded", str(progress.get("message", "")))
+    if gateway_problem is not None:
+        # The serving pods are fine and Ready says so; only the gateway's way in is missing.
+        return _cond(DEGRADED, True, gateway_problem.reason, gateway_problem.message)
     return _cond(DEGRADED, False, "AsExpected", "No problems observed.")
 
 
@@ -187,6 +192,20 @@ def router_status(spec: crd.AutoGLMDeploymentSpec, router: dict[str, Any] | None
         "enabled": True,
         "replicas": int(counts.get("replicas") or 0),
         "readyReplicas": int(counts.get("readyReplicas") or 0),
+    }
+
+
+def gateway_status(
+    name: str, spec: crd.AutoGLMDeploymentSpec, held: Sequence[tuple[str, str]]
+) -> dict[str, Any]:
+    """status.gateway: whether it is on, and the pool and picker this deployment holds now."""
+    on = spec.gateway.enabled
+    pool = (gateway.KIND, gateway.pool_name(name))
+    picker = ("Service", gateway.picker_service_name(name))
+    return {
+        "enabled": on,
+        "inferencePool": pool[1] if on and pool in held else "",
+        "endpointPicker": gateway.picker_address(name) if on and picker in held else "",
     }
 
 
@@ -242,6 +261,8 @@ def compute(
     problem: Problem | None = None,
     router: dict[str, Any] | None = None,
     router_pods: Sequence[dict[str, Any]] = (),
+    gateway_children: Sequence[tuple[str, str]] = (),
+    gateway_problem: Problem | None = None,
 ) -> StatusUpdate:
     """The owned part of the status; `changed` is False when `current` already says it all."""
     current = current or {}
@@ -251,7 +272,7 @@ def compute(
     desired_hashes = serving.desired_template_hashes(name, spec)
 
     routers = [p for p in router_pods if is_live(p)] if spec.router.enabled else []
-    degraded = _degraded(spec, deployment, live, routers, problem)
+    degraded = _degraded(spec, deployment, live, routers, problem, gateway_problem)
     routing = router_status(spec, router)
     conditions = [
         _ready(desired, ready, degraded, problem, routing),
@@ -277,6 +298,7 @@ def compute(
         "selector": serving.selector_string(name),
         "endpoint": serving.endpoint_url(name, namespace, spec),
         "router": routing,
+        "gateway": gateway_status(name, spec, gateway_children),
         "warnings": spec_warnings(spec),
     }
     changed = any(current.get(k) != v for k, v in status.items()) or any(

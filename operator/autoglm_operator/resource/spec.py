@@ -958,6 +958,30 @@ class RouterSettings(CamelModel):
     limits: RouterLimits = Field(default_factory=RouterLimits)
 
 
+class FailureMode(StrEnum):
+    """What a gateway does when the endpoint picker does not answer (GIE's EndpointPickerRef)."""
+
+    FAIL_CLOSE = "FailClose"
+    FAIL_OPEN = "FailOpen"
+
+
+class GatewaySettings(CamelModel):
+    """An InferencePool for Gateway API Inference Extension gateways, the router's picker in it."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Publish InferencePool <name> (inference.networking.k8s.io/v1) selecting "
+        "the serving pods, with Service <name>-epp, the router pods' ext_proc port, as its "
+        "endpoint picker. Needs router.enabled and the InferencePool CRD in the cluster.",
+    )
+    failure_mode: FailureMode = Field(
+        default=FailureMode.FAIL_CLOSE,
+        description="When the picker does not answer: FailClose, the gateway refuses the "
+        "request; FailOpen, it sends it to a serving pod of its own choosing (the router's "
+        "routing rules, limits and allow-list do not apply then).",
+    )
+
+
 class AutoGLMDeploymentSpec(CamelModel):
     model_config = _validations(
         _cel(
@@ -1000,6 +1024,12 @@ class AutoGLMDeploymentSpec(CamelModel):
             "(one token per running sequence per step)",
             ".engine.maxNumBatchedTokens",
         ),
+        _cel(
+            "!self.gateway.enabled || self.router.enabled",
+            "gateway.enabled needs router.enabled: the InferencePool's endpoint picker runs in "
+            "the router pods",
+            ".gateway.enabled",
+        ),
     )
 
     replicas: int = Field(default=1, ge=0, le=256)
@@ -1025,6 +1055,7 @@ class AutoGLMDeploymentSpec(CamelModel):
         default=None, description="Secret holding the API key clients must send; none: open."
     )
     router: RouterSettings = Field(default_factory=RouterSettings)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
 
     def engine_max_num_seqs(self, mode: Mode | None = None) -> int:
         """vLLM's --max-num-seqs: the envelope both modes fit in, or a mode's own cap for the
@@ -1124,6 +1155,16 @@ class RouterStatus(CamelModel):
     ready_replicas: int = Field(default=0, description="Router pods ready to route.")
 
 
+class GatewayStatus(CamelModel):
+    enabled: bool = False
+    inference_pool: str = Field(
+        default="", description="The InferencePool the operator holds (none while it has none)."
+    )
+    endpoint_picker: str = Field(
+        default="", description="The endpoint picker's Service and port, as service:port."
+    )
+
+
 class AutoGLMDeploymentStatus(CamelModel):
     model_config = ConfigDict(extra="allow")
 
@@ -1137,6 +1178,9 @@ class AutoGLMDeploymentStatus(CamelModel):
     endpoint: str = ""
     router: RouterStatus | None = Field(
         default=None, description="The router in front of the replicas (spec.router)."
+    )
+    gateway: GatewayStatus | None = Field(
+        default=None, description="The InferencePool for gateways (spec.gateway)."
     )
     conditions: list[Condition] = Field(
         default_factory=list,

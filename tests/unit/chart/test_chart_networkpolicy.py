@@ -107,6 +107,32 @@ def test_router_pods_take_only_the_named_clients_prometheus_and_helm_test() -> N
     assert ops["from"] == prometheus
 
 
+GATEWAY = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "istio-ingress"}},
+           "podSelector": {"matchLabels": {"istio": "ingressgateway"}}}  # fmt: skip
+
+
+def test_gateway_pods_reach_serving_pods_and_the_routers_picker_port_only() -> None:
+    docs = render({**ENABLED, "networkPolicy.gateway": [GATEWAY]})
+    gateway_pod = {"istio": "ingressgateway"}
+    serving = one(docs, "NetworkPolicy", f"{FULLNAME}-serving")
+    [rule] = serving["spec"]["ingress"]
+    assert any(_peer_matches(p, "istio-ingress", gateway_pod) for p in rule["from"])
+    assert len(rule["from"]) == 6
+    # On the routers: the picker's port, for the gateway alone; not the API or metrics ports.
+    router = one(docs, "NetworkPolicy", f"{FULLNAME}-router")
+    api, ops, picker = router["spec"]["ingress"]
+    assert picker == {"ports": [{"port": "grpc-ext-proc", "protocol": "TCP"}], "from": [GATEWAY]}
+    assert GATEWAY not in api["from"] and GATEWAY not in ops["from"]
+    # The port's name is the one the router container has with spec.gateway on.
+    owner = builders.Owner("phone-9b", NAMESPACE, "u")
+    spec = crd.AutoGLMDeploymentSpec.model_validate({"gateway": {"enabled": True}})
+    ports = router_builders.pod_template(owner, spec)["spec"]["containers"][0]["ports"]
+    assert {p["name"]: p["containerPort"] for p in ports}["grpc-ext-proc"] == 9002
+    # Without gateway peers, no gateway rule: nothing reaches the picker's port.
+    plain = one(render(ENABLED), "NetworkPolicy", f"{FULLNAME}-router")
+    assert len(plain["spec"]["ingress"]) == 2
+
+
 def test_operator_pod_takes_only_prometheus_on_its_metrics_port() -> None:
     docs = render(ENABLED)
     policy = one(docs, "NetworkPolicy", f"{FULLNAME}-operator")

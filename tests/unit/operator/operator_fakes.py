@@ -16,6 +16,7 @@ class FakeKube:
         self._rv = itertools.count(1)
         self.fail_with: kube.ApiError | None = None
         self.statuses: list[dict[str, Any]] = []  # every status written, in order
+        self.unserved: set[str] = set()  # plurals whose CRD this apiserver lacks
 
     def _check(self, verb: str, kind: str, name: str) -> None:
         self.calls.append((verb, kind, name))
@@ -36,6 +37,8 @@ class FakeKube:
 
     def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
         self._check("apply", manifest["kind"], manifest["metadata"]["name"])
+        if f"{manifest['kind'].lower()}s" in self.unserved:
+            raise kube.ApiError(404, "NotFound", "the server could not find the requested resource")
         return self._store(manifest)
 
     def create(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
@@ -62,6 +65,14 @@ class FakeKube:
             return None
         current["metadata"].setdefault("labels", {}).update(patch["metadata"]["labels"])
         return self._store(current)
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        self._check("delete", kind, name)
+        self.objects.pop((kind, namespace, name), None)
+
+    def serves(self, api_version: str, plural: str) -> bool:
+        self._check("discover", api_version, plural)
+        return plural not in self.unserved
 
     def apply_status(
         self, namespace: str, name: str, status: dict[str, Any], field_manager: str = ""

@@ -24,6 +24,10 @@ CONTAINER_NAME = "router"
 HTTP_PORT = serving.HTTP_PORT
 # /health and /metrics: apart from the API, so clients reach neither (docs/operations/security.md).
 METRICS_PORT = 9090
+# The endpoint picker (Envoy ext_proc, gRPC) that gateways ask, with spec.gateway on: GIE's
+# conventional picker port.
+EXT_PROC_PORT = 9002
+EXT_PROC_PORT_NAME = "grpc-ext-proc"
 # After SIGTERM uvicorn stops listening at once: the preStop sleep gives the endpoints
 # controllers time to drop the pod first, so no new connection meets a closed port.
 PRESTOP_SLEEP_SECONDS = 5
@@ -81,6 +85,8 @@ def router_args(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> list[str]:
     ]  # fmt: skip
     if not router.spill:
         args.append("--no-spill")
+    if spec.gateway.enabled:
+        args += ["--ext-proc-port", str(EXT_PROC_PORT)]
     for field, value in router.limits.model_dump(exclude_none=True).items():
         args += [ROUTER_LIMIT_FLAGS[field], str(value)]
     return args
@@ -117,8 +123,7 @@ def _container(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["autoglm-router"],
         "args": router_args(owner, spec),
-        "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
-                  {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+        "ports": _ports(spec),
         "resources": _resources(spec),
         "volumeMounts": [{"name": "tmp", "mountPath": serving.TMP_DIR}],
         # /health answers 200 only while the router has a replica to send requests to.
@@ -140,6 +145,16 @@ def _container(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
         "securityContext": serving.restricted_container_security(),
         **_api_key_env(spec),
     }
+
+
+def _ports(spec: crd.AutoGLMDeploymentSpec) -> list[dict[str, Any]]:
+    ports = [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}]  # fmt: skip
+    if spec.gateway.enabled:
+        ports.append(
+            {"name": EXT_PROC_PORT_NAME, "containerPort": EXT_PROC_PORT, "protocol": "TCP"}
+        )
+    return ports
 
 
 def _api_key_env(spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:

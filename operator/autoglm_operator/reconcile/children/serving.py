@@ -114,10 +114,15 @@ def router_selector_labels(name: str) -> dict[str, str]:
     return {NAME_LABEL: ROUTER_APP_NAME, INSTANCE_LABEL: name}
 
 
+def serving_pod_labels(name: str) -> dict[str, str]:
+    """The labels every serving pod of one deployment carries, in either mode's Deployment:
+    what the router watches and what its InferencePool selects."""
+    return {**selector_labels(name), COMPONENT_LABEL: "server"}
+
+
 def serving_pod_selector(name: str) -> str:
     """The label selector of one deployment's serving pods, as the router's --selector."""
-    labels = {**selector_labels(name), COMPONENT_LABEL: "server"}
-    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+    return ",".join(f"{k}={v}" for k, v in sorted(serving_pod_labels(name).items()))
 
 
 def selector_string(name: str) -> str:
@@ -416,7 +421,7 @@ def pod_template(
         pod_spec["priorityClassName"] = scheduling.priority_class_name
     # InPlace: no mode label here, the operator labels each pod, so a flip never changes the
     # template. Rolling: a pod keeps its template's mode for life; a flip replaces the pod.
-    labels = {**common_labels(name), COMPONENT_LABEL: "server"}
+    labels = {**common_labels(name), **serving_pod_labels(name)}
     if mode is not None:
         labels[MODE_LABEL] = mode.value
     template = {
