@@ -164,7 +164,7 @@ class Recorder(Poller):
         self._runtimes: dict[str, RuntimeView] = {}
         self._urls: dict[str, str] = {}
         self._served: set[str] = set()
-        self._token: str | None = None
+        self._tokens: dict[str, str] = {}  # pod template digest -> admin token
         self._lock = threading.Lock()
         self._last_status = 0.0
         super().__init__("recorder", POLL_SECONDS)
@@ -186,11 +186,11 @@ class Recorder(Poller):
         return any(c["type"] == "MetricsAvailable" and c["status"] == "True" for c in conditions)
 
     def poll(self) -> None:
-        if self._token is None:
-            self._token = self._admin_token()
         urls = self.runner.runtime_urls(self.namespace)
+        admin_urls = self.runner.admin_urls(self.namespace)
         for pod, url in urls.items():
-            self._poll_runtime(pod, url)
+            if pod in admin_urls:
+                self._poll_runtime(pod, url, admin_urls[pod])
         with self._lock:
             self._urls = urls
             self._runtimes = {p: v for p, v in self._runtimes.items() if p in urls}
@@ -198,16 +198,22 @@ class Recorder(Poller):
             self._last_status = time.monotonic()
             self.refresh_status()
 
-    def _admin_token(self) -> str | None:
-        secret = builders.admin_secret_name(self.name)
-        with contextlib.suppress(client.ApiException):
-            data = self.core.read_namespaced_secret(secret, self.namespace).data or {}
-            return base64.b64decode(data[builders.ADMIN_TOKEN_KEY]).decode()
-        return None
+    def _admin_token(self, pod: str) -> str | None:
+        """The token of the pod's template (a rollout's pods have a new one): the Secret is
+        read again only for a template not seen yet."""
+        running = self.runner.running(pod)
+        template = running.template if running is not None else None
+        if template is not None and template not in self._tokens:
+            secret = builders.admin_secret_name(self.name)
+            with contextlib.suppress(client.ApiException):
+                data = self.core.read_namespaced_secret(secret, self.namespace).data or {}
+                self._tokens = {t: base64.b64decode(v).decode() for k, v in data.items()
+                                if (t := builders.template_of_token_key(k))}  # fmt: skip
+        return self._tokens.get(template) if template is not None else None
 
-    def _poll_runtime(self, pod: str, url: str) -> None:
+    def _poll_runtime(self, pod: str, url: str, admin_url: str) -> None:
         healthy = _get(url + "/health")[0] == 200
-        code, body = _get(url + MODE_PATH, self._token)
+        code, body = _get(admin_url + MODE_PATH, self._admin_token(pod))
         if code != 200:
             return
         state = json.loads(body)

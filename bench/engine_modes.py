@@ -55,7 +55,7 @@ LOADS = (Load("chats x4", 4), Load("chats x16", 16), Load("chats x32", 32),
 QUICK_LOADS = (Load("chats x4", 4), Load("chats x4 + jobs x24", 4, 24))
 
 
-def run_loads(base_url: str, loads: Sequence[Load], seconds: float, rounds: int,
+def run_loads(base_url: str, admin_url: str, loads: Sequence[Load], seconds: float, rounds: int,
               label: str) -> list[dict[str, Any]]:
     rows = []
     asyncio.run(drive(base_url, Load("warm-up", 4, 4), WARM_UP_SECONDS))  # first-call costs
@@ -63,7 +63,7 @@ def run_loads(base_url: str, loads: Sequence[Load], seconds: float, rounds: int,
         order = MODES if r % 2 == 0 else MODES[::-1]
         for load in loads:
             for mode in order:
-                asyncio.run(set_mode(base_url, mode))
+                asyncio.run(set_mode(admin_url, mode))
                 samples = asyncio.run(drive(base_url, load, seconds))
                 row = {"backend": label, "round": r, "load": load.name, "mode": mode,
                        **figures(samples, seconds)}
@@ -167,10 +167,10 @@ def run(loads: Sequence[Load], seconds: float, rounds: int) -> int:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as work:
         with running_engine(spec, model, Path(work) / "engine", python=python) as engine:
-            rows += run_loads(engine.base_url, loads, seconds, rounds, "engine")
+            rows += run_loads(engine.base_url, engine.admin_url, loads, seconds, rounds, "engine")
         env = {"AUTOGLM_ADMIN_TOKEN": ADMIN_TOKEN, "AUTOGLM_LABELS_FILE": "/nonexistent"}
         with SimProcess("--time-factor", "1", env=env) as sim:
-            rows += run_loads(sim.base_url, loads, seconds, rounds, "sim")
+            rows += run_loads(sim.base_url, sim.admin_url, loads, seconds, rounds, "sim")
     verdicts = table(rows, loads)
     errors = sum(int(r["errors"] or 0) for r in rows)
     print(f"\nfailed requests: {errors}")

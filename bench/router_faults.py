@@ -60,6 +60,7 @@ from typing import Any
 
 import aiohttp
 
+from autoglm_runtime.profiles import MODE_PATH
 from autoglm_runtime.sim.process import RouterProcess, ServerProcess, SimProcess
 from testkit.paths import OUT_DIR
 from testkit.plots import pyplot
@@ -274,7 +275,7 @@ def replica_flips(procs: Processes) -> tuple[dict[str, Any], Load]:
             for at in (5.0, 15.0, 25.0):
                 await sleep_until(load, at)
                 mode = "batching" if mode == "streaming" else "streaming"
-                async with http.put(sims[0].base_url + "/autoglm/v1/mode", json={"mode": mode},
+                async with http.put(sims[0].admin_url + MODE_PATH, json={"mode": mode},
                                     headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as r:
                     r.raise_for_status()
                 events.append([f"flip to {mode}", at])

@@ -15,6 +15,7 @@ import json
 import sys
 import urllib.request
 
+from autoglm_runtime.profiles import MODE_PATH
 from autoglm_runtime.sim.process import SimProcess
 from testkit.bench.runtime_workload import closed_loop, within
 from testkit.paths import OUT_DIR
@@ -33,7 +34,7 @@ WORKLOAD = {
 }
 
 
-def admin(base: str, method: str, path: str, body: dict[str, object] | None = None) -> object:
+def call(base: str, method: str, path: str, body: dict[str, object] | None = None) -> object:
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(base + path, data=data, method=method, headers={
         "Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
@@ -46,12 +47,12 @@ def run(seconds: float, warmup: float, tolerance: float) -> int:
     with SimProcess("--time-factor", "1", env={"AUTOGLM_ADMIN_TOKEN": TOKEN,
                                                "AUTOGLM_CONFIG_FILE": "/nonexistent"}) as sim:
         for mode, load in WORKLOAD.items():
-            admin(sim.base_url, "PUT", "/autoglm/v1/mode", {"mode": mode})
-            admin(sim.base_url, "POST", "/sim/v1/stats/reset")
+            call(sim.admin_url, "PUT", MODE_PATH, {"mode": mode})
+            call(sim.base_url, "POST", "/sim/v1/stats/reset")
             phase = asyncio.run(closed_loop(sim.base_url, int(load["clients"]), seconds, warmup,
                                             bool(load["stream"]), int(load["max_tokens"]),
                                             stagger=PUBLISHED[mode]["e2e_s"] / load["clients"]))
-            stats = admin(sim.base_url, "GET", "/sim/v1/stats")
+            stats = call(sim.base_url, "GET", "/sim/v1/stats")
             assert isinstance(stats, dict)
             measured = {
                 "e2e_s": phase.median_e2e(),

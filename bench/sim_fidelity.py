@@ -160,13 +160,13 @@ async def measure(base_url: str, load: Load, seconds: float) -> dict[str, float 
             "rps": sum(1 for s in samples if s.ended is not None) / seconds}
 
 
-def run_cases(base_url: str, cases: Sequence[Case], seconds: float, rounds: int,
+def run_cases(base_url: str, admin_url: str, cases: Sequence[Case], seconds: float, rounds: int,
               label: str) -> list[dict[str, Any]]:
     rows = []
     asyncio.run(drive(base_url, Load("warm-up", 4, 4), WARM_UP_SECONDS))
     for r in range(rounds):
         for case in cases:
-            asyncio.run(set_mode(base_url, case.mode))
+            asyncio.run(set_mode(admin_url, case.mode))
             row = {"backend": label, "round": r, "case": case.name,
                    **asyncio.run(measure(base_url, case.load, seconds))}
             rows.append(row)
@@ -269,7 +269,7 @@ def engine_rows(cases: Sequence[Case], seconds: float, rounds: int,
     model = tiny_model(python)
     with tempfile.TemporaryDirectory() as work, running_engine(
             crd.AutoGLMDeploymentSpec(), model, Path(work) / "engine", python=python) as engine:
-        rows = run_cases(engine.base_url, cases, seconds, rounds, "engine")
+        rows = run_cases(engine.base_url, engine.admin_url, cases, seconds, rounds, "engine")
         if sessions:
             rows.append(session_row(engine.base_url, "engine"))
     return rows
@@ -289,7 +289,7 @@ def judge(seconds: float, rounds: int) -> int:
     rows = engine_rows(cases, seconds, rounds, sessions=True)
     env = {"AUTOGLM_ADMIN_TOKEN": ADMIN_TOKEN, "AUTOGLM_LABELS_FILE": "/nonexistent"}
     with SimProcess("--calibration", "cpu", env=env) as sim:
-        rows += run_cases(sim.base_url, cases, seconds, rounds, "sim")
+        rows += run_cases(sim.base_url, sim.admin_url, cases, seconds, rounds, "sim")
         rows.append(session_row(sim.base_url, "sim"))
     refit = fit(rows)
     drift = {k: round(v / getattr(CPU_TINY_LATENCY, k), 2) for k, v in asdict(refit).items()

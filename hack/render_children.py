@@ -4,7 +4,7 @@
 
 The operator's pure builders make them from the spec (with the CRD's defaults filled in, as the
 apiserver would), so no cluster is needed: hack/checkov.sh scans what this prints. The admin
-Secret's token is random in a cluster; here it is a placeholder.
+Secret holds a random token per pod template in a cluster; here each is a placeholder.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def render(path: Path, namespace: str | None = None) -> str:
         *builders.children(owner, spec, via_router=spec.router.enabled),
         *router_builders.children(owner, spec),
         *gateway_builders.children(owner, spec),
-        builders.admin_secret(owner, "placeholder"),
+        builders.admin_secret(owner, dict.fromkeys(
+            builders.desired_template_hashes(owner.name, spec), "placeholder")),
     ]
     return yaml.safe_dump_all(docs, sort_keys=False)
 

@@ -27,6 +27,8 @@ def _parser() -> argparse.ArgumentParser:
     sim = sub.add_parser("sim", help="run the CPU engine (same API and metrics as vLLM)")
     sim.add_argument("--host", default="127.0.0.1")
     sim.add_argument("--port", type=int, default=8000)
+    sim.add_argument("--admin-port", type=int, default=None,
+                     help="the admin API's port (default: AUTOGLM_ADMIN_PORT, else 8001)")
     sim.add_argument("--time-factor", type=float, default=1.0,
                      help="multiply every simulated duration (0.1 runs 10x faster)")
     sim.add_argument("--model-load-seconds", type=float, default=0.0,
@@ -92,7 +94,7 @@ def _sim(settings: RuntimeSettings, args: argparse.Namespace) -> int:
         runtime=settings,
         latency=CALIBRATIONS[args.calibration],
     )
-    asyncio.run(serve_sim(args.host, args.port, sim_settings))
+    asyncio.run(serve_sim(args.host, args.port, sim_settings, args.admin_port))
     return 0
 
 

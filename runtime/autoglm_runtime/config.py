@@ -22,7 +22,7 @@ from autoglm_runtime.engine_args import (
     DEFAULT_SERVED_MODEL_NAME,
     EngineSettings,
 )
-from autoglm_runtime.profiles import MODE_LABEL, CamelModel, Mode, ModeProfiles
+from autoglm_runtime.profiles import ADMIN_PORT, MODE_LABEL, CamelModel, Mode, ModeProfiles
 
 DEFAULT_CONFIG_FILE = Path("/etc/autoglm/config.json")
 DEFAULT_LABELS_FILE = Path("/etc/podinfo/labels")
@@ -46,14 +46,20 @@ class RuntimeSettings(BaseSettings):
         description="Downward-API file of the pod's labels; its mode label wins at start.",
     )
     admin_token: SecretStr | None = Field(
-        default=None, description="Bearer token for the admin endpoints; no default on purpose."
+        default=None, description="Bearer token for the admin API; no default on purpose."
     )
     admin_token_file: Path | None = Field(
-        default=None, description="File holding the admin token (a mounted Secret)."
+        default=None, description="File holding the admin token (a mounted Secret), re-read "
+                                  "on every admin call."
     )
-    drain_token: SecretStr | None = Field(
+    admin_port: int = Field(
+        default=ADMIN_PORT, ge=1, le=65535,
+        description="The admin API's port, served by the launcher (or the sim), not the engine.",
+    )
+    admin_socket: Path | None = Field(
         default=None,
-        description="Set by the launcher for its child only: drains without the admin token.",
+        description="Set by the launcher for its child only: the Unix socket the middleware "
+                    "listens on for the admin calls the launcher relays.",
     )
     vllm_api_key: SecretStr | None = Field(
         default=None,

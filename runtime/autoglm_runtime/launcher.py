@@ -1,31 +1,35 @@
-"""The container entrypoint: run `vllm serve` with our middleware and drain it on SIGTERM.
+"""The container entrypoint: run `vllm serve` with our middleware, serve the admin API beside
+it, and drain it on SIGTERM.
 
-The launcher is PID 1 of the serving container. On SIGTERM it first drains the child through the
-middleware's drain endpoint (readiness fails, new requests get 503, admitted ones finish), waits
-until nothing is in flight or the grace period ends, and only then passes the signal on, so
-vLLM's own shutdown finds an idle engine. A second signal is forwarded at once.
+The launcher is PID 1 of the serving container. It serves the admin API on its own port
+(admin.py): it holds the admin token, the engine never does, and relays each call to the
+middleware over a Unix socket in a directory only this user may enter. On SIGTERM it first
+drains the child through that relay (readiness fails, new requests get 503, admitted ones
+finish), waits until nothing is in flight or the grace period ends, and only then passes the
+signal on, so vLLM's own shutdown finds an idle engine. A second signal is forwarded at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
-import json
 import logging
 import os
-import secrets
 import shutil
 import signal
-import subprocess
 import sys
-import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
-from types import FrameType
+from pathlib import Path
 
-from autoglm_runtime.config import ConfigError, RuntimeSettings, load_runtime_config
+from autoglm_runtime.admin import AdminServer, Relay, RelayError, relay_socket, relay_to
+from autoglm_runtime.config import (
+    ConfigError,
+    RuntimeSettings,
+    load_runtime_config,
+    read_admin_token,
+)
 from autoglm_runtime.engine_args import (
     API_KEY_FLAG_MESSAGE,
     ENGINE_ENV,
@@ -34,7 +38,6 @@ from autoglm_runtime.engine_args import (
     refused_extra_arg,
 )
 from autoglm_runtime.keepalive import SERVER_KEEP_ALIVE_SECONDS, VLLM_KEEP_ALIVE_ENV
-from autoglm_runtime.profiles import DRAIN_PATH, MODE_PATH
 
 log = logging.getLogger("autoglm_runtime.launcher")
 
@@ -81,31 +84,38 @@ def serve_argv(settings: RuntimeSettings, passthrough: Sequence[str]) -> list[st
 
 # The engine's --max-num-seqs, for its middleware (config.RuntimeSettings.engine_max_num_seqs).
 ENGINE_MAX_NUM_SEQS_ENV = "AUTOGLM_ENGINE_MAX_NUM_SEQS"
+# Where the middleware listens for relayed admin calls (config.RuntimeSettings.admin_socket).
+ADMIN_SOCKET_ENV = "AUTOGLM_ADMIN_SOCKET"
+# What only the launcher reads: never in the engine's environment, which every vLLM process
+# inherits (and /proc/<pid>/environ shows to the same user).
+LAUNCHER_ONLY_ENV = ("AUTOGLM_ADMIN_TOKEN", "AUTOGLM_ADMIN_TOKEN_FILE")
 
 
-def int_flag(argv: Sequence[str], flag: str) -> int | None:
-    """The integer value of `flag` in vLLM args (`--flag N` or `--flag=N`); None if absent."""
+def flag_value(argv: Sequence[str], flag: str) -> str | None:
+    """The value of `flag` in vLLM args (`--flag V` or `--flag=V`); None if absent."""
     for index, arg in enumerate(argv):
         if arg == flag and index + 1 < len(argv):
-            with contextlib.suppress(ValueError):
-                return int(argv[index + 1])
-        elif arg.startswith(flag + "="):
-            with contextlib.suppress(ValueError):
-                return int(arg.split("=", 1)[1])
+            return argv[index + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
     return None
 
 
-def port_of(argv: Sequence[str], default: int = 8000) -> int:
-    port = int_flag(argv, "--port")
-    return default if port is None else port
+def int_flag(argv: Sequence[str], flag: str) -> int | None:
+    value = flag_value(argv, flag)
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
 
 
-def engine_env(environ: Mapping[str, str], drain_token: str,
+def engine_env(environ: Mapping[str, str], admin_socket: Path,
                argv: Sequence[str] = ()) -> dict[str, str]:
-    """The engine's environment: the pod's, what the engine must run with (ENGINE_ENV), the
-    drain token, the engine's sequence limit for the middleware's admission, and a keep-alive
-    that outlasts the clients' (keepalive.py) unless the pod sets its own."""
-    env = {**environ, **ENGINE_ENV, "AUTOGLM_DRAIN_TOKEN": drain_token}
+    """The engine's environment: the pod's without the admin token, what the engine must run
+    with (ENGINE_ENV), the relay socket and the engine's sequence limit for the middleware, and
+    a keep-alive that outlasts the clients' (keepalive.py) unless the pod sets its own."""
+    env = {k: v for k, v in environ.items() if k not in LAUNCHER_ONLY_ENV}
+    env.update({**ENGINE_ENV, ADMIN_SOCKET_ENV: str(admin_socket)})
     if (max_num_seqs := int_flag(argv, "--max-num-seqs")) is not None:
         env[ENGINE_MAX_NUM_SEQS_ENV] = str(max_num_seqs)
     env.setdefault(VLLM_KEEP_ALIVE_ENV, str(SERVER_KEEP_ALIVE_SECONDS))
@@ -113,79 +123,77 @@ def engine_env(environ: Mapping[str, str], drain_token: str,
 
 
 class Launcher:
-    def __init__(self, command: list[str], port: int, grace_seconds: float) -> None:
+    def __init__(self, command: list[str], settings: RuntimeSettings) -> None:
         self.command = command
-        self.port = port
-        self.grace_seconds = grace_seconds
-        self.drain_token = secrets.token_urlsafe(32)
-        self.process: subprocess.Popen[bytes] | None = None
-        self._signalled = threading.Event()
-        self._drainer: threading.Thread | None = None
+        self.settings = settings
+        # The admin API listens where the API does: every interface unless --host says one.
+        self.admin_host = flag_value(command, "--host")
+        self.process: asyncio.subprocess.Process | None = None
+        self._drainer: asyncio.Task[None] | None = None
 
     def run(self) -> int:
-        env = engine_env(os.environ, self.drain_token, self.command)
-        log.info("Starting %s", " ".join(self.command))
-        self.process = subprocess.Popen(self.command, env=env)
-        previous = {
-            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
-        }
-        try:
-            code = self.process.wait()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        return asyncio.run(self._run())
+
+    async def _run(self) -> int:
+        with relay_socket() as socket_path:
+            relay = relay_to(socket_path)
+            admin = AdminServer(lambda: read_admin_token(self.settings), relay)
+            server = await admin.start(self.admin_host, self.settings.admin_port)
+            env = engine_env(os.environ, socket_path, self.command)
+            log.info("Starting %s", " ".join(self.command))
+            self.process = await asyncio.create_subprocess_exec(*self.command, env=env)
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._on_signal, sig, relay)
+            try:
+                code = await self.process.wait()
+            finally:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+                server.close()
+                if self._drainer is not None:
+                    self._drainer.cancel()
         # A child killed by a signal reports -N; shells and kubelet expect 128+N.
         return 128 - code if code < 0 else code
 
-    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        if self._signalled.is_set():
+    def _on_signal(self, signum: int, relay: Relay) -> None:
+        if self._drainer is not None:
             self._forward(signum)  # second signal: no more patience
             return
-        self._signalled.set()
-        self._drainer = threading.Thread(target=self._drain_then_forward, args=(signum,),
-                                         daemon=True)
-        self._drainer.start()
+        self._drainer = asyncio.get_running_loop().create_task(
+            self._drain_then_forward(signum, relay))
 
     def _forward(self, signum: int) -> None:
-        if self.process is not None and self.process.poll() is None:
+        if self.process is not None and self.process.returncode is None:
             self.process.send_signal(signum)
 
-    def _drain_then_forward(self, signum: int) -> None:
+    async def _drain_then_forward(self, signum: int, relay: Relay) -> None:
         try:
-            if self._request("POST", DRAIN_PATH) is None:
-                # Not serving yet (still loading) or no middleware: nothing to drain.
-                self._forward(signum)
-                return
-            deadline = time.monotonic() + self.grace_seconds
-            while time.monotonic() < deadline:
-                state = self._request("GET", MODE_PATH)
-                if state is not None and state.get("inflight") == 0 and state.get("queued") == 0:
-                    log.info("Drained: nothing in flight; forwarding signal %d", signum)
-                    break
-                time.sleep(0.2)
-            else:
-                log.warning("Grace period of %g s ended; forwarding signal %d",
-                            self.grace_seconds, signum)
+            await self._drain(signum, relay)
         except Exception:
             log.exception("draining failed; stopping the engine anyway")
         self._forward(signum)
 
-    def _request(self, method: str, path: str) -> dict[str, object] | None:
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}{path}",
-            method=method,
-            headers={"Authorization": f"Bearer {self.drain_token}"},
-        )
+    async def _drain(self, signum: int, relay: Relay) -> None:
+        """Drain through the relay, then wait until nothing is in flight or the grace ends."""
+        grace = self.settings.drain_grace_seconds
         try:
-            with urllib.request.urlopen(request, timeout=2) as response:
-                data = json.loads(response.read())
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            log.warning("%s %s failed: %s", method, path, exc)
-            return None
-        return data if isinstance(data, dict) else None
+            await relay({"op": "drain"})
+        except RelayError as exc:
+            # Not serving yet (still loading) or no middleware: nothing to drain.
+            log.warning("Not drained (%s); forwarding signal %d", exc, signum)
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            with contextlib.suppress(RelayError):
+                state = await relay({"op": "state"})
+                if state.get("inflight") == 0 and state.get("queued") == 0:
+                    log.info("Drained: nothing in flight; forwarding signal %d", signum)
+                    return
+            await asyncio.sleep(0.2)
+        log.warning("Grace period of %g s ended; forwarding signal %d", grace, signum)
 
 
 def serve(settings: RuntimeSettings, passthrough: Sequence[str]) -> int:
-    argv = serve_argv(settings, passthrough)
-    command = [*vllm_command(), "serve", *argv]
-    return Launcher(command, port_of(argv), settings.drain_grace_seconds).run()
+    command = [*vllm_command(), "serve", *serve_argv(settings, passthrough)]
+    return Launcher(command, settings).run()

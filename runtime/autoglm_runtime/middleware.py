@@ -2,14 +2,15 @@
 
 vLLM 0.33 loads it with `app.add_middleware(ModeMiddleware)` (no arguments), so it configures
 itself from the environment when no settings are passed. It adds no network hop: admission,
-priority, the batch window and SSE coalescing all happen in the server's event loop.
+priority, the batch window and SSE coalescing all happen in the server's event loop. The admin
+API is not served here: the launcher serves it on its own port and relays each call to the
+socket this middleware listens on while the app runs (admin.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
 import time
@@ -20,17 +21,13 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
+from autoglm_runtime.admin import State, serve_relay
 from autoglm_runtime.admission import AdmissionController, Rejected, Ticket
 from autoglm_runtime.api_key import UNAUTHORIZED_BODY, is_guarded, key_digests, presents_a_key
-from autoglm_runtime.config import (
-    RuntimeConfig,
-    RuntimeSettings,
-    load_runtime_config,
-    read_admin_token,
-)
+from autoglm_runtime.config import RuntimeConfig, RuntimeSettings, load_runtime_config
 from autoglm_runtime.engine_args import EngineSettings
 from autoglm_runtime.metrics import nvml_source, runtime_metrics
-from autoglm_runtime.profiles import DRAIN_PATH, MODE_PATH, Mode
+from autoglm_runtime.profiles import Mode
 from autoglm_runtime.requests import (
     SESSION_HEADER,
     VLLM_PRIORITY_HEADER,
@@ -57,7 +54,6 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 log = logging.getLogger("autoglm_runtime.middleware")
 
 HEALTH_PATHS = frozenset({"/health", "/ping"})
-_ADMIN_BODY_LIMIT = 64 * 1024
 # Every live middleware, so a process-level SIGTERM handler (the sim's) can drain them.
 _instances: weakref.WeakSet[ModeMiddleware] = weakref.WeakSet()
 
@@ -100,6 +96,7 @@ class ModeMiddleware:
         self.draining = False
         self.controller = AdmissionController(self.config.profiles.for_mode(self.mode),
                                               engine_max_seqs=self._engine_max_seqs())
+        self._relay: asyncio.AbstractServer | None = None
         self.registry = registry
         self.metrics = runtime_metrics(registry)
         self.metrics.queued.set_function(lambda: self.controller.queued)
@@ -156,6 +153,10 @@ class ModeMiddleware:
     # --- ASGI -----------------------------------------------------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan" and self.settings.admin_socket is not None:
+            await self.app(scope, self._stop_relay_on_shutdown(receive),
+                           self._start_relay_on_startup(send))
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -170,11 +171,7 @@ class ModeMiddleware:
             return
         scope = _without_header(scope, VLLM_PRIORITY_HEADER.encode())
         refusal = refusal_for(path)
-        if path == MODE_PATH:
-            await self._mode_endpoint(scope, receive, send)
-        elif path == DRAIN_PATH:
-            await self._drain_endpoint(scope, receive, send)
-        elif path in HEALTH_PATHS and self.draining:
+        if path in HEALTH_PATHS and self.draining:
             await _respond(send, 503, error_body("The replica is draining.", 503))
         elif refusal is not None:
             self.metrics.rejected.labels("not_served").inc()
@@ -307,66 +304,42 @@ class ModeMiddleware:
         self.controller.release(ticket)  # admitted in the same tick as the disconnect
         return None
 
-    # --- admin ----------------------------------------------------------------------------
+    # --- the admin relay (admin.py) -------------------------------------------------------
 
-    def _authorize(self, scope: Scope, allow_drain_token: bool) -> tuple[int, str] | None:
-        """None when allowed, else (status, message)."""
-        admin = read_admin_token(self.settings)
-        drain = self.settings.drain_token.get_secret_value() if self.settings.drain_token else None
-        presented = _bearer(scope)
-        if presented is not None:
-            if admin and hmac.compare_digest(presented.encode(), admin.encode()):
-                return None
-            if allow_drain_token and drain and hmac.compare_digest(
-                presented.encode(), drain.encode()
-            ):
-                return None
-        if admin is None and not (allow_drain_token and drain):
-            return 503, (
-                "The admin endpoint is disabled: no admin token is configured "
-                "(set AUTOGLM_ADMIN_TOKEN or AUTOGLM_ADMIN_TOKEN_FILE)."
-            )
-        return 401, "A valid `Authorization: Bearer <token>` header is required."
+    def relayed(self, call: State) -> State:
+        """A call the launcher relays from the admin port (its token already checked)."""
+        op = call.get("op")
+        if op == "mode":
+            self.switch(Mode(call["mode"]))
+        elif op == "drain":
+            self.start_draining()
+        elif op != "state":
+            raise ValueError(f"unknown op {op!r}")
+        return self.state()
 
-    async def _mode_endpoint(self, scope: Scope, receive: Receive, send: Send) -> None:
-        method = scope["method"]
-        if method not in ("GET", "PUT"):
-            await _respond(send, 405, error_body("Use GET or PUT.", 405), {"allow": "GET, PUT"})
-            return
-        denied = self._authorize(scope, allow_drain_token=method == "GET")
-        if denied:
-            await _respond(send, denied[0], _auth_error(*denied), _auth_headers(denied[0]))
-            return
-        if method == "PUT":
-            try:
-                data = parse_json_object(await _read_body(scope, receive, _ADMIN_BODY_LIMIT))
-                mode = Mode(str(data.get("mode")))
-            except _BodyTooLarge:
-                await _respond(send, 400, error_body("The body is too large.", 400), close=True)
-                return
-            except RequestError as exc:
-                await _respond(send, 400, error_body(exc.message, 400, exc.param))
-                return
-            except ValueError:
-                valid = ", ".join(f'"{m.value}"' for m in Mode)
-                await _respond(send, 400, error_body(
-                    f"Unknown mode {json.dumps(data.get('mode'))}; use one of {valid}.", 400,
-                    "mode",
-                ))
-                return
-            self.switch(mode)
-        await _respond(send, 200, json.dumps(self.state()).encode())
+    def _start_relay_on_startup(self, send: Send) -> Send:
+        # The relay listens while the app serves, so the launcher reaches the app's own state.
+        async def wrapped(message: Message) -> None:
+            if message["type"] == "lifespan.startup.complete" and self._relay is None:
+                path = self.settings.admin_socket
+                assert path is not None
+                try:
+                    self._relay = await serve_relay(path, self.relayed)
+                except OSError as exc:
+                    log.error("The admin relay cannot listen on %s: %s", path, exc)
+            await send(message)
 
-    async def _drain_endpoint(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["method"] != "POST":
-            await _respond(send, 405, error_body("Use POST.", 405), {"allow": "POST"})
-            return
-        denied = self._authorize(scope, allow_drain_token=True)
-        if denied:
-            await _respond(send, denied[0], _auth_error(*denied), _auth_headers(denied[0]))
-            return
-        self.start_draining()
-        await _respond(send, 202, json.dumps(self.state()).encode())
+        return wrapped
+
+    def _stop_relay_on_shutdown(self, receive: Receive) -> Receive:
+        async def wrapped() -> Message:
+            message = await receive()
+            if message["type"] == "lifespan.shutdown" and self._relay is not None:
+                self._relay.close()
+                self._relay = None
+            return message
+
+        return wrapped
 
 
 async def drain_all(grace_seconds: float) -> bool:
@@ -387,23 +360,6 @@ def _header(scope: Scope, name: bytes) -> str | None:
         if key.lower() == name:
             return bytes(value).decode("latin-1")
     return None
-
-
-def _bearer(scope: Scope) -> str | None:
-    value = _header(scope, b"authorization")
-    if value is None:
-        return None
-    scheme, _, token = value.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-
-
-def _auth_error(status: int, message: str) -> bytes:
-    err_type = "authentication_error" if status == 401 else "service_unavailable"
-    return error_body(message, status, err_type=err_type)
-
-
-def _auth_headers(status: int) -> dict[str, str]:
-    return {"www-authenticate": "Bearer"} if status == 401 else {}
 
 
 async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:

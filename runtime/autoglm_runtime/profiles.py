@@ -14,6 +14,8 @@ from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
 
 MODE_LABEL = "autoglm.io/mode"
+# The admin API: on a port of its own (served by the launcher, not the engine), with a token.
+ADMIN_PORT = 8001
 MODE_PATH = "/autoglm/v1/mode"
 DRAIN_PATH = "/autoglm/v1/drain"
 

@@ -46,6 +46,10 @@ _POOLING = Refusal(
     "the served model is generative; pooling (embed, score, rerank, classify) is not served."
 )
 _AUDIO = Refusal("the served model does not take audio.")
+_ADMIN = Refusal(
+    "the admin API is served on the pod's admin port (AUTOGLM_ADMIN_PORT), to the operator, "
+    "not on the API port."
+)
 _RENDERS = Refusal(
     "it renders chat messages (and so fetches their image URLs) outside admission, with no "
     "limit on what it fetches; a client of the model does not need it."
@@ -82,8 +86,8 @@ REFUSED_ROUTES: dict[str, Refusal] = {
     "/v1/chat/completions/derender": _RENDERS,
     "/v1/completions/derender": _RENDERS,
 }
-# Cohere's v2 chat (VLLM_ENABLE_COHERE_API=1) and whatever vLLM adds under it.
-REFUSED_PREFIXES: dict[str, Refusal] = {"/cohere/": _OTHER_API}
+# Cohere's v2 chat (VLLM_ENABLE_COHERE_API=1) and whatever vLLM adds under it; our admin API.
+REFUSED_PREFIXES: dict[str, Refusal] = {"/cohere/": _OTHER_API, "/autoglm/": _ADMIN}
 
 
 def refusal_for(path: str) -> Refusal | None:

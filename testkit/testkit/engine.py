@@ -121,12 +121,17 @@ def answer_of(model_dir: Path) -> dict[str, str]:
 class Engine:
     process: subprocess.Popen[bytes]
     port: int
+    admin_port: int  # the launcher's admin API, apart from the engine's
     log: Path
     settings: EngineSettings
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
 
     def admin(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -161,15 +166,20 @@ def running_engine(spec: crd.AutoGLMDeploymentSpec, model_dir: Path, workdir: Pa
     """`autoglm-runtime serve` from the operator's config for `spec`, until it answers /health;
     `python` is the engine environment's (the caller's own when it runs there)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port, admin_port = free_port(), free_port()
     settings = engine_settings(spec, model_dir, port, **test_updates)
     config = workdir / "config.json"
     config.write_text(json.dumps({**builders.runtime_config(spec),
                                   "engine": settings.model_dump(by_alias=True, mode="json")}))
+    # The token in a file, as the operator mounts it: the launcher reads it, the engine never.
+    token_file = workdir / "admin-token"
+    token_file.write_text(ADMIN_TOKEN)
+    token_file.chmod(0o600)
     env = {
         **cpu_engine_env(os.environ, python),
         "AUTOGLM_CONFIG_FILE": str(config),
-        "AUTOGLM_ADMIN_TOKEN": ADMIN_TOKEN,
+        "AUTOGLM_ADMIN_TOKEN_FILE": str(token_file),
+        "AUTOGLM_ADMIN_PORT": str(admin_port),
         "AUTOGLM_LABELS_FILE": str(workdir / "no-labels"),
         "AUTOGLM_DRAIN_GRACE_SECONDS": str(spec.engine.shutdown_timeout_seconds),
     }
@@ -179,7 +189,7 @@ def running_engine(spec: crd.AutoGLMDeploymentSpec, model_dir: Path, workdir: Pa
         process = subprocess.Popen([python, "-m", "autoglm_runtime.cli", "serve"],
                                    env=env, stdout=out, stderr=subprocess.STDOUT,
                                    start_new_session=True)
-    engine = Engine(process, port, log, settings)
+    engine = Engine(process, port, admin_port, log, settings)
     try:
         wait_healthy(engine)
         yield engine

@@ -19,6 +19,8 @@ from urllib.parse import urlparse
 
 import yaml
 
+from autoglm_operator.reconcile.children import serving
+from autoglm_runtime.profiles import MODE_PATH
 from testkit.localcluster import LocalCluster, free_port
 from testkit.paths import REPO
 
@@ -238,15 +240,24 @@ def apiserver_requests(cluster: LocalCluster) -> dict[tuple[str, str], float]:
 
 
 
-def admin_token(cluster: LocalCluster, ns: str) -> str:
-    data = get(cluster, ns, "secret", f"{NAME}-admin")["data"]["token"]
-    return base64.b64decode(data).decode()
+def admin_tokens(cluster: LocalCluster, ns: str) -> dict[str, str]:
+    """The admin Secret's tokens, by pod template digest (one per rollout)."""
+    data = get(cluster, ns, "secret", f"{NAME}-admin").get("data") or {}
+    return {template: base64.b64decode(value).decode() for key, value in data.items()
+            if (template := serving.template_of_token_key(key))}  # fmt: skip
 
 
-def runtime_state(runtime_url: str, token: str) -> dict[str, Any]:
-    """A runtime's own account of its mode: GET /autoglm/v1/mode (mode, switches, inflight)."""
+def admin_token(cluster: LocalCluster, ns: str, pod: str) -> str:
+    """The admin token `pod` holds: its pod template's."""
+    template = get(cluster, ns, "pod", pod)["metadata"]["annotations"][HASH_ANNOTATION]
+    return admin_tokens(cluster, ns)[template]
+
+
+def runtime_state(admin_url: str, token: str) -> dict[str, Any]:
+    """A runtime's own account of its mode, from its admin port: GET /autoglm/v1/mode (mode,
+    switches, inflight)."""
     request = urllib.request.Request(
-        f"{runtime_url}/autoglm/v1/mode", headers={"Authorization": f"Bearer {token}"}
+        f"{admin_url}{MODE_PATH}", headers={"Authorization": f"Bearer {token}"}
     )
     with urllib.request.urlopen(request, timeout=5) as response:
         return json.loads(response.read())  # type: ignore[no-any-return]

@@ -8,7 +8,8 @@ environment, with testkit.engine's CPU changes (the tiny model, tensor parallel 
 kwok marks pods Running without running anything. With a loopback pod CIDR each pod's IP is a
 127.x address, so this runner starts `autoglm-runtime sim` bound to that IP, with the pod's
 ConfigMap, Secret and downward-API volumes written to a local folder and the pod's env pointed
-at them, the way the kubelet would mount them. A pod that is deleted goes the kubelet's way
+at them, the way the kubelet would mount them; its admin API on the pod IP's admin port, as
+the launcher serves it. A pod that is deleted goes the kubelet's way
 down: its preStop exec hook runs, then SIGTERM (the runtime drains), then SIGKILL once the
 termination grace period is over. A label change rewrites the downward-API labels file.
 
@@ -38,12 +39,17 @@ from typing import Any
 from kubernetes import client, config, watch  # type: ignore[import-untyped]
 
 from autoglm_operator.reconcile.children import router as router_children
+from autoglm_operator.reconcile.children import serving as serving_children
+from autoglm_operator.resource.names import TEMPLATE_HASH_ANNOTATION
 from testkit.engine import cpu_argv, cpu_engine_env
 from testkit.localcluster import LocalCluster, log
 
 SELECTOR = "app.kubernetes.io/name in (autoglm,autoglm-router)"
 ROUTER_APP = "autoglm-router"
-RUNTIME_PORT = 8000
+RUNTIME_PORT = serving_children.HTTP_PORT
+ADMIN_PORT = serving_children.ADMIN_PORT
+# How long a pod waits for a Secret key its volume names, as the kubelet retries the mount.
+SECRET_WAIT_SECONDS = 10.0
 # A router pod's /metrics: on its ops port, apart from the API.
 ROUTER_METRICS_PORT = router_children.METRICS_PORT
 TOKEN_SECONDS = 3600  # a projected ServiceAccount token's default life
@@ -63,6 +69,7 @@ class RunningPod:
     sigterm_at: float | None = None  # time.time() of the kubelet's SIGTERM, once deleted
     router: bool = False  # an autoglm-router pod, not a serving one
     engine: bool = False  # a real vLLM engine, not a sim
+    template: str | None = None  # its pod template's digest: which admin token it holds
 
 
 @dataclass(frozen=True)
@@ -139,9 +146,19 @@ class PodRunner:
         pod = self.running(pod_name)
         return f"http://{pod.ip}:{RUNTIME_PORT}" if pod is not None else None
 
+    def admin_url(self, pod_name: str) -> str | None:
+        """The pod's admin API (its launcher's port, apart from the engine's)."""
+        pod = self.running(pod_name)
+        return f"http://{pod.ip}:{ADMIN_PORT}" if pod is not None else None
+
     def runtime_urls(self, namespace: str) -> dict[str, str]:
         """Pod name -> runtime URL of every serving pod of `namespace` running now."""
         return self._urls(namespace, router=False)
+
+    def admin_urls(self, namespace: str) -> dict[str, str]:
+        """Pod name -> admin API URL (the launcher's port) of every serving pod running now."""
+        return {name: url.rsplit(":", 1)[0] + f":{ADMIN_PORT}"
+                for name, url in self._urls(namespace, router=False).items()}
 
     def router_urls(self, namespace: str) -> dict[str, str]:
         """Pod name -> URL of every router pod of `namespace` running now."""
@@ -346,13 +363,7 @@ class PodRunner:
                 )
                 self._write_items(local, {k: v.encode() for k, v in data.items()})
             elif volume.secret is not None:
-                secret = (
-                    self.core.read_namespaced_secret(
-                        volume.secret.secret_name, pod.metadata.namespace
-                    ).data
-                    or {}
-                )
-                self._write_items(local, {k: base64.b64decode(v) for k, v in secret.items()})
+                self._write_items(local, self._secret_items(volume.secret, pod.metadata.namespace))
             elif volume.downward_api is not None:
                 local.mkdir(parents=True, exist_ok=True)
                 for item in volume.downward_api.items or []:
@@ -388,6 +399,7 @@ class PodRunner:
             argv = [
                 str(Path(sys.executable).with_name("autoglm-runtime")), "sim",
                 "--host", pod.status.pod_ip, "--port", str(RUNTIME_PORT),
+                "--admin-port", str(ADMIN_PORT),
                 "--time-factor", str(self.time_factor), *self.sim_args,
             ]  # fmt: skip
         logfile = open(folder / "runtime.log", "ab")  # noqa: SIM115 - owned by the child
@@ -398,9 +410,10 @@ class PodRunner:
         log(f"podrunner: started {'a vLLM engine' if engine else 'sim'} for "
             f"{pod.metadata.namespace}/{pod.metadata.name} at {pod.status.pod_ip}:{RUNTIME_PORT}")
         instance = (pod.metadata.labels or {}).get("app.kubernetes.io/instance", "")
+        template = (pod.metadata.annotations or {}).get(TEMPLATE_HASH_ANNOTATION)
         return RunningPod(pod.metadata.uid, pod.metadata.name, pod.metadata.namespace,
                           pod.status.pod_ip, folder, process, labels_file, instance,
-                          mounts, engine=engine)  # fmt: skip
+                          mounts, engine=engine, template=template)  # fmt: skip
 
     def _engines_running(self) -> int:
         with self._lock:
@@ -458,6 +471,18 @@ class PodRunner:
                 "cluster": "local", "user": "pod", "namespace": namespace}}],
             "current-context": "pod",
         }  # fmt: skip
+
+    def _secret_items(self, volume: Any, namespace: str) -> dict[str, bytes]:
+        """A Secret volume's files: each of its `items` (key -> path) or every key. A key it
+        names that is not there yet is waited for a while, as the kubelet retries a mount."""
+        deadline = time.monotonic() + SECRET_WAIT_SECONDS
+        while True:
+            data = self.core.read_namespaced_secret(volume.secret_name, namespace).data or {}
+            items = {i.key: i.path for i in volume.items or []} or {k: k for k in data}
+            if all(key in data for key in items) or time.monotonic() > deadline:
+                return {path: base64.b64decode(data[key]) for key, path in items.items()
+                        if key in data}  # fmt: skip
+            time.sleep(0.2)
 
     @staticmethod
     def _write_items(folder: Path, items: dict[str, bytes]) -> None:

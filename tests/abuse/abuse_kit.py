@@ -20,6 +20,7 @@ from testkit.loopback import ServedOnLoopback
 
 Message = MutableMapping[str, Any]
 API_KEY = "abuse-suite-key"
+ADMIN_TOKEN = "abuse-admin-token"
 FLOOD_CHUNK = b"x" * 65536
 
 

@@ -8,11 +8,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from abuse_kit import RecordingReplica, RouterProcess, StartRouter, StartSim
+from abuse_kit import ADMIN_TOKEN, RecordingReplica, RouterProcess, StartRouter, StartSim
 
 from autoglm_runtime.sim.process import SimProcess
-
-ADMIN_TOKEN = "abuse-admin-token"
 
 
 @pytest.fixture(scope="module")

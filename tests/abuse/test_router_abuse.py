@@ -104,6 +104,8 @@ REFUSED_TARGETS = [
     ("POST", "/v1/embeddings", 404),
     ("GET", "/v1/files", 404),
     ("GET", "/autoglm/v1/mode", 404),
+    ("PUT", "/autoglm/v1/mode", 404),
+    ("POST", "/autoglm/v1/drain", 404),
     ("POST", "/scale_elastic_ep", 404),
     ("GET", "/v1/responses/resp_123", 404),
     ("POST", "/v1/responses/resp_123/cancel", 404),

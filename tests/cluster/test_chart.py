@@ -658,11 +658,13 @@ def test_a_whole_lifecycle_uses_every_permission_the_chart_grants(
                                     check=False).returncode == 0
             and cluster.kubectl("get", "secret", admin, "-n", ns, check=False).returncode == 0,
         )  # fmt: skip
-        emptied = json.dumps([{"op": "replace", "path": "/data/token", "value": ""}])
+        template = kit.get(cluster, ns, "deployment", kit.NAME)["spec"]["template"]
+        key = f"token-{template['metadata']['annotations'][kit.HASH_ANNOTATION]}"
+        emptied = json.dumps([{"op": "replace", "path": f"/data/{key}", "value": ""}])
         cluster.kubectl("patch", "secret", admin, "-n", ns, "--type=json", "-p", emptied)
         wait_for(
             "a new admin token",
-            lambda: kit.get(cluster, ns, "secret", admin).get("data", {}).get("token"),
+            lambda: kit.get(cluster, ns, "secret", admin).get("data", {}).get(key),
         )
         # The gateway on: InferencePool <name> and Service <name>-epp published, a changed
         # failure mode applied to the pool, then both deleted when it is off again.

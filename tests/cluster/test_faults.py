@@ -3,8 +3,9 @@
 etcd and kube-apiserver are killed (SIGKILL) and started again on the same data, ports and
 certificates, three times: etcd alone, the apiserver alone, then both while a rollout is in
 flight. After each, a change made through the API must be reconciled within a bound (so the
-operator's watches resumed), and at the end every child exists exactly once, owned once, with
-the admin token it had: nothing was created twice or regenerated.
+operator's watches resumed), and at the end every child exists exactly once, owned once, and
+the admin Secret holds the token of the rollout's new pod template, written once: nothing was
+created twice or regenerated.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from testkit.operator_kit import (
     INSTANCE,
     NAME,
     Operator,
-    admin_token,
+    admin_tokens,
     deploy,
+    events,
     get,
     live_pods,
     patch_agd,
@@ -69,7 +71,7 @@ def test_watches_resume_after_etcd_and_apiserver_crashes_and_nothing_is_duplicat
     operator.start("--lease-seconds", "90")
     deploy(cluster, namespace, EXAMPLE, "2/2")
     before = children(cluster, namespace)
-    token = admin_token(cluster, namespace)
+    tokens = admin_tokens(cluster, namespace)
     bystanders = {
         n: cluster.processes[n].pid for n in ("kube-controller-manager", "kube-scheduler", "kwok")
     }
@@ -121,7 +123,14 @@ def test_watches_resume_after_etcd_and_apiserver_crashes_and_nothing_is_duplicat
         assert refs == [(owner, True)], (kind, name, refs)
         if (kind, name) != ("services", NAME):
             assert obj["metadata"]["uid"] == before[kind, name]["metadata"]["uid"], (kind, name)
-    assert admin_token(cluster, namespace) == token, "the admin token was regenerated"
+    # The old template's token went with its pods; the new one's was written once and kept.
+    new_hash = get(cluster, namespace, "deployment", NAME)["spec"]["template"]["metadata"][
+        "annotations"][HASH_ANNOTATION]
+    assert tokens.keys() == {old_hash}
+    assert admin_tokens(cluster, namespace).keys() == {new_hash}
+    written = [e for e in events(cluster, namespace)
+               if f"a new admin token for pod template {new_hash}" in e.get("message", "")]
+    assert sum(e.get("count") or 1 for e in written) == 1, "the admin token was regenerated"
     replica_sets = get(cluster, namespace, "replicasets", "-l", INSTANCE)["items"]
     active = [rs for rs in replica_sets if rs["spec"]["replicas"] > 0]
     assert len(active) == 1, [rs["metadata"]["name"] for rs in active]

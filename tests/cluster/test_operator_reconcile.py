@@ -23,7 +23,7 @@ from testkit.operator_kit import (
     MODE_LABEL,
     NAME,
     Operator,
-    admin_token,
+    admin_tokens,
     agd_object,
     apiserver_requests,
     condition,
@@ -190,7 +190,7 @@ def test_tolerations_and_affinity_reach_the_deployment_and_its_pods(
 
 def test_drift_is_repaired(cluster: LocalCluster, namespace: str, operator: Operator) -> None:
     deploy(cluster, namespace, EXAMPLE, "2/2")
-    token = admin_token(cluster, namespace)
+    tokens = admin_tokens(cluster, namespace)
     svc_uid = get(cluster, namespace, "service", f"{NAME}-streaming")["metadata"]["uid"]
     want_args = get(cluster, namespace, "deployment", NAME)["spec"]["template"]["spec"][
         "containers"
@@ -220,8 +220,8 @@ def test_drift_is_repaired(cluster: LocalCluster, namespace: str, operator: Oper
     wait_for("drift repaired", repaired, timeout=30)
     assert get(cluster, namespace, "service", f"{NAME}-streaming")["metadata"]["uid"] != svc_uid
     wait_for("back to 2/2", ready_as(cluster, namespace, "2/2"))
-    # The admin token is generated once, not on every pass.
-    assert admin_token(cluster, namespace) == token
+    # The admin token is generated once per pod template, not on every pass.
+    assert admin_tokens(cluster, namespace) == tokens
     assert any(e["reason"] == "Updated" for e in events(cluster, namespace))
 
 

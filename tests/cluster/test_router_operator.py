@@ -15,6 +15,7 @@ from typing import Any
 import openai
 import pytest
 
+from autoglm_runtime.profiles import MODE_PATH
 from testkit.localcluster import LocalCluster
 from testkit.operator_kit import (
     NAME,
@@ -72,12 +73,12 @@ def _can(cluster: LocalCluster, account: str, verb: str, what: str, namespace: s
     return result.stdout.strip() == "yes"
 
 
-def _flip(cluster: LocalCluster, ns: str, pod: str, url: str, mode: str) -> None:
-    """A flip as the operator does it: the label first, then the runtime."""
+def _flip(cluster: LocalCluster, ns: str, pod: str, admin_url: str, mode: str) -> None:
+    """A flip as the operator does it: the label first, then the runtime's admin port."""
     cluster.kubectl("label", "pod", pod, f"autoglm.io/mode={mode}", "--overwrite", "-n", ns)
     request = urllib.request.Request(
-        f"{url}/autoglm/v1/mode", data=json.dumps({"mode": mode}).encode(), method="PUT",
-        headers={"Authorization": f"Bearer {admin_token(cluster, ns)}",
+        f"{admin_url}{MODE_PATH}", data=json.dumps({"mode": mode}).encode(), method="PUT",
+        headers={"Authorization": f"Bearer {admin_token(cluster, ns, pod)}",
                  "Content-Type": "application/json"},
     )  # fmt: skip
     urllib.request.urlopen(request, timeout=5).close()
@@ -151,7 +152,7 @@ def test_service_reaches_replicas_of_the_right_mode_through_the_router_and_off_a
     wait_for("a sim per serving pod", lambda: len(pod_runner.runtime_urls(ns)) == 2, timeout=60)
     wait_for("a router per router pod", lambda: len(pod_runner.router_urls(ns)) == 2, timeout=60)
     sims = pod_runner.runtime_urls(ns)
-    _flip(cluster, ns, pods[1], sims[pods[1]], "batching")
+    _flip(cluster, ns, pods[1], pod_runner.admin_urls(ns)[pods[1]], "batching")
     routers = pod_runner.router_urls(ns)
     both = {"streaming": 1, "batching": 1, "unknown": 0}
     for url in pod_runner.router_ops_urls(ns).values():

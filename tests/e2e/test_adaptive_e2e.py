@@ -105,7 +105,7 @@ def modes_agree(
     must agree at once; Prometheus within a few scrapes."""
     labels = pod_modes(cluster, namespace)
     for pod, label in labels.items():
-        url = runner.runtime_url(pod)
+        url = runner.admin_url(pod)
         assert url is not None, f"no runtime for {pod}"
         mode = runtime_state(url, token)["mode"]
         assert mode == label, f"{pod}: label {label} but runtime runs {mode}"
@@ -141,7 +141,8 @@ def test_load_flips_replicas_step_by_step_and_back_and_an_outage_holds_them(
 
     wait_for("3 ready replicas", ready, timeout=90)
     wait_for("a runtime per pod", runtimes_up, timeout=60)
-    token = admin_token(cluster, namespace)
+    # One pod template (no rollout here): its pods share its admin token.
+    token = admin_token(cluster, namespace, next(iter(pod_modes(cluster, namespace))))
     wait_for("every pod streaming", all_streaming, timeout=30)
     wait_for("metrics in Prometheus", metrics_available, timeout=60)
 

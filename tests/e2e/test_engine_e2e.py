@@ -73,8 +73,9 @@ def test_the_operator_flips_a_real_engine_and_the_router_routes_to_it(
     assert pod_runner.running(pod).engine  # type: ignore[union-attr]
     wait_for("the engine to answer /health", lambda: answers_health(url),
              timeout=ENGINE_START_SECONDS)
-    token = admin_token(cluster, ns)
-    assert runtime_state(url, token)["mode"] == "streaming"
+    token, admin_url = admin_token(cluster, ns, pod), pod_runner.admin_url(pod)
+    assert admin_url is not None
+    assert runtime_state(admin_url, token)["mode"] == "streaming"
     with ServiceProxy(cluster, ns, NAME, kubelet=pod_runner) as proxy:
         wait_for("a ready router endpoint", lambda: len(proxy.endpoints()) >= 1, timeout=60)
         client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="EMPTY", max_retries=0,
@@ -97,11 +98,11 @@ def test_the_operator_flips_a_real_engine_and_the_router_routes_to_it(
             wait_for(f"the pod labelled {mode}", lambda m=mode: pod_modes(cluster, ns) == {pod: m},
                      timeout=60)
             # The engine's own middleware says so: the flip reached the pod, not only its label.
-            assert runtime_state(url, token)["mode"] == mode
+            assert runtime_state(admin_url, token)["mode"] == mode
             # One replica, in `mode`: the router still finds it for either class.
             done = client.chat.completions.create(
                 model="autoglm-phone-9b", max_tokens=128, temperature=0, messages=MESSAGES)
             assert (done.choices[0].message.content, done.choices[0].finish_reason) == \
                 (action, "stop")
             assert streamed() == (action, "stop")
-        assert runtime_state(url, token)["switches"] == 2
+        assert runtime_state(admin_url, token)["switches"] == 2

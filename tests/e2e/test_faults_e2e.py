@@ -240,7 +240,7 @@ def adaptive_object(prometheus_url: str) -> dict[str, Any]:
 
 
 def state_of(runner: PodRunner, pod: str, token: str) -> dict[str, Any]:
-    url = runner.runtime_url(pod)
+    url = runner.admin_url(pod)
     assert url is not None, f"no runtime for {pod}"
     return runtime_state(url, token)
 
@@ -263,7 +263,7 @@ def test_operator_killed_mid_flip_finishes_it_once_and_keeps_the_cooldown(
     deploy(cluster, namespace, adaptive_object(prometheus.url), "2/2")
     pods = sorted(pod_modes(cluster, namespace))
     wait_for("a runtime per pod", lambda: all(pod_runner.running(p) for p in pods), timeout=60)
-    token = admin_token(cluster, namespace)
+    token = admin_token(cluster, namespace, pods[0])  # one pod template: one token
     wait_for(
         "metrics in Prometheus",
         lambda: condition(status(cluster, namespace), "MetricsAvailable").get("status") == "True",

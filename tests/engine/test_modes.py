@@ -15,6 +15,7 @@ from autoglm_operator.resource import spec as crd
 from autoglm_runtime.profiles import MODE_PATH
 from autoglm_runtime.sim.metrics import SimMetrics
 from testkit.engine import (
+    ADMIN_TOKEN,
     CLIENT_TIMEOUT,
     MODEL,
     OPENAI_TIMEOUT,
@@ -22,6 +23,7 @@ from testkit.engine import (
     poll_until,
     running_engine,
 )
+from testkit.procfs import descendants, environ
 
 pytestmark = pytest.mark.timeout(600)
 STATE_SEEN_SECONDS = 120
@@ -93,15 +95,16 @@ async def test_live_flip_under_load_fails_and_drops_nothing(flip_engine: Engine,
     action = answer["answer"].split("</think>", 1)[1]
     client = AsyncOpenAI(base_url=f"{flip_engine.base_url}/v1", api_key="EMPTY", max_retries=0,
                          timeout=OPENAI_TIMEOUT)
-    async with httpx.AsyncClient(base_url=flip_engine.base_url, headers=flip_engine.admin(),
-                                 timeout=CLIENT_TIMEOUT) as admin:
+    async with httpx.AsyncClient(base_url=flip_engine.admin_url, headers=flip_engine.admin(),
+                                 timeout=CLIENT_TIMEOUT) as admin, \
+            httpx.AsyncClient(base_url=flip_engine.base_url, timeout=CLIENT_TIMEOUT) as http:
         start = (await admin.get(MODE_PATH)).json()
         assert start["mode"] == "streaming"
         cap = start["profile"]["maxConcurrency"]
         # Non-streamed holders fill the streaming cap, streamed chats run past it (the cap
         # bounds only what streams do not fill), and the non-streamed chats after them wait.
         # Each wait below is for a state that holds until the test ends it.
-        holders = [asyncio.create_task(admin.post("/v1/chat/completions", json=HOLD))
+        holders = [asyncio.create_task(http.post("/v1/chat/completions", json=HOLD))
                    for _ in range(cap)]
         streamed: list[asyncio.Task] = []
         queued: list[asyncio.Task] = []
@@ -159,3 +162,26 @@ def sim_families(metrics: SimMetrics) -> dict[str, tuple[str, frozenset[str]]]:
     # From the declarations: a histogram has no samples, so no labels, before its first value.
     return {c._name: (c._type, frozenset(c._labelnames))  # type: ignore[attr-defined]
             for c in metrics.registry._collector_to_names}  # type: ignore[attr-defined]
+
+
+async def test_the_admin_api_is_the_launchers_and_no_engine_process_holds_the_token(
+    engine: Engine,
+) -> None:
+    """The launcher serves the admin API and keeps its token: vLLM's API server, engine core
+    and every process they start run without it in their environment."""
+    async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as http:
+        on_the_api_port = await http.get(engine.base_url + MODE_PATH, headers=engine.admin())
+        assert on_the_api_port.status_code == 404
+        assert (await http.get(engine.admin_url + MODE_PATH)).status_code == 401
+        state = await http.get(engine.admin_url + MODE_PATH, headers=engine.admin())
+        assert state.status_code == 200 and state.json()["mode"] == "streaming"
+    tree = descendants(engine.process.pid)
+    assert len(tree) >= 2, tree  # vLLM's API server and its engine core, at least
+    for pid in tree:
+        env = environ(pid)
+        assert not {"AUTOGLM_ADMIN_TOKEN", "AUTOGLM_ADMIN_TOKEN_FILE"} & env.keys(), pid
+        assert not any(ADMIN_TOKEN in value for value in env.values()), pid
+    # The API server got the relay's socket, in a folder only the pod's user may enter.
+    sockets = {environ(pid).get("AUTOGLM_ADMIN_SOCKET") for pid in tree} - {None}
+    (socket_path,) = sockets
+    assert Path(str(socket_path)).parent.stat().st_mode & 0o777 == 0o700

@@ -67,7 +67,7 @@ def client_of(router: RouterProcess) -> AsyncOpenAI:
 
 
 async def set_mode(engine: Engine, mode: str) -> None:
-    async with httpx.AsyncClient(base_url=engine.base_url, headers=engine.admin(),
+    async with httpx.AsyncClient(base_url=engine.admin_url, headers=engine.admin(),
                                  timeout=CLIENT_TIMEOUT) as admin:
         answer = await admin.put(MODE_PATH, json={"mode": mode})
     assert answer.status_code == 200 and answer.json()["mode"] == mode, answer.text

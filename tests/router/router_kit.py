@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import httpx
 
+from autoglm_runtime.profiles import MODE_PATH
 from autoglm_runtime.sim.process import RouterProcess, SimProcess
 
 ADMIN_TOKEN = "router-test-token"
@@ -39,7 +40,7 @@ def admitted(sim: SimProcess) -> float:
 
 
 def set_mode(sim: SimProcess, mode: str) -> None:
-    response = httpx.put(sim.base_url + "/autoglm/v1/mode", json={"mode": mode},
+    response = httpx.put(sim.admin_url + MODE_PATH, json={"mode": mode},
                          headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=5)
     response.raise_for_status()
 

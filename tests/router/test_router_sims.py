@@ -25,6 +25,7 @@ from router_kit import (
     wait_for,
 )
 
+from autoglm_runtime.profiles import DRAIN_PATH
 from autoglm_runtime.sim.process import SimProcess
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(90)]
@@ -321,7 +322,7 @@ def test_a_draining_replica_fails_no_client_request(
         worker.start()
     try:
         time.sleep(1.0)
-        drained = httpx.post(first.base_url + "/autoglm/v1/drain", timeout=5,
+        drained = httpx.post(first.admin_url + DRAIN_PATH, timeout=5,
                              headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
         assert drained.status_code == 202
         at_drain = admitted(first)

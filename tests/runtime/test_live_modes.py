@@ -11,6 +11,8 @@ import openai
 import pytest
 from sim_kit import MODEL, StartSim, admin_headers, log_of
 
+from autoglm_runtime.profiles import MODE_PATH
+
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(120)]
 # Long enough that every stream is still open when the test flips the mode or sends SIGTERM,
 # on a loaded machine too.
@@ -48,7 +50,7 @@ async def all_arrived(admin: httpx.AsyncClient, mode_url: str, count: int) -> No
 
 async def test_switch_under_load_drops_nothing(start_sim: StartSim) -> None:
     sim = start_sim("--time-factor", "0.25")
-    mode_url = sim.base_url + "/autoglm/v1/mode"
+    mode_url = sim.admin_url + MODE_PATH
     arrivals: list[float] = []
     async with (
         openai.AsyncOpenAI(base_url=sim.base_url + "/v1", api_key="EMPTY",
@@ -88,7 +90,7 @@ async def test_sigterm_drains_then_exits(start_sim: StartSim) -> None:
         admitted = [asyncio.create_task(stream_one(aclient, i, STREAM_TOKENS, arrivals))
                     for i in range(8)]
         async with httpx.AsyncClient(headers=admin_headers()) as admin:
-            await all_arrived(admin, sim.base_url + "/autoglm/v1/mode", 8)
+            await all_arrived(admin, sim.admin_url + MODE_PATH, 8)
         sim.process.send_signal(signal.SIGTERM)
         await asyncio.sleep(0.1)
         assert (await http.get("/health")).status_code == 503

@@ -11,6 +11,7 @@ from langchain_core.messages import AIMessageChunk, HumanMessage
 from langchain_openai import ChatOpenAI
 from sim_kit import MODEL, admin_headers
 
+from autoglm_runtime.profiles import MODE_PATH
 from autoglm_runtime.sim.process import SimProcess
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(60)]
@@ -133,9 +134,11 @@ def test_metrics_show_both_families(sim_server: SimProcess) -> None:
     assert f'model_name="{MODEL}"' in text
 
 
-def test_admin_over_http(sim_server: SimProcess) -> None:
-    url = sim_server.base_url + "/autoglm/v1/mode"
+def test_admin_over_http_on_its_own_port(sim_server: SimProcess) -> None:
+    url = sim_server.admin_url + MODE_PATH
     assert httpx.get(url).status_code == 401
+    on_the_api_port = httpx.get(sim_server.base_url + MODE_PATH, headers=admin_headers())
+    assert on_the_api_port.status_code == 404
     assert httpx.put(url, json={"mode": "nope"}, headers=admin_headers()).status_code == 400
     state = httpx.get(url, headers=admin_headers()).json()
     assert state["mode"] == "streaming" and state["draining"] is False

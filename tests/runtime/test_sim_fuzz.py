@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from sim_kit import ADMIN_TOKEN, StartSim
 
+from autoglm_runtime.profiles import DRAIN_PATH, MODE_PATH
 from autoglm_runtime.sim.process import SimProcess
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(300)]
@@ -114,8 +115,6 @@ def send(record_input: RecordInput, method: str, url: str, content: bytes,
          body=b'{"prompt": "x", "max_tokens": 1e400}')
 def test_no_5xx(fuzz_sim: SimProcess, record_input: RecordInput, method: str, path: str,
                 body: Any, token: str | None, content_type: str | None) -> None:
-    if path == "/autoglm/v1/drain" and token == ADMIN_TOKEN:
-        token = "wrong"  # draining would end the fuzz: drain is covered elsewhere
     headers = {"content-type": content_type} if content_type else {}
     if token is not None:
         headers["authorization"] = f"Bearer {token}"
@@ -248,13 +247,9 @@ def _edge_cases(stream: bool) -> list[tuple[str, str, str, bytes, dict[str, str]
         ("non-ascii-path", "POST", "/v1/ch%C3%A4t/completions", _chat(stream), json_type),
         ("bad-percent-escape", "GET", "/v1/models%zz", b"", {}),
         ("long-path", "GET", "/v1/" + "a" * 8000, b"", {}),
-        # the admin endpoint with a body it cannot use
-        ("mode-a-list", "PUT", "/autoglm/v1/mode", json.dumps({"mode": ["batching"]}).encode(),
+        # the admin API's paths, which the API port does not serve
+        ("admin-path-on-the-api-port", "PUT", MODE_PATH, b'{"mode": "batching"}',
          {**json_type, "authorization": f"Bearer {ADMIN_TOKEN}"}),
-        ("mode-body-too-large", "PUT", "/autoglm/v1/mode", b'{"mode": "' + b"b" * 100_000 + b'"}',
-         {**json_type, "authorization": f"Bearer {ADMIN_TOKEN}"}),
-        ("mode-non-ascii-token", "PUT", "/autoglm/v1/mode", b'{"mode": "batching"}',
-         {**json_type, "authorization": "Bearer t\u00f6ken"}),
     ]
     images: list[tuple[str, Any]] = [
         *((f"image-{i}-{url[:20]}", url) for i, url in enumerate(IMAGE_URLS)),
@@ -288,6 +283,36 @@ def test_edge_input_gets_a_4xx_or_an_answer(fuzz_sim: SimProcess, record_input: 
     if response.status_code >= 400 and path.startswith("/v1/"):
         error = response.json()["error"]
         assert error["message"] and error["code"] == response.status_code, response.text
+
+
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(
+    method=st.sampled_from(METHODS),
+    path=st.sampled_from([MODE_PATH, DRAIN_PATH, MODE_PATH + "/", "/", "/health", "/nope"]),
+    body=bodies | st.binary(max_size=64),
+    token=st.sampled_from([None, ADMIN_TOKEN, "wrong", "x y"]),
+    content_type=st.sampled_from(CONTENT_TYPES),
+)
+@example(method="PUT", path=MODE_PATH, token=ADMIN_TOKEN, content_type="application/json",
+         body={"mode": ["batching"]})
+@example(method="PUT", path=MODE_PATH, token=ADMIN_TOKEN, content_type="application/json",
+         body=b'{"mode": "' + b"b" * 100_000 + b'"}')
+@example(method="PUT", path=MODE_PATH, token="t\u00f6ken", content_type="application/json",
+         body={"mode": "batching"})
+def test_the_admin_port_answers_below_500(fuzz_sim: SimProcess, record_input: RecordInput,
+                                          method: str, path: str, body: Any, token: str | None,
+                                          content_type: str | None) -> None:
+    if path == DRAIN_PATH and token == ADMIN_TOKEN:
+        token = "wrong"  # draining would end the fuzz: drain is covered elsewhere
+    headers = {"content-type": content_type} if content_type else {}
+    if token is not None:
+        headers["authorization"] = f"Bearer {token}"
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response = send(record_input, method, fuzz_sim.admin_url + path, content, headers)
+    assert response.status_code < 500, (response.status_code, response.text[:300])
+    if method != "HEAD":
+        assert response.json()["error" if response.status_code >= 400 else "mode"], response.text
 
 
 def test_the_sim_answers_after_the_fuzz(fuzz_sim: SimProcess) -> None:

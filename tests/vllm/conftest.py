@@ -6,6 +6,7 @@ directory out of the other tiers, whose environment has no vLLM.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,7 +16,6 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from vllm_kit import (
-    ADMIN_TOKEN,
     BASE_URL,
     BodyWrites,
     RecordingServing,
@@ -27,6 +27,7 @@ from vllm_kit import (
 )
 
 from autoglm_operator.resource import spec as crd
+from autoglm_runtime.admin import relay_socket
 from autoglm_runtime.profiles import Mode
 
 HERE = Path(__file__).resolve().parent
@@ -55,11 +56,13 @@ def _outermost_user_middleware(app: FastAPI) -> Any:
 @pytest.fixture
 async def serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Serve]:
     clients: list[httpx.AsyncClient] = []
+    sockets = contextlib.ExitStack()
 
     def make(spec: crd.AutoGLMDeploymentSpec | None = None, mode: Mode = Mode.STREAMING,
              api_key: str | None = None) -> Served:
         spec = spec or crd.AutoGLMDeploymentSpec()
-        argv, env = materialize_pod(tmp_path / mode.value, spec, mode, api_key)
+        admin_socket = sockets.enter_context(relay_socket())
+        argv, env = materialize_pod(tmp_path / mode.value, spec, mode, admin_socket, api_key)
         for name, value in env.items():
             monkeypatch.setenv(name, value)
         serving = RecordingServing(spec.model.served_name)
@@ -70,9 +73,9 @@ async def serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterato
         writes = BodyWrites(app)
         client = httpx.AsyncClient(transport=httpx.ASGITransport(app=writes), base_url=BASE_URL)
         clients.append(client)
-        admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
-        return Served(app, middleware, serving, writes, client, admin)
+        return Served(app, middleware, serving, writes, client, admin_socket)
 
     yield make
     for client in clients:
         await client.aclose()
+    sockets.close()

@@ -1,12 +1,22 @@
 """vLLM's own `build_app` with the operator's `--middleware`: where the middleware sits, the
-admin API inside vLLM's server, and one /metrics with both vllm:* and autoglm_*."""
+admin relay it serves from vLLM's own lifespan (the API port serves no admin path), and one
+/metrics with both vllm:* and autoglm_*."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
-from vllm_kit import Serve, register_engine_metrics
+from vllm_kit import ADMIN_TOKEN, Serve, register_engine_metrics
 
 from autoglm_operator.resource import spec as crd
+from autoglm_runtime.admin import RelayError, relay_to
 from autoglm_runtime.middleware import ModeMiddleware
 from autoglm_runtime.profiles import DRAIN_PATH, MODE_PATH, Mode
 
@@ -26,31 +36,59 @@ async def test_the_middleware_is_the_outermost_layer(serve: Serve) -> None:
     assert "CORSMiddleware" in inner and "ModeMiddleware" not in inner
 
 
-async def test_the_admin_api_answers_inside_vllm(serve: Serve) -> None:
+async def test_the_admin_api_is_the_launchers_relayed_into_vllms_server(serve: Serve) -> None:
     spec = crd.AutoGLMDeploymentSpec.model_validate(
         {"apiKeySecretRef": {"name": "autoglm-api-key", "key": "key"}}
     )
     served = serve(spec, api_key="client-key")
     client = served.client
-    assert (await client.get(MODE_PATH)).status_code == 401
-    state = await client.get(MODE_PATH, headers=served.admin)
-    assert state.status_code == 200 and state.json()["mode"] == "streaming"
-    # vLLM's --api-key guards /v1 only; the admin token, not the client key, opens the admin API.
-    flipped = await client.put(MODE_PATH, json={"mode": "batching"}, headers=served.admin)
-    assert flipped.status_code == 200 and flipped.json()["mode"] == "batching"
-    assert served.middleware.mode is Mode.BATCHING
-    assert flipped.json()["profile"]["maxConcurrency"] == 64
-    drained = await client.post(DRAIN_PATH, headers=served.admin)
-    assert drained.status_code == 202 and drained.json()["draining"] is True
-    refused = await client.post(CHAT, json=chat_body(),
-                                headers={"authorization": "Bearer client-key"})
-    assert refused.status_code == 503 and served.serving.seen == []
+    # The API port serves no admin path: 401 without the client key, 404 with it.
+    assert (await client.get(MODE_PATH, headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+            ).status_code == 401
+    key = {"authorization": "Bearer client-key"}
+    for method, path in (("GET", MODE_PATH), ("PUT", MODE_PATH), ("POST", DRAIN_PATH)):
+        refused = await client.request(method, path, headers=key, json={"mode": "batching"})
+        assert refused.status_code == 404 and "admin port" in refused.text, (method, path)
+    # vLLM's environment names the relay socket, never the admin token or its file.
+    assert str(served.admin_socket) == os.environ["AUTOGLM_ADMIN_SOCKET"]
+    assert not {"AUTOGLM_ADMIN_TOKEN", "AUTOGLM_ADMIN_TOKEN_FILE"} & os.environ.keys()
+    assert ADMIN_TOKEN not in os.environ.values()
+
+    call = relay_to(served.admin_socket)
+    async with running_lifespan(served.app):
+        assert (await call({"op": "state"}))["mode"] == "streaming"
+        flipped = await call({"op": "mode", "mode": "batching"})
+        assert flipped["mode"] == "batching" and served.middleware.mode is Mode.BATCHING
+        assert flipped["profile"]["maxConcurrency"] == 64
+        assert (await call({"op": "drain"}))["draining"] is True
+        refused = await client.post(CHAT, json=chat_body(), headers=key)
+        assert refused.status_code == 503 and served.serving.seen == []
+    with pytest.raises(RelayError):
+        await call({"op": "state"})  # vLLM's server stopped: the relay with it
 
 
 async def test_the_mode_the_operator_labels_the_pod_with_is_the_start_mode(serve: Serve) -> None:
     served = serve(mode=Mode.BATCHING)
-    state = await served.client.get(MODE_PATH, headers=served.admin)
-    assert state.json()["mode"] == "batching"
+    async with running_lifespan(served.app):
+        state = await relay_to(served.admin_socket)({"op": "state"})
+    assert state["mode"] == "batching"
+
+
+@contextlib.asynccontextmanager
+async def running_lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """vLLM's app started and stopped through ASGI lifespan messages, as uvicorn does."""
+    app.state.log_stats = False  # what init_app_state sets; no engine client to poll here
+    inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    sent: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    task = asyncio.ensure_future(app({"type": "lifespan", "asgi": {"version": "3.0"},
+                                      "state": {}}, inbox.get, sent.put))
+    await inbox.put({"type": "lifespan.startup"})
+    assert (await asyncio.wait_for(sent.get(), 10))["type"] == "lifespan.startup.complete"
+    try:
+        yield
+    finally:
+        await inbox.put({"type": "lifespan.shutdown"})
+        await asyncio.wait_for(task, 10)
 
 
 async def test_metrics_show_autoglm_beside_vllms_own(serve: Serve) -> None:

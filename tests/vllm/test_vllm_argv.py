@@ -173,5 +173,6 @@ def test_vllm_reads_the_keep_alive_the_launcher_sets(monkeypatch: pytest.MonkeyP
     from autoglm_runtime.keepalive import SERVER_KEEP_ALIVE_SECONDS, VLLM_KEEP_ALIVE_ENV
     from autoglm_runtime.launcher import engine_env
 
-    monkeypatch.setenv(VLLM_KEEP_ALIVE_ENV, engine_env({}, "t")[VLLM_KEEP_ALIVE_ENV])
+    env = engine_env({}, Path("/tmp/relay.sock"))
+    monkeypatch.setenv(VLLM_KEEP_ALIVE_ENV, env[VLLM_KEEP_ALIVE_ENV])
     assert vllm.envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE == SERVER_KEEP_ALIVE_SECONDS

@@ -49,6 +49,7 @@ from vllm.v1.metrics.loggers import PrometheusStatLogger
 
 from autoglm_operator.reconcile.children import serving as builders
 from autoglm_operator.resource import spec as crd
+from autoglm_runtime.launcher import engine_env
 from autoglm_runtime.profiles import MODE_LABEL, Mode
 
 OWNER = builders.Owner("agd", "ns", "uid-1")
@@ -210,9 +211,11 @@ class BodyWrites:
 
 
 def materialize_pod(
-    root: Path, spec: crd.AutoGLMDeploymentSpec, mode: Mode, api_key: str | None = None
+    root: Path, spec: crd.AutoGLMDeploymentSpec, mode: Mode, admin_socket: Path,
+    api_key: str | None = None,
 ) -> tuple[list[str], dict[str, str]]:
-    """The serving container as the operator builds it: (vllm serve argv, environment).
+    """The serving container as the operator builds it: (vllm serve argv, the environment
+    the launcher gives vLLM, with `admin_socket` for the relay).
 
     Files the pod mounts (ConfigMap, admin Secret, downward-API labels with the mode the
     operator gives the pod) are written under `root` at the paths the container names.
@@ -223,7 +226,7 @@ def materialize_pod(
     files = {
         f"{builders.CONFIG_DIR}/{builders.CONFIG_KEY}":
             builders.config_map(OWNER, spec)["data"][builders.CONFIG_KEY],
-        f"{builders.ADMIN_DIR}/{builders.ADMIN_TOKEN_KEY}": ADMIN_TOKEN,
+        f"{builders.ADMIN_DIR}/{builders.ADMIN_TOKEN_FILE}": ADMIN_TOKEN,
         f"{builders.PODINFO_DIR}/labels": "\n".join(
             f'{key}="{value}"' for key, value in {**labels, MODE_LABEL: mode.value}.items()
         ),
@@ -242,7 +245,7 @@ def materialize_pod(
         elif var["name"] == "VLLM_API_KEY":
             assert api_key is not None, "the spec names an API key Secret: pass its value"
             env["VLLM_API_KEY"] = api_key
-    return main["args"], env
+    return main["args"], engine_env(env, admin_socket, main["args"])
 
 
 @cache
@@ -268,7 +271,7 @@ class Served:
     serving: RecordingServing
     writes: BodyWrites
     client: httpx.AsyncClient
-    admin: dict[str, str]
+    admin_socket: Path  # where the middleware listens for the launcher's relayed admin calls
 
     def transport(self) -> httpx.AsyncBaseTransport:
         return httpx.ASGITransport(app=self.writes)

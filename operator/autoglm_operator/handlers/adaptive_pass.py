@@ -8,8 +8,9 @@ AdaptiveLoop.finish counts what happened.
 The pass runs inside each AutoGLMDeployment's one daemon (reconcile.reconcile), every
 spec.adaptive.intervalSeconds (read live from the body on every pass). Pods come from that
 daemon's pod index, not from a list call per pass, so a quiet loop costs the apiserver nothing:
-API calls happen only to flip (pod label patch), to read the admin token (once per daemon,
-again after the runtime refuses it) and to write status when it changed.
+API calls happen only to flip (pod label patch), to read the admin tokens (once per daemon,
+again after a runtime refuses one or a pod of a new template appears: each pod template, each
+rollout, has its own) and to write status when it changed.
 """
 
 from __future__ import annotations
@@ -69,23 +70,26 @@ class KubeIO:
         execute: executor.Executor,
         namespace: str,
         name: str,
-        runtime: RuntimeClient | None,
+        runtimes: Mapping[str, RuntimeClient],
         prometheus: PrometheusReader | None,
         write_status: StatusWriter,
     ) -> None:
         self.executor = execute
         self.namespace = namespace
         self.name = name
-        self.runtime = runtime
+        self.runtimes = runtimes  # pod IP -> a client with that pod's admin token
         self.prometheus = prometheus
         self.write_status = write_status
         self.unauthorized = False
         self.status: Mapping[str, Any] = {}
 
-    def _runtime(self) -> RuntimeClient:
-        if self.runtime is None:
-            raise RuntimeUnauthorized(f"no admin token for {self.namespace}/{self.name}")
-        return self.runtime
+    def _runtime(self, ip: str) -> RuntimeClient:
+        runtime = self.runtimes.get(ip)
+        if runtime is None:
+            raise RuntimeUnauthorized(
+                f"no admin token for the pod at {ip} in {self.namespace}/{self.name} yet"
+            )
+        return runtime
 
     async def read_metrics(self, pods: Sequence[str]) -> Reading:
         if self.prometheus is None:
@@ -99,14 +103,14 @@ class KubeIO:
 
     async def runtime_mode(self, ip: str) -> Mode:
         try:
-            return (await self._runtime().get_mode(ip)).mode
+            return (await self._runtime(ip).get_mode(ip)).mode
         except RuntimeUnauthorized:
             self.unauthorized = True
             raise
 
     async def set_runtime_mode(self, ip: str, mode: Mode) -> SetModeResult:
         try:
-            return await self._runtime().set_mode(ip, mode)
+            return await self._runtime(ip).set_mode(ip, mode)
         except RuntimeUnauthorized:
             self.unauthorized = True
             raise
@@ -173,14 +177,14 @@ def record(namespace: str, name: str, result: PassResult, dry_run: bool) -> None
 
 class AdaptiveLoop:
     """What the adaptive pass keeps in memory between passes: HTTP sessions (runtime and
-    Prometheus, kept alive between passes), the admin token, and when the next pass is due."""
+    Prometheus, kept alive between passes), the admin tokens, and when the next pass is due."""
 
     def __init__(self, execute: executor.Executor, namespace: str, name: str) -> None:
         self.executor = execute
         self.namespace = namespace
         self.name = name
         self.session: aiohttp.ClientSession | None = None
-        self.token: str | None = None
+        self.tokens: dict[str, str] | None = None  # pod template digest -> admin token
         self.prometheus: PrometheusReader | None = None
         self.due_at = 0.0  # monotonic; the first pass runs at once
         self.generation: int | None = None  # of the spec the last pass read
@@ -203,21 +207,29 @@ class AdaptiveLoop:
             self.prometheus = PrometheusReader(source, observer=METRICS.observe_query)
         return self.prometheus
 
-    async def _client(self) -> RuntimeClient | None:
+    async def _clients(self, pods: Sequence[PodView]) -> dict[str, RuntimeClient]:
+        """A client per reachable pod, with the token of its pod template."""
         if self.session is None:
             # Idle connections retire before the runtime's keep-alive could close one under a
             # flip (autoglm_runtime.keepalive).
             self.session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(keepalive_timeout=UPSTREAM_POOL_IDLE_SECONDS)
             )
-        if self.token is None:
-            self.token = await asyncio.to_thread(
-                self.executor.read_admin_token, self.namespace, self.name
+        templates = {p.template for p in pods if p.ip and p.template}
+        if self.tokens is None or not templates <= self.tokens.keys():
+            # A new template (a rollout) has a new token: read the Secret again.
+            self.tokens = await asyncio.to_thread(
+                self.executor.read_admin_tokens, self.namespace, self.name
             )
-            if self.token is None:
+            if self.tokens is None:
                 logger.info("Admin Secret of %s/%s not there yet", self.namespace, self.name)
-                return None
-        return RuntimeClient(self.session, self.token)
+                return {}
+        session, tokens = self.session, self.tokens
+        return {
+            p.ip: RuntimeClient(session, tokens[p.template])
+            for p in pods
+            if p.ip and p.template in tokens
+        }
 
     async def observe(
         self,
@@ -237,7 +249,7 @@ class AdaptiveLoop:
             self.executor,
             self.namespace,
             self.name,
-            await self._client(),
+            await self._clients(pods),
             self._prometheus(spec.adaptive.prometheus),
             write_status,
         )
@@ -255,9 +267,9 @@ class AdaptiveLoop:
         return inp, await read_observation(inp, io), io
 
     def finish(self, inp: PassInput, result: PassResult, io: KubeIO) -> None:
-        """After the pass: its metrics, the admin token to read again, when the next is due."""
+        """After the pass: its metrics, the admin tokens to read again, when the next is due."""
         if io.unauthorized:
-            self.token = None  # rotated or not yet mounted: read the Secret again next pass
+            self.tokens = None  # regenerated, or not mounted yet: read the Secret next pass
         METRICS.pass_seconds.observe(time.perf_counter() - self.started)
         record(self.namespace, self.name, result, inp.spec.adaptive.dry_run)
         self.due_at = time.monotonic() + inp.spec.adaptive.interval_seconds

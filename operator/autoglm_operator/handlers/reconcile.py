@@ -109,13 +109,13 @@ def owned_inferencepools(
 
 @kopf.index("", "v1", "secrets", labels=CHILD_FILTER)
 def owned_secrets(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
-    # Only whether a token is there: the token itself stays out of the operator's memory.
+    # Only which keys hold a token: the tokens themselves stay out of the operator's memory.
     data = body.get("data") or {}
     return {
         _key(namespace, labels): {
             "kind": "Secret",
             "metadata": _trim(body)["metadata"],
-            "hasToken": bool(data.get(serving.ADMIN_TOKEN_KEY)),
+            "keys": {key: bool(value) for key, value in data.items()},
         }
     }
 

@@ -94,17 +94,20 @@ class Executor:
     async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return await self.call(self.kube.get, kind, namespace, name)
 
-    def read_admin_token(self, namespace: str, name: str) -> str | None:
-        """The runtime admin token; None while the Secret does not exist yet."""
+    def read_admin_tokens(self, namespace: str, name: str) -> dict[str, str] | None:
+        """The runtime admin tokens, by pod template digest; None while the Secret does not
+        exist yet."""
         secret = self.kube.get("Secret", namespace, serving.admin_secret_name(name))
         if secret is None:
             return None
-        encoded = (secret.get("data") or {}).get(serving.ADMIN_TOKEN_KEY)
-        if not encoded:
-            raise MissingAdminToken(
-                f"Secret {serving.admin_secret_name(name)} has no key {serving.ADMIN_TOKEN_KEY!r}"
-            )
-        return base64.b64decode(encoded).decode()
+        tokens = {
+            template: base64.b64decode(encoded).decode()
+            for key, encoded in (secret.get("data") or {}).items()
+            if encoded and (template := serving.template_of_token_key(key))
+        }
+        if not tokens:
+            raise MissingAdminToken(f"Secret {serving.admin_secret_name(name)} holds no token")
+        return tokens
 
     # -- writes ----------------------------------------------------------------------------------
 
@@ -146,13 +149,13 @@ class Executor:
         """Apply a reconcile plan in order; record each write in the reconcile memory."""
         for retire in the_plan.retire:
             await self._retire(body, the_plan.owner, retire)
+        if the_plan.admin_secret:
+            await self._admin_secret(body, the_plan.owner, the_plan.admin_secret, observed, state)
         now = time.monotonic()
         for action in the_plan.actions:
             await self._apply_child(body, the_plan, action, observed, state, now)
         for key in the_plan.settled:
             state.written.pop(key, None)
-        if the_plan.admin_secret:
-            await self._admin_secret(body, the_plan, observed, state)
         await self._label(the_plan, observed, state)
         for kind, name in the_plan.delete:
             await self.call(self.kube.delete, kind, the_plan.owner.namespace, name)
@@ -244,22 +247,35 @@ class Executor:
             raise NameTaken(kind, name, owner)
 
     async def _admin_secret(
-        self, body: Any, the_plan: plan.Plan, observed: Observed, state: plan.ReconcileMemory
+        self,
+        body: Any,
+        owner: serving.Owner,
+        write: plan.AdminSecretWrite,
+        observed: Observed,
+        state: plan.ReconcileMemory,
     ) -> None:
-        """A new admin token, in a new Secret or in the emptied one."""
-        key = ("Secret", serving.admin_secret_name(the_plan.owner.name))
+        """New admin tokens for new pod templates, in a new Secret or the existing one; the
+        tokens of templates no pod runs any more dropped."""
+        key = ("Secret", serving.admin_secret_name(owner.name))
         seen = str(((observed.secret or {}).get("metadata") or {}).get("resourceVersion") or "")
-        manifest = serving.admin_secret(the_plan.owner, secrets.token_urlsafe(32))
-        if the_plan.admin_secret == "create":
-            result = await self.call(self.kube.create, manifest)
+        tokens = {template: secrets.token_urlsafe(32) for template in write.add}
+        if write.verb == "create":
+            result = await self.call(self.kube.create, serving.admin_secret(owner, tokens))
             if result is None:  # it exists: another replica's create won, or not ours at all
-                await self._refuse_taken(the_plan.owner, *key)
+                await self._refuse_taken(owner, *key)
             verb = "Created"
         else:
-            result = await self.call(self.kube.apply, manifest)
+            data: dict[str, str | None] = {k: None for k in write.drop}
+            data.update(serving.admin_secret(owner, tokens)["data"])
+            result = await self.call(
+                self.kube.merge_patch, "Secret", owner.namespace, key[1], {"data": data}
+            )
             verb = "Updated"
         if result is not None:
-            self._report(body, verb, f"{verb} Secret {key[1]} with a new admin token")
+            done = [f"a new admin token for pod template {t}" for t in write.add]
+            if write.drop:
+                done.append(f"dropped {', '.join(write.drop)} (no pod or template uses it)")
+            self._report(body, verb, f"{verb} Secret {key[1]}: {'; '.join(done)}")
         rv = str(((result or {}).get("metadata") or {}).get("resourceVersion") or "")
         state.written[key] = plan.Written("", rv, seen, time.monotonic())
 

@@ -1,9 +1,11 @@
 """Async client for one runtime pod's admin API: read and set its live mode.
 
-`GET|PUT http://<podIP>:8000/autoglm/v1/mode` with `Authorization: Bearer <token>`; the body is
-`{"mode": "streaming"|"batching"}`. PUT is idempotent, so a retry after a lost answer is safe.
-set_mode() is only done when a fresh GET reports the new mode: the operator never trusts a PUT's
-answer alone, because the label it writes next to it must match what the runtime really does.
+`GET|PUT http://<podIP>:8001/autoglm/v1/mode` (the admin port, which the pod's launcher serves
+apart from the engine's API) with `Authorization: Bearer <token>`, the token of the pod's
+template; the body is `{"mode": "streaming"|"batching"}`. PUT is idempotent, so a retry after a
+lost answer is safe. set_mode() is only done when a fresh GET reports the new mode: the operator
+never trusts a PUT's answer alone, because the label it writes next to it must match what the
+runtime really does.
 """
 
 from __future__ import annotations
@@ -17,9 +19,8 @@ from typing import Any
 
 import aiohttp
 
-from autoglm_runtime.profiles import MODE_PATH, Mode
+from autoglm_runtime.profiles import ADMIN_PORT, MODE_PATH, Mode
 
-DEFAULT_PORT = 8000
 _RETRIED_STATUS = {500, 502, 503, 504}
 
 
@@ -75,7 +76,7 @@ class RuntimeClient:
         session: aiohttp.ClientSession,
         token: str,
         *,
-        port: int = DEFAULT_PORT,
+        port: int = ADMIN_PORT,
         timeout_seconds: float = 2.0,
         attempts: int = 3,
         backoff_seconds: float = 0.2,

@@ -408,14 +408,25 @@ class Retire:
 
 
 @dataclass(frozen=True)
+class AdminSecretWrite:
+    """The admin Secret's write: a new token for each pod template that has none, and the keys
+    no template or pod uses any more dropped."""
+
+    verb: str  # "create" or "patch"
+    add: tuple[str, ...] = ()  # template digests that get a new token
+    drop: tuple[str, ...] = ()  # Secret keys to remove
+
+
+@dataclass(frozen=True)
 class Plan:
     """Everything one reconcile pass writes, in the order the executor writes it."""
 
     owner: serving.Owner
     desired_hash: str  # the pod template digests, for event messages
     retire: tuple[Retire, ...] = ()  # old-mode pods a shrinking Deployment must remove first
+    # Before the children: a new template's pods start with their token in place.
+    admin_secret: AdminSecretWrite | None = None
     actions: tuple[Action, ...] = ()  # children to create or apply
-    admin_secret: str | None = None  # "create" or "apply" with a new token; None: fine
     settled: tuple[Key, ...] = ()  # writes that came back through the watch: forget them
     label: tuple[tuple[str, str], ...] = ()  # (pod, resourceVersion) to label
     label_mode: Mode = Mode.STREAMING
@@ -447,7 +458,9 @@ def plan_pass(
                            via_router=service_via_router(owner, spec, observed)),
         *router.children(owner, spec),
     ]  # fmt: skip
-    secret, settled = admin_secret_action(owner, observed.secret, memory.written, now)
+    # A token for every template current or still running a pod (a rollout's old pods).
+    templates = desired_hashes | {h for p in observed.pods if (h := pods_.pod_template_hash(p))}
+    secret, settled = admin_secret_action(owner, observed.secret, templates, memory.written, now)
     gateway_actions = []
     if now >= memory.gateway_retry_at:
         gateway_actions = plan_children(
@@ -586,21 +599,27 @@ def _to_label(
 def admin_secret_action(
     owner: serving.Owner,
     secret: dict[str, Any] | None,
+    templates: frozenset[str],
     written: Mapping[Key, Written],
     now: float,
-) -> tuple[str | None, tuple[Key, ...]]:
-    """Generate the admin token once; only a missing or emptied Secret gets a new one.
+) -> tuple[AdminSecretWrite | None, tuple[Key, ...]]:
+    """A token per pod template, generated once: each of `templates` without one gets a new
+    token, and a key no template in `templates` uses is dropped (its pods are gone).
 
-    Returns the write ("create", "apply" or None) and the keys whose write came back."""
+    Returns the write (None: none needed) and the keys whose write came back."""
     key = ("Secret", serving.admin_secret_name(owner.name))
     seen = _rv(secret)
     ours = written.get(key)
-    if secret is not None and secret.get("hasToken"):
+    held: Mapping[str, bool] = (secret or {}).get("keys") or {}  # key -> holds a token
+    wanted = {serving.admin_token_key(t): t for t in templates}
+    add = tuple(sorted(t for k, t in wanted.items() if not held.get(k)))
+    drop = tuple(sorted(k for k in held if k not in wanted))
+    if not add and not drop:
         # Our write is back: what happens next is someone else's.
         return None, (key,) if ours and seen == ours.resource_version else ()
     if ours and ours.based_on == seen and now - ours.at < WATCH_GRACE_SECONDS:
         return None, ()  # we still see what our write replaced: it has not come back yet
-    return ("create" if secret is None else "apply"), ()
+    return AdminSecretWrite("create" if secret is None else "patch", add, drop), ()
 
 
 def _batching_deployment_to_delete(

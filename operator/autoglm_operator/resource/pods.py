@@ -79,6 +79,7 @@ class PodView:
     ip: str | None
     mode: Mode | None
     ready: bool
+    template: str | None = None  # its pod template's digest: which admin token it holds
 
 
 def view(pod: Pod) -> PodView:
@@ -87,4 +88,5 @@ def view(pod: Pod) -> PodView:
         ip=(pod.get("status") or {}).get("podIP") or None,
         mode=pod_mode(pod),
         ready=is_ready(pod),
+        template=pod_template_hash(pod),
     )

@@ -109,13 +109,23 @@ class ServerProcess:
 
 
 class SimProcess(ServerProcess):
-    """`autoglm-runtime sim`; args are the sim's own flags."""
+    """`autoglm-runtime sim`; args are the sim's own flags. Its admin API is on a port of its
+    own, as the launcher serves it beside the engine."""
 
     kind = "sim"
 
+    def __init__(self, *args: str, env: dict[str, str] | None = None,
+                 log_path: Path | None = None, wait_healthy: bool = True) -> None:
+        super().__init__(*args, env=env, log_path=log_path, wait_healthy=wait_healthy)
+        self.admin_port = free_port()
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
     def command(self) -> list[str]:
         return [sys.executable, "-m", "autoglm_runtime.cli", "sim", "--host", "127.0.0.1",
-                "--port", str(self.port), *self.args]
+                "--port", str(self.port), "--admin-port", str(self.admin_port), *self.args]
 
 
 class RouterProcess(ServerProcess):

@@ -159,10 +159,10 @@ def figures(samples: Sequence[Sample], seconds: float) -> dict[str, float | None
     }
 
 
-async def set_mode(base_url: str, mode: str) -> None:
-    """Set the mode through the admin API, as the operator does, and wait until the last load's
-    requests have left the middleware."""
-    async with httpx.AsyncClient(base_url=base_url, timeout=CLIENT_TIMEOUT,
+async def set_mode(admin_url: str, mode: str) -> None:
+    """Set the mode through the admin API (its own port), as the operator does, and wait until
+    the last load's requests have left the middleware."""
+    async with httpx.AsyncClient(base_url=admin_url, timeout=CLIENT_TIMEOUT,
                                  headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as admin:
         answer = await admin.put(MODE_PATH, json={"mode": mode})
         answer.raise_for_status()

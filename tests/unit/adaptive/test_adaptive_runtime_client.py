@@ -111,7 +111,8 @@ async def test_a_closed_port_is_unreachable() -> None:
 async def test_urls_and_arguments() -> None:
     async with aiohttp.ClientSession() as session:
         admin = RuntimeClient(session, TOKEN)
-        assert admin.url("10.1.2.3") == "http://10.1.2.3:8000/autoglm/v1/mode"
-        assert admin.url("fd00::12") == "http://[fd00::12]:8000/autoglm/v1/mode"
+        # The admin port, apart from the API's 8000: the launcher serves it, not the engine.
+        assert admin.url("10.1.2.3") == "http://10.1.2.3:8001/autoglm/v1/mode"
+        assert admin.url("fd00::12") == "http://[fd00::12]:8001/autoglm/v1/mode"
         with pytest.raises(ValueError, match="token"):
             RuntimeClient(session, "")

@@ -1,6 +1,7 @@
-"""The optional NetworkPolicies: serving pods reachable only from the named clients, the operator,
-Prometheus and the helm test pod, and reaching neither link-local nor the cluster's ranges; the
-operator pod only on its metrics port, from Prometheus.
+"""The optional NetworkPolicies: serving pods' API port reachable only from the named clients, the
+routers, Prometheus and the helm test pod, their admin port only from the operator, and reaching
+neither link-local nor the cluster's ranges; the operator pod only on its metrics port, from
+Prometheus. The local test cluster enforces no NetworkPolicy: these tests are the check.
 
 Selectors are checked against the objects they must match (the operator's own pod template, the
 chart's operator Deployment and test pod), so a renamed label breaks a test, not the traffic.
@@ -45,21 +46,22 @@ def test_off_by_default() -> None:
     assert by_kind(render(), "NetworkPolicy") == []
 
 
-def test_serving_pods_take_only_the_named_clients_the_operator_prometheus_and_helm_test() -> None:
+def test_serving_pods_api_port_takes_only_the_clients_routers_prometheus_and_helm_test() -> None:
     docs = render({**ENABLED, "tests.namespace": NAMESPACE})
     policy = one(docs, "NetworkPolicy", f"{FULLNAME}-serving")
     assert policy["metadata"]["namespace"] == NAMESPACE
     assert policy["spec"]["policyTypes"] == ["Ingress"]
-    # It selects the pods the operator creates, and their serving port by name.
+    # It selects the pods the operator creates, and their ports by name.
     pod = builders.pod_template("phone-9b", crd.AutoGLMDeploymentSpec())
     assert _selects(policy["spec"]["podSelector"], pod["metadata"]["labels"])
-    [rule] = policy["spec"]["ingress"]
+    api, admin = policy["spec"]["ingress"]
     port_names = {p["name"] for p in pod["spec"]["containers"][0]["ports"]}
-    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}] and "http" in port_names
-    peers = rule["from"]
+    assert api["ports"] == [{"port": "http", "protocol": "TCP"}] and "http" in port_names
+    peers = api["from"]
     operator_pod = one(docs, "Deployment", FULLNAME)["spec"]["template"]["metadata"]["labels"]
     test_pod = one(docs, "Pod", f"{FULLNAME}-test-models")["metadata"]["labels"]
-    assert any(_peer_matches(p, NAMESPACE, operator_pod) for p in peers if "podSelector" in p)
+    # The operator calls only the admin port: the API port is not its.
+    assert not any(_peer_matches(p, NAMESPACE, operator_pod) for p in peers if "podSelector" in p)
     assert any(_peer_matches(p, NAMESPACE, test_pod) for p in peers if "podSelector" in p)
     prometheus = {"app.kubernetes.io/name": "prometheus", "prometheus": "k8s"}
     assert any(_peer_matches(p, "monitoring", prometheus) for p in peers if "podSelector" in p)
@@ -75,7 +77,34 @@ def test_serving_pods_take_only_the_named_clients_the_operator_prometheus_and_he
     assert not any(
         _peer_matches(p, NAMESPACE, {"app": "other"}) for p in peers if "podSelector" in p
     )
-    assert len(peers) == 5
+    assert len(peers) == 4
+    assert admin["ports"] == [{"port": "admin", "protocol": "TCP"}] and "admin" in port_names
+
+
+@pytest.mark.parametrize("operator_namespace", [NAMESPACE, "autoglm-system"])
+def test_serving_pods_admin_port_takes_only_the_operator(operator_namespace: str) -> None:
+    """The admin port (the launcher's, where the operator pushes each flip) answers only with a
+    token, and only the operator's pods may reach it: not the clients, the routers,
+    Prometheus, the helm test pod, nor a pod elsewhere that copies the operator's labels."""
+    docs = render({**ENABLED, "tests.namespace": NAMESPACE,
+                   "networkPolicy.namespaces": [NAMESPACE]}, namespace=operator_namespace)
+    policy = one(docs, "NetworkPolicy", f"{FULLNAME}-serving")
+    _, admin = policy["spec"]["ingress"]
+    pod = builders.pod_template("phone-9b", crd.AutoGLMDeploymentSpec())
+    (admin_port,) = [p for p in pod["spec"]["containers"][0]["ports"] if p["name"] == "admin"]
+    assert admin["ports"] == [{"port": "admin", "protocol": "TCP"}]
+    assert admin_port["containerPort"] == builders.ADMIN_PORT
+    (peer,) = admin["from"]
+    operator_pod = one(docs, "Deployment", FULLNAME)["spec"]["template"]["metadata"]["labels"]
+    assert _peer_matches(peer, operator_namespace, operator_pod, NAMESPACE)
+    assert not _peer_matches(peer, "elsewhere", operator_pod, NAMESPACE)
+    owner = builders.Owner("phone-9b", NAMESPACE, "u")
+    router_pod = router_builders.pod_template(owner, crd.AutoGLMDeploymentSpec())
+    test_pod = one(docs, "Pod", f"{FULLNAME}-test-models")["metadata"]["labels"]
+    for labels in (router_pod["metadata"]["labels"], test_pod, pod["metadata"]["labels"],
+                   {"app.kubernetes.io/name": "prometheus"}):
+        assert not _peer_matches(peer, NAMESPACE, labels), labels
+    assert APPS not in admin["from"]
 
 
 def test_router_pods_take_only_the_named_clients_prometheus_and_helm_test() -> None:

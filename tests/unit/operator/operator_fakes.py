@@ -63,8 +63,7 @@ class FakeKube:
         current = self.objects.get((kind, namespace, name))
         if current is None:
             return None
-        current["metadata"].setdefault("labels", {}).update(patch["metadata"]["labels"])
-        return self._store(current)
+        return self._store(_merged(current, patch))
 
     def delete(self, kind: str, namespace: str, name: str) -> None:
         self._check("delete", kind, name)
@@ -80,3 +79,16 @@ class FakeKube:
         self._check("apply_status", "AutoGLMDeployment", name)
         self.statuses.append(copy.deepcopy(status))
         return {"metadata": {"resourceVersion": str(next(self._rv))}, "status": status}
+
+
+def _merged(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch: objects merge, null deletes, anything else replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = _merged(out.get(key), value)
+    return out

@@ -173,9 +173,10 @@ def test_pod_is_restricted_and_shaped_for_tensor_parallel_serving() -> None:
     # The drain must finish inside the grace period: preStop sleep plus vLLM's shutdown timeout.
     assert pod["terminationGracePeriodSeconds"] > 45 + builders.PRESTOP_SLEEP_SECONDS
     prestop = " ".join(c["lifecycle"]["preStop"]["exec"]["command"])
-    assert "/autoglm/v1/drain" in prestop and "method='POST'" in prestop
+    assert "127.0.0.1:8001/autoglm/v1/drain" in prestop and "method='POST'" in prestop
     env = {e["name"]: e for e in c["env"]}
     assert env["AUTOGLM_ADMIN_TOKEN_FILE"]["value"] == "/etc/autoglm/admin/token"
+    assert env["AUTOGLM_ADMIN_PORT"]["value"] == "8001"
     assert env["AUTOGLM_CONFIG_FILE"]["value"] == "/etc/autoglm/config.json"
     assert env["AUTOGLM_LABELS_FILE"]["value"] == "/etc/podinfo/labels"
 
@@ -260,13 +261,43 @@ def test_template_hash_is_stable_and_matches_its_content() -> None:
     one = builders.pod_template("phone-9b", make_spec())
     two = builders.pod_template("phone-9b", make_spec())
     assert builders.template_hash(one) == builders.template_hash(two)
+    # The digest of everything but itself and the admin volume, which names the token by it.
     stripped = json.loads(json.dumps(one))
     stripped["metadata"]["annotations"] = {}
+    stripped["spec"]["volumes"] = [v for v in stripped["spec"]["volumes"] if v["name"] != "admin"]
     assert builders.digest(stripped) == builders.template_hash(one)
 
 
+def test_each_pod_template_mounts_a_token_of_its_own() -> None:
+    """A rollout (a new template) gives its pods a new admin token; the old pods keep theirs."""
+    def token_key(spec: crd.AutoGLMDeploymentSpec) -> str:
+        pod = builders.pod_template("phone-9b", spec)
+        (admin,) = [v for v in pod["spec"]["volumes"] if v["name"] == "admin"]
+        assert admin["secret"]["secretName"] == "phone-9b-admin"
+        (item,) = admin["secret"]["items"]
+        assert item["path"] == "token"
+        assert item["key"] == builders.admin_token_key(builders.template_hash(pod) or "")
+        return str(item["key"])
+
+    before, after = token_key(make_spec()), token_key(make_spec(maxModelLen=4096))
+    assert before != after
+    assert builders.template_of_token_key(before) == before.removeprefix("token-")
+    assert builders.template_of_token_key("token") is None
+
+
+def test_the_admin_port_is_named_and_the_token_reaches_the_pod_only_as_a_file() -> None:
+    c = container(make_spec(apiKeySecretRef={"name": "keys", "key": "k"}))
+    assert {"name": "admin", "containerPort": 8001, "protocol": "TCP"} in c["ports"]
+    # The probes stay on the API port: the admin port answers only with the token.
+    assert c["readinessProbe"]["httpGet"]["port"] == "http"
+    assert c["livenessProbe"]["tcpSocket"]["port"] == "http"
+    secrets = [e["valueFrom"]["secretKeyRef"]["name"] for e in c["env"]
+               if "secretKeyRef" in e.get("valueFrom", {})]
+    assert secrets == ["keys"]  # the client API key; the admin token is no variable
+
+
 def test_every_child_is_owned_and_labelled() -> None:
-    objs = [*builders.children(OWNER, make_spec()), builders.admin_secret(OWNER, "t")]
+    objs = [*builders.children(OWNER, make_spec()), builders.admin_secret(OWNER, {"abc": "t"})]
     kinds = sorted((o["kind"], o["metadata"]["name"]) for o in objs)
     assert kinds == [
         ("ConfigMap", "phone-9b-config"),
@@ -334,9 +365,10 @@ def test_runtime_config_is_what_the_runtime_parses(policy: str, mode: str) -> No
     assert parsed.default_max_tokens == 512
 
 
-def test_admin_secret_carries_the_given_token() -> None:
-    secret = builders.admin_secret(OWNER, "s3cret")
-    assert base64.b64decode(secret["data"]["token"]).decode() == "s3cret"
+def test_admin_secret_carries_a_token_per_pod_template() -> None:
+    secret = builders.admin_secret(OWNER, {"abc": "s3cret", "def": "other"})
+    assert base64.b64decode(secret["data"]["token-abc"]).decode() == "s3cret"
+    assert base64.b64decode(secret["data"]["token-def"]).decode() == "other"
 
 
 def test_rolling_strategy_is_make_before_break_unless_told_otherwise() -> None:

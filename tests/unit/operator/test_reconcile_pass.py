@@ -17,6 +17,7 @@ from autoglm_operator.io import executor, kube
 from autoglm_operator.reconcile import plan
 from autoglm_operator.reconcile.children import serving as builders
 from autoglm_operator.reconcile.observe import owned_by
+from autoglm_operator.resource import spec as crd
 
 NS, NAME, UID = "serving", "phone-9b", "uid-1"
 
@@ -64,7 +65,7 @@ def observed(
             secret = {
                 "kind": "Secret",
                 "metadata": obj["metadata"],
-                "hasToken": bool(obj["data"].get("token")),
+                "keys": {k: bool(v) for k, v in (obj.get("data") or {}).items()},
             }
         elif kind != "Pod":
             children[(kind, name)] = json.loads(json.dumps(obj))
@@ -79,6 +80,27 @@ def observed(
 
 def writes(api: FakeKube) -> list[tuple[str, str, str]]:
     return [c for c in api.calls if c[0] != "get"]
+
+
+def tokens(api: FakeKube) -> dict[str, str]:
+    """The admin Secret's data: a token per pod template digest."""
+    return dict(api.objects[("Secret", NS, f"{NAME}-admin")]["data"])
+
+
+def template_of(spec: dict[str, Any]) -> str:
+    digests = builders.desired_template_hashes(NAME, crd.AutoGLMDeploymentSpec.model_validate(spec))
+    (digest,) = digests
+    return digest
+
+
+def pod(name: str, template: str) -> dict[str, Any]:
+    return {
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "resourceVersion": "7",
+                     "labels": {"autoglm.io/mode": "streaming"},
+                     "annotations": {"autoglm.io/template-hash": template}},
+        "status": {"phase": "Running"},
+    }
 
 
 async def run_pass(
@@ -112,7 +134,8 @@ async def test_first_pass_creates_everything_and_the_next_writes_nothing() -> No
             ("apply", "PodDisruptionBudget", f"{NAME}-router"),
         ]
     )
-    token = api.objects[("Secret", NS, f"{NAME}-admin")]["data"]["token"]
+    token = tokens(api)
+    assert list(token) == [builders.admin_token_key(template_of({"replicas": 2}))]
     # The status the apiserver now holds, and a new loop (as after a restart): nothing to write.
     written_status = [c for c in api.calls if c[0] == "apply_status"]
     assert written_status
@@ -124,7 +147,7 @@ async def test_first_pass_creates_everything_and_the_next_writes_nothing() -> No
     ).status  # fmt: skip
     await run_pass(api, body({"replicas": 2}, status=status), handlers.ReconcileMemory())
     assert writes(api) == []
-    assert api.objects[("Secret", NS, f"{NAME}-admin")]["data"]["token"] == token
+    assert tokens(api) == token
 
 
 async def test_a_deleted_secret_gets_a_new_token_and_an_edited_service_is_restored(
@@ -132,14 +155,15 @@ async def test_a_deleted_secret_gets_a_new_token_and_an_edited_service_is_restor
 ) -> None:
     api, state = FakeKube(), handlers.ReconcileMemory()
     await run_pass(api, body({}), state)
-    old = api.objects.pop(("Secret", NS, f"{NAME}-admin"))["data"]["token"]
+    old = tokens(api)
+    api.objects.pop(("Secret", NS, f"{NAME}-admin"))
     api.objects[("Service", NS, NAME)]["spec"]["ports"][0]["port"] = 1234
     api.calls.clear()
     state.written.clear()  # long after the first pass
     await run_pass(api, body({}), state)
     assert ("apply", "Service", NAME) in api.calls
     assert ("create", "Secret", f"{NAME}-admin") in api.calls
-    assert api.objects[("Secret", NS, f"{NAME}-admin")]["data"]["token"] != old
+    assert tokens(api).keys() == old.keys() and tokens(api) != old
     assert api.objects[("Service", NS, NAME)]["spec"]["ports"][0]["port"] == 8000
     assert any("restored spec.ports" in m for r, m in recorded_events if r == "Updated")
 
@@ -148,18 +172,45 @@ async def test_an_admin_token_emptied_right_after_its_creation_is_replaced_at_on
     api, state = FakeKube(), handlers.ReconcileMemory()
     await run_pass(api, body({}), state)
     secret = api.objects[("Secret", NS, f"{NAME}-admin")]
-    secret["data"]["token"] = ""
+    (key,) = secret["data"]
+    secret["data"][key] = ""
     api._store(secret)  # a hand edit: a new resourceVersion, inside the watch grace time
     api.calls.clear()
     emptied = await run_pass(api, body({}), state)
-    assert ("apply", "Secret", f"{NAME}-admin") in api.calls
-    assert api.objects[("Secret", NS, f"{NAME}-admin")]["data"]["token"]
+    assert ("merge_patch", "Secret", f"{NAME}-admin") in api.calls
+    assert tokens(api)[key]
     # A pass that still sees the emptied Secret (the watch has not brought our write back):
     # no second token.
     api.calls.clear()
     reconciler = handlers.Reconciler(api, logging.getLogger("test"))  # type: ignore[arg-type]
     await reconciler.pass_once(body({}), emptied, state)  # type: ignore[arg-type]
-    assert ("apply", "Secret", f"{NAME}-admin") not in api.calls
+    assert ("merge_patch", "Secret", f"{NAME}-admin") not in api.calls
+
+
+async def test_a_rollout_gets_a_new_token_and_the_old_goes_with_its_last_pod(
+    recorded_events: list[tuple[str, str]],
+) -> None:
+    """A token per pod template: the new template's pods start with a token of their own (it
+    is written before the Deployment), the old pods keep theirs until they are gone."""
+    api, state = FakeKube(), handlers.ReconcileMemory()
+    old_spec, new_spec = {"replicas": 1}, {"replicas": 1, "maxModelLen": 4096}
+    old, new = template_of(old_spec), template_of(new_spec)
+    await run_pass(api, body(old_spec), state)
+    first = tokens(api)
+    state.written.clear()  # long after
+    api.calls.clear()
+    await run_pass(api, body(new_spec, generation=2), state, pods=[pod("old-1", old)])
+    calls = writes(api)
+    assert calls.index(("merge_patch", "Secret", f"{NAME}-admin")) < calls.index(
+        ("apply", "Deployment", NAME))
+    rolled = tokens(api)
+    assert rolled.keys() == {builders.admin_token_key(old), builders.admin_token_key(new)}
+    assert rolled[builders.admin_token_key(old)] == first[builders.admin_token_key(old)]
+    assert any(f"a new admin token for pod template {new}" in m for _, m in recorded_events)
+    # The old pod is gone: its token with it.
+    state.written.clear()
+    await run_pass(api, body(new_spec, generation=2), state, pods=[pod("new-1", new)])
+    assert tokens(api) == {builders.admin_token_key(new): rolled[builders.admin_token_key(new)]}
 
 
 async def test_an_admin_secret_deleted_right_after_its_creation_is_recreated_at_once() -> None:
@@ -291,15 +342,16 @@ async def test_rolling_steps_toward_the_adaptive_target_in_memory_or_the_persist
     assert await batching_replicas(handlers.ReconcileMemory(batching_target=1), persisted) == 1
 
 
-def test_the_admin_token_is_read_through_the_executor() -> None:
-    """Missing Secret: not there yet (None); emptied token: its own error, which the loop logs
+def test_the_admin_tokens_are_read_through_the_executor() -> None:
+    """Missing Secret: not there yet (None); no token in it: its own error, which the loop logs
     and retries soon (not a kopf.TemporaryError that nothing catches)."""
     api = FakeKube()
     execute = executor.Executor(api, logging.getLogger("test"))  # type: ignore[arg-type]
-    assert execute.read_admin_token(NS, NAME) is None
+    assert execute.read_admin_tokens(NS, NAME) is None
     secret = {"kind": "Secret", "metadata": {"name": f"{NAME}-admin", "namespace": NS}}
-    api.objects[("Secret", NS, f"{NAME}-admin")] = {**secret, "data": {"token": ""}}
-    with pytest.raises(executor.MissingAdminToken, match="has no key 'token'"):
-        execute.read_admin_token(NS, NAME)
-    api.objects[("Secret", NS, f"{NAME}-admin")] = {**secret, "data": {"token": "czNjcmV0"}}
-    assert execute.read_admin_token(NS, NAME) == "s3cret"
+    api.objects[("Secret", NS, f"{NAME}-admin")] = {**secret, "data": {"token-abc": ""}}
+    with pytest.raises(executor.MissingAdminToken, match="holds no token"):
+        execute.read_admin_tokens(NS, NAME)
+    api.objects[("Secret", NS, f"{NAME}-admin")] = {
+        **secret, "data": {"token-abc": "czNjcmV0", "token": "b2xk", "token-def": ""}}
+    assert execute.read_admin_tokens(NS, NAME) == {"abc": "s3cret"}

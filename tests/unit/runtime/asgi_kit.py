@@ -1,4 +1,4 @@
-"""Helpers for the ASGI-level middleware tests: a fake engine app and admin headers."""
+"""Helpers for the ASGI-level middleware tests: a fake engine app."""
 
 from __future__ import annotations
 
@@ -6,8 +6,6 @@ import asyncio
 import json
 from collections.abc import Callable, MutableMapping
 from typing import Any
-
-TOKEN = "test-admin-token"
 
 
 class FakeEngine:
@@ -25,6 +23,7 @@ class FakeEngine:
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
             return
         self.paths.append(scope["path"])
         self.headers.append(list(scope.get("headers", ())))
@@ -63,5 +62,12 @@ class FakeEngine:
 MakeClient = Callable[..., Any]
 
 
-def auth(token: str = TOKEN) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
+async def _lifespan(receive: Any, send: Any) -> None:
+    """An app's side of the ASGI lifespan: started, then stopped when asked."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
-from asgi_kit import TOKEN, FakeEngine, MakeClient
+from asgi_kit import FakeEngine, MakeClient
 from prometheus_client import CollectorRegistry
 
 from autoglm_runtime.config import RuntimeSettings
@@ -22,15 +22,15 @@ def engine() -> FakeEngine:
 
 @pytest.fixture
 def make_client(tmp_path: Path, engine: FakeEngine) -> MakeClient:
-    """Build (middleware, client) with a fresh registry and optional config/labels/token."""
+    """Build (middleware, client) with a fresh registry and optional config/labels/settings."""
     def make(config: dict[str, Any] | None = None, labels: str | None = None,
-             token: str | None = TOKEN, **kwargs: Any) -> tuple[ModeMiddleware, httpx.AsyncClient]:
+             **kwargs: Any) -> tuple[ModeMiddleware, httpx.AsyncClient]:
         config_file = tmp_path / "config.json"
         config_file.write_text(json.dumps(config or {}))
         labels_file = tmp_path / "labels"
         labels_file.write_text(labels or "")
         settings = RuntimeSettings(config_file=config_file, labels_file=labels_file,
-                                   admin_token=token, gpu_metrics=False, **kwargs)
+                                   gpu_metrics=False, **kwargs)
         middleware = ModeMiddleware(engine, settings, registry=CollectorRegistry())
         client = httpx.AsyncClient(transport=httpx.ASGITransport(app=middleware),
                                    base_url="http://test")

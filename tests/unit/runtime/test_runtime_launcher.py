@@ -10,6 +10,7 @@ from autoglm_runtime import cli, launcher
 from autoglm_runtime.config import ConfigError, RuntimeSettings
 from autoglm_runtime.engine_args import MIDDLEWARE_IMPORT_PATH
 from autoglm_runtime.keepalive import SERVER_KEEP_ALIVE_SECONDS
+from autoglm_runtime.sim.process import free_port
 
 
 def settings(tmp_path: Path, **kwargs: object) -> RuntimeSettings:
@@ -26,7 +27,6 @@ def test_built_from_config(tmp_path: Path) -> None:
     assert argv[0] == "/models/phone"
     assert argv[argv.index("--middleware") + 1] == MIDDLEWARE_IMPORT_PATH
     assert argv[argv.index("--served-model-name") + 1] == "autoglm-phone-9b"
-    assert launcher.port_of(argv) == 8000
 
 
 def test_no_model_is_a_clear_error(tmp_path: Path) -> None:
@@ -95,10 +95,11 @@ def test_flags_that_only_look_like_the_key_pass(tmp_path: Path) -> None:
     assert launcher.serve_argv(settings(tmp_path), argv) == argv
 
 
-@pytest.mark.parametrize("argv, port", [
-    (["--port", "9000"], 9000), (["--port=9001"], 9001), (["--port", "x"], 8000), ([], 8000)])
-def test_port_of(argv: list[str], port: int) -> None:
-    assert launcher.port_of(argv) == port
+@pytest.mark.parametrize("argv, value", [
+    (["--host", "10.1.2.3"], "10.1.2.3"), (["--host=::"], "::"), (["--hostx", "y"], None),
+    ([], None)])  # fmt: skip
+def test_the_admin_api_listens_where_the_engine_does(argv: list[str], value: str | None) -> None:
+    assert launcher.Launcher(["vllm", "serve", "m", *argv], RuntimeSettings()).admin_host == value
 
 
 def test_missing_vllm_points_at_sim(monkeypatch: pytest.MonkeyPatch,
@@ -130,19 +131,31 @@ def test_config_error_exit_code(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 
 
 def test_launcher_returns_the_child_status(tmp_path: Path) -> None:
-    code = launcher.Launcher([sys.executable, "-c", "raise SystemExit(3)"], 1, 1).run()
+    settings = RuntimeSettings(admin_port=free_port())
+    code = launcher.Launcher([sys.executable, "-c", "raise SystemExit(3)"], settings).run()
     assert code == 3
 
 
-def test_the_engine_keeps_idle_connections_longer_than_clients_reuse_them() -> None:
-    env = launcher.engine_env({"PATH": "/bin"}, "drain-token")
-    assert env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] == str(SERVER_KEEP_ALIVE_SECONDS)
-    assert env["AUTOGLM_DRAIN_TOKEN"] == "drain-token"
+SOCKET = Path("/tmp/autoglm-admin-x/relay.sock")
+
+
+def test_the_engine_gets_the_relay_socket_and_never_the_admin_token() -> None:
+    pod = {"PATH": "/bin", "AUTOGLM_ADMIN_TOKEN": "s3cret",
+           "AUTOGLM_ADMIN_TOKEN_FILE": "/etc/autoglm/admin/token", "AUTOGLM_ADMIN_PORT": "8001"}
+    env = launcher.engine_env(pod, SOCKET)
+    assert not {"AUTOGLM_ADMIN_TOKEN", "AUTOGLM_ADMIN_TOKEN_FILE"} & env.keys()
+    assert "s3cret" not in env.values()
+    assert env["AUTOGLM_ADMIN_SOCKET"] == str(SOCKET)
     assert env["PATH"] == "/bin"
 
 
+def test_the_engine_keeps_idle_connections_longer_than_clients_reuse_them() -> None:
+    env = launcher.engine_env({"PATH": "/bin"}, SOCKET)
+    assert env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] == str(SERVER_KEEP_ALIVE_SECONDS)
+
+
 def test_a_keep_alive_the_pod_sets_itself_is_kept() -> None:
-    env = launcher.engine_env({"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "120"}, "t")
+    env = launcher.engine_env({"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "120"}, SOCKET)
     assert env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] == "120"
 
 
@@ -150,10 +163,11 @@ def test_a_keep_alive_the_pod_sets_itself_is_kept() -> None:
 def test_the_middleware_learns_the_engine_sequence_limit_from_the_argv(
     flag: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for key, value in launcher.engine_env({}, "t", ["vllm", "serve", "m", *flag]).items():
+    for key, value in launcher.engine_env({}, SOCKET, ["vllm", "serve", "m", *flag]).items():
         monkeypatch.setenv(key, value)
     assert RuntimeSettings().engine_max_num_seqs == 96
 
 
 def test_no_sequence_limit_in_the_argv_sets_none() -> None:
-    assert launcher.ENGINE_MAX_NUM_SEQS_ENV not in launcher.engine_env({}, "t", ["vllm", "serve"])
+    env = launcher.engine_env({}, SOCKET, ["vllm", "serve"])
+    assert launcher.ENGINE_MAX_NUM_SEQS_ENV not in env

@@ -136,7 +136,8 @@ def test_the_sim_runs_the_calibration_it_is_asked_for(
 ) -> None:
     seen: list[LatencyModel] = []
 
-    async def serve(host: str, port: int, settings: SimSettings) -> None:
+    async def serve(host: str, port: int, settings: SimSettings,
+                    admin_port: int | None = None) -> None:
         seen.append(settings.latency)
 
     monkeypatch.setattr("autoglm_runtime.sim.server.serve_sim", serve)

@@ -33,7 +33,7 @@ from autoglm_runtime.engine_args import (
     build_vllm_argv,
     without_newly_managed,
 )
-from autoglm_runtime.profiles import DRAIN_PATH, MODE_LABEL, Mode
+from autoglm_runtime.profiles import ADMIN_PORT, DRAIN_PATH, MODE_LABEL, Mode
 
 Manifest = dict[str, Any]
 
@@ -42,7 +42,9 @@ HTTP_PORT = 8000
 CONFIG_DIR = crd.CONFIG_MOUNT_PATH
 CONFIG_KEY = "config.json"
 ADMIN_DIR = crd.ADMIN_MOUNT_PATH
-ADMIN_TOKEN_KEY = "token"
+# The file the launcher reads the admin token from; the Secret holds one per pod template.
+ADMIN_TOKEN_FILE = "token"
+ADMIN_TOKEN_KEY_PREFIX = "token-"
 PODINFO_DIR = crd.PODINFO_MOUNT_PATH
 # The root filesystem is read-only; what vLLM 0.33 and its libraries write goes to emptyDirs:
 # $HOME holds their caches (vLLM's ~/.cache/vllm with the torch.compile cache and
@@ -97,6 +99,18 @@ def config_map_name(name: str) -> str:
 
 def admin_secret_name(name: str) -> str:
     return f"{name}-admin"
+
+
+def admin_token_key(template_digest: str) -> str:
+    """The admin Secret's key for the token of the pods of one template (one per rollout)."""
+    return ADMIN_TOKEN_KEY_PREFIX + template_digest
+
+
+def template_of_token_key(key: str) -> str | None:
+    """The template digest an admin Secret key is for; None for a key of no template."""
+    if not key.startswith(ADMIN_TOKEN_KEY_PREFIX):
+        return None
+    return key[len(ADMIN_TOKEN_KEY_PREFIX):]
 
 
 def selector_labels(name: str) -> dict[str, str]:
@@ -234,8 +248,8 @@ def _prestop_command() -> list[str]:
     script = (
         "import pathlib,time,urllib.request\n"
         "try:\n"
-        f" t=pathlib.Path('{ADMIN_DIR}/{ADMIN_TOKEN_KEY}').read_text().strip()\n"
-        f" r=urllib.request.Request('http://127.0.0.1:{HTTP_PORT}{DRAIN_PATH}',"
+        f" t=pathlib.Path('{ADMIN_DIR}/{ADMIN_TOKEN_FILE}').read_text().strip()\n"
+        f" r=urllib.request.Request('http://127.0.0.1:{ADMIN_PORT}{DRAIN_PATH}',"
         "method='POST',headers={'Authorization':'Bearer '+t})\n"
         " urllib.request.urlopen(r,timeout=5).close()\n"
         "except Exception:\n"
@@ -279,14 +293,6 @@ def _volumes(name: str, spec: crd.AutoGLMDeploymentSpec) -> list[dict[str, Any]]
             },
         },
         {
-            "name": "admin",
-            "secret": {
-                "secretName": admin_secret_name(name),
-                "items": [{"key": ADMIN_TOKEN_KEY, "path": ADMIN_TOKEN_KEY}],
-                "defaultMode": 0o440,
-            },
-        },
-        {
             "name": "podinfo",
             "downwardAPI": {
                 "items": [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]
@@ -295,10 +301,24 @@ def _volumes(name: str, spec: crd.AutoGLMDeploymentSpec) -> list[dict[str, Any]]
     ]
 
 
+def _admin_volume(name: str, template_digest: str) -> dict[str, Any]:
+    """The token of this template's pods, for the launcher (never the engine's environment)."""
+    return {
+        "name": "admin",
+        "secret": {
+            "secretName": admin_secret_name(name),
+            "items": [{"key": admin_token_key(template_digest), "path": ADMIN_TOKEN_FILE}],
+            "defaultMode": 0o440,
+        },
+    }
+
+
 def _env(spec: crd.AutoGLMDeploymentSpec) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": "AUTOGLM_CONFIG_FILE", "value": f"{CONFIG_DIR}/{CONFIG_KEY}"},
-        {"name": "AUTOGLM_ADMIN_TOKEN_FILE", "value": f"{ADMIN_DIR}/{ADMIN_TOKEN_KEY}"},
+        # The launcher's: it serves the admin API and keeps both out of the engine's env.
+        {"name": "AUTOGLM_ADMIN_TOKEN_FILE", "value": f"{ADMIN_DIR}/{ADMIN_TOKEN_FILE}"},
+        {"name": "AUTOGLM_ADMIN_PORT", "value": str(ADMIN_PORT)},
         {"name": "AUTOGLM_LABELS_FILE", "value": f"{PODINFO_DIR}/labels"},
         {"name": "AUTOGLM_DRAIN_GRACE_SECONDS", "value": str(spec.engine.shutdown_timeout_seconds)},
         {"name": "AUTOGLM_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -351,7 +371,11 @@ def _container(spec: crd.AutoGLMDeploymentSpec, mode: Mode | None) -> dict[str, 
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["autoglm-runtime", "serve", "--"],
         "args": build_vllm_argv(engine_settings(spec, mode)),
-        "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+            # The admin API (the launcher's): the chart's NetworkPolicy opens it to the operator.
+            {"name": "admin", "containerPort": ADMIN_PORT, "protocol": "TCP"},
+        ],
         "env": _env(spec),
         "resources": _resources(spec),
         "volumeMounts": [
@@ -431,7 +455,11 @@ def pod_template(
         },
         "spec": pod_spec,
     }
-    template["metadata"]["annotations"][TEMPLATE_HASH_ANNOTATION] = digest(template)
+    # A new template is a rollout, and its pods get a new admin token: the volume names the
+    # token by the digest of the rest of the template.
+    template_digest = digest(template)
+    pod_spec["volumes"].append(_admin_volume(name, template_digest))
+    template["metadata"]["annotations"][TEMPLATE_HASH_ANNOTATION] = template_digest
     return template
 
 
@@ -547,15 +575,19 @@ def config_map(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> Manifest:
     }
 
 
-def admin_secret(owner: Owner, token: str) -> Manifest:
-    """The admin token: generated once by the caller and kept, never rebuilt on a pass."""
-    encoded = base64.b64encode(token.encode()).decode()
+def admin_secret(owner: Owner, tokens: Mapping[str, str]) -> Manifest:
+    """The admin tokens, one per pod template (`tokens`: template digest -> token): generated
+    by the caller and kept, never rebuilt on a pass."""
+    data = {
+        admin_token_key(template): base64.b64encode(token.encode()).decode()
+        for template, token in sorted(tokens.items())
+    }
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": _metadata(owner, admin_secret_name(owner.name)),
         "type": "Opaque",
-        "data": {ADMIN_TOKEN_KEY: encoded},
+        "data": data,
     }
 
 

@@ -1,0 +1,233 @@
+"""The admin API apart from the engine (admin.py): the launcher's HTTP side fed raw bytes in
+process, and the relay to the middleware over a Unix socket, driven by the app's lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from asgi_kit import FakeEngine, MakeClient
+
+from autoglm_runtime import admin
+from autoglm_runtime.admin import AdminServer, RelayError, relay_to
+from autoglm_runtime.profiles import DRAIN_PATH, MODE_PATH
+
+TOKEN = "test-admin-token"
+STATE = {"mode": "streaming", "switches": 0, "inflight": 0, "queued": 0, "draining": False}
+
+
+class FakeRelay:
+    """Answers every relayed call with a state; records the calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.down = False
+
+    async def __call__(self, call: dict[str, Any]) -> dict[str, Any]:
+        if self.down:
+            raise RelayError("not listening")
+        self.calls.append(call)
+        return {**STATE, "mode": call.get("mode", "streaming")}
+
+
+def raw(method: str, path: str, body: bytes = b"", authorization: str | None = None,
+        **headers: str) -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", "Host: pod"]
+    if authorization is not None:
+        lines.append(f"Authorization: {authorization}")
+    lines += [f"{k.replace('_', '-')}: {v}" for k, v in headers.items()]
+    if body or method in ("PUT", "POST"):
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8") + body
+
+
+async def answer(request: bytes, relay: FakeRelay, token: str | None = TOKEN,
+                 eof: bool = True) -> admin.Answer:
+    """What the admin server answers `request` (no socket: its reader is fed the bytes)."""
+    reader = asyncio.StreamReader(limit=admin.MAX_HEAD_BYTES)
+    reader.feed_data(request)
+    if eof:
+        reader.feed_eof()
+    server = AdminServer(lambda: token, relay)
+    return await asyncio.wait_for(server._answer(reader), 2)
+
+
+def error(reply: admin.Answer) -> dict[str, Any]:
+    return json.loads(reply.body)["error"]  # type: ignore[no-any-return]
+
+
+BEARER = f"Bearer {TOKEN}"
+
+
+async def test_the_token_lets_the_mode_be_read_set_and_the_replica_drained() -> None:
+    relay = FakeRelay()
+    read = await answer(raw("GET", MODE_PATH, authorization=BEARER), relay)
+    put = await answer(raw("PUT", MODE_PATH, b'{"mode": "batching"}', BEARER), relay)
+    drained = await answer(raw("POST", DRAIN_PATH, authorization=BEARER), relay)
+    assert (read.status, put.status, drained.status) == (200, 200, 202)
+    assert json.loads(put.body)["mode"] == "batching"
+    assert relay.calls == [{"op": "state"}, {"op": "mode", "mode": "batching"}, {"op": "drain"}]
+
+
+# Authorization headers that must not open the admin API (None: no header at all).
+REFUSED_AUTH = {
+    "missing": None,
+    "basic-scheme": f"Basic {TOKEN}",
+    "token-scheme": f"Token {TOKEN}",
+    "no-scheme": TOKEN,
+    "empty-token": "Bearer ",
+    "scheme-only": "Bearer",
+    "wrong-token": "Bearer nope",
+    "token-prefix": f"Bearer {TOKEN[:-1]}",
+    "token-with-more": f"Bearer {TOKEN}x",
+    "two-tokens": f"Bearer nope {TOKEN}",
+    "non-ascii-token": "Bearer t\u00f6ken",
+}
+
+
+@pytest.mark.parametrize("header", list(REFUSED_AUTH.values()), ids=list(REFUSED_AUTH))
+@pytest.mark.parametrize(("method", "path", "body"), [
+    ("PUT", MODE_PATH, b'{"mode": "batching"}'), ("GET", MODE_PATH, b""),
+    ("POST", DRAIN_PATH, b"")])  # fmt: skip
+async def test_a_refused_call_is_401_and_relays_nothing(header: str | None, method: str,
+                                                        path: str, body: bytes) -> None:
+    relay = FakeRelay()
+    reply = await answer(raw(method, path, body, header), relay)
+    assert reply.status == 401
+    assert reply.headers["www-authenticate"] == "Bearer"
+    assert error(reply)["type"] == "authentication_error" and error(reply)["code"] == 401
+    assert TOKEN.encode() not in reply.body
+    assert relay.calls == []
+
+
+async def test_the_token_is_checked_before_the_body_is_read() -> None:
+    """A client without the token gets its 401 while its declared body never arrives."""
+    relay = FakeRelay()
+    head = raw("PUT", MODE_PATH).replace(b"Content-Length: 0", b"Content-Length: 60000")
+    reply = await answer(head, relay, eof=False)
+    assert reply.status == 401 and relay.calls == []
+
+
+async def test_the_token_is_read_again_on_every_call() -> None:
+    """The launcher re-reads the mounted file: a token the Secret no longer holds is refused."""
+    relay = FakeRelay()
+    tokens = iter(["first", "second"])
+    server = AdminServer(lambda: next(tokens), relay)
+    for expected in (200, 401):
+        reader = asyncio.StreamReader()
+        reader.feed_data(raw("GET", MODE_PATH, authorization="Bearer first"))
+        reader.feed_eof()
+        assert (await server._answer(reader)).status == expected
+
+
+async def test_without_a_configured_token_the_admin_api_is_off() -> None:
+    reply = await answer(raw("GET", MODE_PATH, authorization=BEARER), FakeRelay(), token=None)
+    assert reply.status == 503
+    assert "AUTOGLM_ADMIN_TOKEN_FILE" in error(reply)["message"]
+
+
+async def test_an_engine_not_serving_yet_is_a_503_to_retry() -> None:
+    relay = FakeRelay()
+    relay.down = True
+    reply = await answer(raw("GET", MODE_PATH, authorization=BEARER), relay)
+    assert reply.status == 503 and reply.headers["retry-after"] == "1"
+
+
+@pytest.mark.parametrize(("request_bytes", "status", "says"), [
+    (raw("DELETE", MODE_PATH, authorization=BEARER), 405, "GET or PUT"),
+    (raw("GET", DRAIN_PATH, authorization=BEARER), 405, "POST"),
+    (raw("GET", "/v1/chat/completions", authorization=BEARER), 404, "not an admin path"),
+    (raw("GET", "/metrics", authorization=BEARER), 404, "not an admin path"),
+    (raw("PUT", MODE_PATH, b'{"mode": "turbo"}', BEARER), 400, '"turbo"'),
+    (raw("PUT", MODE_PATH, b'{"mode": ["batching"]}', BEARER), 400, "Unknown mode"),
+    (raw("PUT", MODE_PATH, b"{", BEARER), 400, "not JSON"),
+    (raw("PUT", MODE_PATH, b"[" * 100_000, BEARER), 413, "larger than"),
+    (raw("PUT", MODE_PATH, authorization=BEARER, Transfer_Encoding="chunked"), 411,
+     "Content-Length"),
+    (raw("GET", MODE_PATH, authorization=BEARER, X_Big="x" * 20_000), 431, "too large"),
+    (b"GET " + MODE_PATH.encode() + b" HTTP/1.1\r\nAuthorization: " + BEARER.encode()
+     + b"\r\nAuthorization: Bearer nope\r\n\r\n", 400, "twice"),
+    (b"GET /autoglm/v1/mode\r\n\r\n", 400, "request line"),
+    (b"GET " + MODE_PATH.encode() + b" HTTP/1.1\r\n", 400, "ended"),
+])  # fmt: skip
+async def test_requests_outside_the_admin_api_are_refused_clearly(
+    request_bytes: bytes, status: int, says: str
+) -> None:
+    relay = FakeRelay()
+    reply = await answer(request_bytes, relay)
+    assert reply.status == status, reply.body
+    assert says in error(reply)["message"]
+    assert relay.calls == []
+
+
+# --- the relay into the middleware --------------------------------------------------------------
+
+
+def lifespan(middleware: Callable[..., Any]) -> tuple[asyncio.Queue[dict[str, Any]],
+                                                      list[dict[str, Any]], Any]:
+    """Run the app's lifespan through the middleware, as uvicorn does: (to send, sent, task)."""
+    inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    task = asyncio.ensure_future(middleware({"type": "lifespan"}, inbox.get, send))
+    return inbox, sent, task
+
+
+async def wait_for(predicate: Callable[[], bool]) -> None:
+    for _ in range(200):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("never happened")
+
+
+async def test_the_middleware_serves_the_relay_while_the_app_runs(
+    make_client: MakeClient, engine: FakeEngine, tmp_path: Path
+) -> None:
+    socket_path = tmp_path / "relay.sock"
+    middleware, client = make_client(admin_socket=socket_path)
+    call = relay_to(socket_path)
+    inbox, sent, task = lifespan(middleware)
+    await inbox.put({"type": "lifespan.startup"})
+    await wait_for(lambda: bool(sent))
+    assert sent == [{"type": "lifespan.startup.complete"}]
+
+    switched = await call({"op": "mode", "mode": "batching"})
+    assert switched["mode"] == "batching" and middleware.mode.value == "batching"
+    drained = await call({"op": "drain"})
+    assert drained["draining"] is True
+    assert (await client.get("/health")).status_code == 503
+    with pytest.raises(RelayError, match="refused"):
+        await call({"op": "reboot"})
+
+    await inbox.put({"type": "lifespan.shutdown"})
+    await task
+    with pytest.raises(RelayError, match="does not answer"):
+        await call({"op": "state"})
+
+
+async def test_the_api_port_serves_no_admin_path(make_client: MakeClient,
+                                                 engine: FakeEngine) -> None:
+    _, client = make_client()
+    for method, path in (("GET", MODE_PATH), ("PUT", MODE_PATH), ("POST", DRAIN_PATH),
+                         ("GET", "/autoglm/v2/anything")):
+        reply = await client.request(method, path, json={"mode": "batching"},
+                                     headers={"Authorization": f"Bearer {TOKEN}"})
+        assert reply.status_code == 404, (method, path)
+        assert "admin port" in reply.json()["error"]["message"]
+    assert engine.paths == []  # nothing reached the engine either
+
+
+async def test_a_relay_socket_lives_in_a_folder_only_its_user_may_enter() -> None:
+    with admin.relay_socket() as path:
+        assert path.parent.stat().st_mode & 0o777 == 0o700
+        folder = path.parent
+    assert not folder.exists()
+
