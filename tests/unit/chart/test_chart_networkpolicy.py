@@ -144,9 +144,12 @@ def test_gateway_pods_reach_serving_pods_and_the_routers_picker_port_only() -> N
     docs = render({**ENABLED, "networkPolicy.gateway": [GATEWAY]})
     gateway_pod = {"istio": "ingressgateway"}
     serving = one(docs, "NetworkPolicy", f"{FULLNAME}-serving")
-    [rule] = serving["spec"]["ingress"]
+    rule, admin = serving["spec"]["ingress"]
+    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
     assert any(_peer_matches(p, "istio-ingress", gateway_pod) for p in rule["from"])
-    assert len(rule["from"]) == 6
+    assert len(rule["from"]) == 5
+    # Not the admin port: that is the operator's alone.
+    assert not any(_peer_matches(p, "istio-ingress", gateway_pod) for p in admin["from"])
     # On the routers: the picker's port, for the gateway alone; not the API or metrics ports.
     router = one(docs, "NetworkPolicy", f"{FULLNAME}-router")
     api, ops, picker = router["spec"]["ingress"]
