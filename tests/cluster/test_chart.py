@@ -648,24 +648,35 @@ def test_a_whole_lifecycle_uses_every_permission_the_chart_grants(
         kit.patch_agd(cluster, ns, back)
         wait_for("one Deployment again", lambda: deployments() == {kit.NAME}, timeout=180)
         wait_for("2/2 in place", settled("2/2"), timeout=90)
-        # Children deleted or emptied by hand, and repaired.
+        # Children deleted or emptied by hand, and repaired. The operator watches no Secret:
+        # the admin Secret is read by name when a serving pod appears (it mounts it), so a
+        # replaced pod brings it back.
         admin = f"{kit.NAME}-admin"
+
+        def replace_a_pod() -> None:
+            pod = kit.live_pods(cluster, ns)[0]["metadata"]["name"]  # a serving pod
+            cluster.kubectl("delete", "pod", pod, "-n", ns, "--wait=false")
+
         cluster.kubectl("delete", "service", f"{kit.NAME}-streaming", "-n", ns)
         cluster.kubectl("delete", "secret", admin, "-n", ns)
+        replace_a_pod()
         wait_for(
             "the Service and the admin Secret back",
             lambda: cluster.kubectl("get", "service", f"{kit.NAME}-streaming", "-n", ns,
                                     check=False).returncode == 0
             and cluster.kubectl("get", "secret", admin, "-n", ns, check=False).returncode == 0,
         )  # fmt: skip
+        wait_for("2/2 after the pod was replaced", settled("2/2"), timeout=90)
         template = kit.get(cluster, ns, "deployment", kit.NAME)["spec"]["template"]
         key = f"token-{template['metadata']['annotations'][kit.HASH_ANNOTATION]}"
         emptied = json.dumps([{"op": "replace", "path": f"/data/{key}", "value": ""}])
         cluster.kubectl("patch", "secret", admin, "-n", ns, "--type=json", "-p", emptied)
+        replace_a_pod()
         wait_for(
             "a new admin token",
             lambda: kit.get(cluster, ns, "secret", admin).get("data", {}).get(key),
         )
+        wait_for("2/2 after the second pod was replaced", settled("2/2"), timeout=90)
         # The gateway on: InferencePool <name> and Service <name>-epp published, a changed
         # failure mode applied to the pool, then both deleted when it is off again.
         def failure_mode() -> str:

@@ -34,7 +34,7 @@ from autoglm_operator.io.metrics import METRICS
 from autoglm_operator.reconcile import plan
 from autoglm_operator.reconcile import status as status_
 from autoglm_operator.reconcile.children import gateway, serving
-from autoglm_operator.reconcile.observe import INDEXES, Observed, observe
+from autoglm_operator.reconcile.observe import INDEXES, Observed, admin_secret_view, observe
 from autoglm_operator.resource import names
 from autoglm_operator.resource import pods as pods_
 from autoglm_operator.resource import spec as crd
@@ -105,19 +105,6 @@ def owned_inferencepools(
     namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> Any:
     return {_key(namespace, labels): _trim(body)}
-
-
-@kopf.index("", "v1", "secrets", labels=CHILD_FILTER)
-def owned_secrets(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
-    # Only which keys hold a token: the tokens themselves stay out of the operator's memory.
-    data = body.get("data") or {}
-    return {
-        _key(namespace, labels): {
-            "kind": "Secret",
-            "metadata": _trim(body)["metadata"],
-            "keys": {key: bool(value) for key, value in data.items()},
-        }
-    }
 
 
 @kopf.index("", "v1", "pods", labels=CHILD_FILTER)
@@ -201,6 +188,25 @@ class Reconciler:
             settled = plan.settle(the_plan, state, flips, problem)
             await self._write_status(body, inputs, state, settled)  # reports the failure
         return Done(settled, failed)
+
+    async def read_admin_secret(self, observed: Observed, state: ReconcileMemory) -> bool:
+        """Read the admin Secret by name when plan.admin_secret_read_due says so; whether it
+        was read (into state.admin_secret)."""
+        now = time.monotonic()
+        if not plan.admin_secret_read_due(state, observed.pods, now):
+            return False
+        meta = observed.body["metadata"]
+        try:
+            secret = await self.executor.get(
+                "Secret", meta["namespace"], serving.admin_secret_name(meta["name"])
+            )
+        except executor.ApiError as err:
+            self.logger.warning(f"Could not read the admin Secret; retrying: {err}")
+            return False
+        state.admin_secret = admin_secret_view(secret)
+        state.admin_secret_read_at, state.admin_secret_stale = now, False
+        state.admin_secret_pods = frozenset(p["metadata"]["name"] for p in observed.pods)
+        return True
 
     async def _inputs(
         self, body: kopf.Body, observed: Observed, state: ReconcileMemory, step: ModeStep | None
@@ -385,7 +391,9 @@ async def reconcile(
     adaptive_loop = adaptive_pass.AdaptiveLoop(reconciler.executor, str(namespace), name)
     try:
         while not stopped:
-            observed = observe(body, str(namespace), name, uid, indexes)
+            observed = observe(body, str(namespace), name, uid, indexes, state.admin_secret)
+            if await reconciler.read_admin_secret(observed, state):
+                observed = observe(body, str(namespace), name, uid, indexes, state.admin_secret)
             step = None
             if adaptive_loop.due(observed.body):
                 step = await _observe_modes(adaptive_loop, reconciler, observed, state, logger)
@@ -396,6 +404,8 @@ async def reconcile(
                 adaptive_loop.retry_soon()
             else:
                 _after_modes(adaptive_loop, step, done, body)
+                if step is not None and step.io.unauthorized:
+                    state.admin_secret_stale = True  # a token was refused: read it again
             await stopped.wait(settings_.RECONCILE_INTERVAL_SECONDS)
     finally:
         await adaptive_loop.close()
@@ -426,6 +436,7 @@ async def _observe_modes(
         raise
     except executor.MissingAdminToken as missing:
         logger.warning(f"Adaptive pass waits for the admin token: {missing}")
+        state.admin_secret_stale = True
     except Exception:
         logger.exception("Adaptive pass failed; retrying")
     else:

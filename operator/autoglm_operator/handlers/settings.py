@@ -25,7 +25,6 @@ WATCHED_CHILDREN = (
     ("apps", "deployments"),
     ("", "services"),
     ("", "configmaps"),
-    ("", "secrets"),
     ("policy", "poddisruptionbudgets"),
     ("", "pods"),
     ("", "serviceaccounts"),

@@ -278,6 +278,7 @@ class Executor:
             self._report(body, verb, f"{verb} Secret {key[1]}: {'; '.join(done)}")
         rv = str(((result or {}).get("metadata") or {}).get("resourceVersion") or "")
         state.written[key] = plan.Written("", rv, seen, time.monotonic())
+        state.admin_secret_stale = True  # no watch brings it back: the next pass reads it
 
     async def _label(
         self, the_plan: plan.Plan, observed: Observed, state: plan.ReconcileMemory

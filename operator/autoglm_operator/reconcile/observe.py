@@ -11,7 +11,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from autoglm_operator.reconcile.children import serving
 from autoglm_operator.resource import names
 
 Key = tuple[str, str]  # (kind, name)
@@ -27,7 +26,7 @@ CHILD_INDEXES = (
     ("owned_rolebindings", "RoleBinding"),
     ("owned_inferencepools", "InferencePool"),
 )
-INDEXES = (*(index for index, _ in CHILD_INDEXES), "owned_secrets", "owned_pods")
+INDEXES = (*(index for index, _ in CHILD_INDEXES), "owned_pods")
 
 # An index as kopf hands it to a daemon: (namespace, instance) -> the objects filed there.
 Index = Mapping[tuple[str, str], Iterable[Any]]
@@ -53,6 +52,16 @@ class Observed:
         return rv(self.body), tuple(sorted(rv(o) for o in objs))
 
 
+def admin_secret_view(secret: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What a pass keeps of the admin Secret: its metadata and which keys hold a token. The
+    tokens themselves stay out of the reconcile loop's memory."""
+    if secret is None:
+        return None
+    meta = {k: v for k, v in (secret.get("metadata") or {}).items() if k != "managedFields"}
+    data = secret.get("data") or {}
+    return {"kind": "Secret", "metadata": meta, "keys": {k: bool(v) for k, v in data.items()}}
+
+
 def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
     refs = (obj.get("metadata") or {}).get("ownerReferences") or []
     return any(ref.get("uid") == uid for ref in refs)
@@ -64,7 +73,10 @@ def observe(
     name: str,
     uid: str,
     indexes: Mapping[str, Index],
+    admin_secret: dict[str, Any] | None = None,
 ) -> Observed:
+    """What the indexes hold of this object's children and pods, with the admin Secret as its
+    last named read saw it (admin_secret_view: no index, so no list or watch on Secrets)."""
     key = (namespace, name)
 
     def owned(index: str) -> list[dict[str, Any]]:
@@ -74,8 +86,6 @@ def observe(
     for index, kind in CHILD_INDEXES:
         for obj in owned(index):
             children[(kind, obj["metadata"]["name"])] = {"kind": kind, **obj}
-    secret_name = serving.admin_secret_name(name)
-    secret = next((s for s in owned("owned_secrets") if s["metadata"]["name"] == secret_name), None)
     # Pods are owned by ReplicaSets, not by us: the instance label places them, the app name
     # tells the serving pods from the router's.
     placed = list(indexes["owned_pods"].get(key, []))
@@ -89,7 +99,7 @@ def observe(
         body=dict(body),
         deployment=children.get(("Deployment", name)),
         children=children,
-        secret=secret,
+        secret=admin_secret if admin_secret is not None and owned_by(admin_secret, uid) else None,
         pods=pods,
         router_pods=router_pods,
     )

@@ -86,6 +86,8 @@ def contains(actual: Any, desired: Any, *, path: tuple[str, ...] = ()) -> bool:
 
 # How long a write may take to come back through the watch before it counts as lost.
 WATCH_GRACE_SECONDS = 10.0
+# How often the admin Secret is read again while a serving pod is not ready.
+ADMIN_SECRET_RECHECK_SECONDS = 30.0
 
 
 def _omitted_zero(value: Any) -> bool:
@@ -399,6 +401,12 @@ class ReconcileMemory:
     gateway_problem: status_.Problem | None = None
     gateway_failures: int = 0
     gateway_retry_at: float = 0.0
+    # The admin Secret as its last named read saw it (observe.admin_secret_view), when that was,
+    # and whether it must be read again (admin_secret_read_due).
+    admin_secret: dict[str, Any] | None = None
+    admin_secret_read_at: float = float("-inf")
+    admin_secret_stale: bool = True
+    admin_secret_pods: frozenset[str] = frozenset()  # the serving pods at that read
 
 
 @dataclass(frozen=True)
@@ -594,6 +602,23 @@ def _to_label(
         (pod, str(by_name[pod]["metadata"].get("resourceVersion"))) for pod in pods_to_label(pods)
     )
     return tuple((pod, rv) for pod, rv in wanted if labelled.get(pod) != rv)
+
+
+def admin_secret_read_due(memory: ReconcileMemory, pods: Sequence[pods_.Pod], now: float) -> bool:
+    """Whether this pass reads the admin Secret by name. The operator neither lists nor watches
+    Secrets (least privilege: a watch RBAC grants on Secrets covers every Secret in scope), so it
+    reads this one when something says it may have changed or be needed: on the loop's first
+    pass, after its own write, after a refused or missing token (memory.admin_secret_stale),
+    when a serving pod appeared since the last read (it mounts the Secret: one deleted or
+    emptied by hand is made again before it is missed), and while a serving pod is not ready,
+    at most every ADMIN_SECRET_RECHECK_SECONDS. A quiet deployment costs no read."""
+    if memory.admin_secret_stale:
+        return True
+    live = [p for p in pods if pods_.is_live(p)]
+    if any(p["metadata"]["name"] not in memory.admin_secret_pods for p in live):
+        return True
+    waiting = any(not pods_.is_ready(p) for p in live)
+    return waiting and now - memory.admin_secret_read_at >= ADMIN_SECRET_RECHECK_SECONDS
 
 
 def admin_secret_action(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -250,6 +251,72 @@ async def test_a_name_held_by_an_object_it_does_not_own_is_never_taken_over(
     assert owned_by(api.objects[(kind, NS, name)], UID)
     degraded = {c["type"]: c for c in api.statuses[-1]["conditions"]}["Degraded"]
     assert degraded["status"] == "False"
+
+
+def ready(pod_: dict[str, Any], is_ready: bool = True) -> dict[str, Any]:
+    condition = {"type": "Ready", "status": "True" if is_ready else "False"}
+    return {**pod_, "status": {"phase": "Running", "conditions": [condition]}}
+
+
+async def loop_pass(api: FakeKube, agd: dict[str, Any], state: handlers.ReconcileMemory,
+                    pods: Any = None) -> None:
+    """One turn of the reconcile loop: the children and pods as the indexes hold them, the admin
+    Secret as the loop's own named reads saw it (no index: nothing lists or watches Secrets)."""
+    reconciler = handlers.Reconciler(api, logging.getLogger("test"))  # type: ignore[arg-type]
+    obs = observed(api, agd, pods)
+    await reconciler.read_admin_secret(replace(obs, secret=None), state)
+    seen = state.admin_secret if state.admin_secret and owned_by(state.admin_secret, UID) else None
+    await reconciler.pass_once(agd, replace(obs, secret=seen), state)  # type: ignore[arg-type]
+
+
+def secret_reads(api: FakeKube) -> int:
+    return api.calls.count(("get", "Secret", f"{NAME}-admin"))
+
+
+async def test_the_admin_secret_is_read_by_name_only_when_something_says_it_changed() -> None:
+    api, state = FakeKube(), handlers.ReconcileMemory()
+    digest = template_of({})
+    await loop_pass(api, body({}), state)  # the first pass reads it (absent) and creates it
+    assert secret_reads(api) == 1 and ("create", "Secret", f"{NAME}-admin") in api.calls
+    api.calls.clear()
+    await loop_pass(api, body({}), state, pods=[ready(pod("p-1", digest))])
+    assert secret_reads(api) == 1, "after its own write the loop reads it back once"
+    api.calls.clear()
+    for _ in range(3):  # quiet: every pod ready, nothing refused
+        await loop_pass(api, body({}), state, pods=[ready(pod("p-1", digest))])
+    assert api.calls == []
+    # A refused token (the adaptive pass) makes the next pass read it again.
+    state.admin_secret_stale = True
+    await loop_pass(api, body({}), state, pods=[ready(pod("p-1", digest))])
+    assert secret_reads(api) == 1 and writes(api) == []
+
+
+async def test_a_secret_deleted_by_hand_is_made_again_once_a_new_pod_needs_it() -> None:
+    """Running pods keep the token they mounted; a new pod cannot start without the Secret, so
+    a serving pod that appeared since the last read brings a read, and the read a new Secret;
+    a pod that stays unready brings one every ADMIN_SECRET_RECHECK_SECONDS."""
+    api, state = FakeKube(), handlers.ReconcileMemory()
+    digest = template_of({})
+    running = [ready(pod("p-1", digest))]
+    await loop_pass(api, body({}), state)
+    await loop_pass(api, body({}), state, pods=running)
+    api.objects.pop(("Secret", NS, f"{NAME}-admin"))
+    state.written.clear()  # long after the first pass
+    api.calls.clear()
+    await loop_pass(api, body({}), state, pods=running)
+    assert api.calls == [], "the same pods, every one ready: nothing reads the Secret"
+    replaced = [ready(pod("p-2", digest), is_ready=False)]
+    await loop_pass(api, body({}), state, pods=replaced)
+    assert secret_reads(api) == 1 and ("create", "Secret", f"{NAME}-admin") in api.calls
+    assert list(tokens(api)) == [builders.admin_token_key(digest)]
+    # Still not ready: read again once ADMIN_SECRET_RECHECK_SECONDS have passed, not before.
+    await loop_pass(api, body({}), state, pods=replaced)  # reads back its own write
+    api.calls.clear()
+    await loop_pass(api, body({}), state, pods=replaced)
+    assert secret_reads(api) == 0
+    state.admin_secret_read_at -= plan.ADMIN_SECRET_RECHECK_SECONDS  # that long later
+    await loop_pass(api, body({}), state, pods=replaced)
+    assert secret_reads(api) == 1 and writes(api) == []
 
 
 async def test_missing_api_key_secret_blocks_until_the_generation_changes(

@@ -269,7 +269,6 @@ def test_observe_files_router_pods_apart_from_the_serving_pods_and_the_router_ch
         children[index][("serving", "phone-9b")].append(manifest)
     indexes = {
         **children,
-        "owned_secrets": {},
         "owned_pods": {("serving", "phone-9b"): pods},
     }
     body = {"metadata": {"name": "phone-9b", "namespace": "serving", "uid": "u1"}}
