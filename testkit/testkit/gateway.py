@@ -65,7 +65,7 @@ def _address(host: str, port: int) -> dict[str, Any]:
 def gateway_config(
     *, port: int, admin_port: int, picker_port: int, shape: Shape = "original_dst",
     pool: Sequence[str] = (), fail_open: bool = False,
-    request_body_mode: str = "FULL_DUPLEX_STREAMED", response_header_mode: str = "SKIP",
+    request_body_mode: str = "BUFFERED", response_header_mode: str = "SKIP",
     retries: int = 1, limits: GatewayLimits = GatewayLimits(),
 ) -> dict[str, Any]:
     """The bootstrap; `pool` is the InferencePool's endpoints (`ip:port`) for `override_host`."""
@@ -78,11 +78,14 @@ def gateway_config(
         "status_on_error": {"code": 503},
         "processing_mode": {
             "request_header_mode": "SEND", "request_body_mode": request_body_mode,
-            # Full duplex carries the request's end in trailers; none are added otherwise.
+            # Envoy refuses FULL_DUPLEX_STREAMED without it.
             "request_trailer_mode": "SEND" if request_body_mode == "FULL_DUPLEX_STREAMED"
             else "SKIP",
             "response_header_mode": response_header_mode, "response_body_mode": "NONE",
-            "response_trailer_mode": "SKIP",
+            # The picker counts a request in flight until its stream closes. In full duplex
+            # Envoy closes it once nothing more is to be sent: with trailers to send, at the
+            # response's end (an HTTP/1.1 answer has none, so no message is sent for them).
+            "response_trailer_mode": "SEND",
         },
         # Per message; the picker answers in milliseconds, but shares 2 cores with the test.
         "message_timeout": "5s",
