@@ -9,9 +9,11 @@ replica's `ip:port` in the `x-gateway-destination-endpoint` header and `envoy.lb
 with the refusal the HTTP router would give, as an ImmediateResponse. The gateway streams the
 response itself.
 
-In-flight accounting rides on the stream: the gateway closes it when the HTTP request ends
-(answered, failed or abandoned by its client), so the load book holds each request from the
-choice to that close, with no message on the response path.
+In-flight accounting rides on the stream: Envoy closes it when the HTTP request ends (answered,
+failed or abandoned by its client) as long as it may still have something to send on it (in
+BUFFERED mode always; in FULL_DUPLEX_STREAMED with response_trailer_mode SEND, which sends no
+message for an HTTP/1.1 answer). The load book holds each request from the choice to that close,
+with no message on the response path.
 
 It shares the RouterApp (discovery, load book, sessions, metrics, limits) with the HTTP router
 in one process and event loop.
@@ -49,7 +51,7 @@ from autoglm_router.epp import (
     in_subset,
 )
 from autoglm_router.features import RequestFeatures
-from autoglm_router.proxy import RouterApp, outcome_of, session_of
+from autoglm_router.proxy import HOP_BY_HOP, RouterApp, connection_tokens, outcome_of, session_of
 from autoglm_router.routing import Refusal, Route
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,10 @@ EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 # Picker-routed requests whose answer the gateway relays unseen (no response headers sent).
 ROUTED = "routed"
+# A body costs the picker about twice its size while it decides: gRPC's copy of a BUFFERED
+# message and the message's bytes, or the full-duplex parts and their join for the scan
+# (measured: 32 MiB per 15.7 MiB body). The router's body budget counts it so.
+BODY_COPIES = 2
 
 
 class Exchange:
@@ -78,8 +84,10 @@ class Exchange:
         self._raw_path = ""
         self._headers: dict[str, str] = {}
         self._subset: list[str] | None = None
-        self._body = bytearray()
-        self._chunks: list[int] = []  # sizes of the body messages, echoed back as they came
+        # The body's messages as they came: scanned together, handed back one by one.
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._declared = 0  # the body's declared length (the most allowed without one)
         self._held = 0  # body bytes reserved in the app's budget
         self._admitted = False
         self._features: RequestFeatures | None = None
@@ -149,21 +157,22 @@ class Exchange:
             return self._refuse(Answer(500, answers.error_body(
                 f"The gateway's ext_proc request_body_mode {name} cannot be routed on.", 500)))
         size = self.app.body_size(self._headers.get("content-length"))
-        refusal = self.app.body_refusal(size)
+        refusal = self.app.body_refusal(size, held=size * BODY_COPIES)
         if refusal is not None:
             return self._refuse(refusal)
-        self._held = size
-        self.app.buffered_body_bytes += size
+        self._declared = size
+        self._held = size * BODY_COPIES
+        self.app.buffered_body_bytes += self._held
         self.body_deadline = asyncio.get_running_loop().time() + self.app.settings.body_timeout
         if self._mode == BodyMode.FULL_DUPLEX_STREAMED:
             return []  # the headers' answer waits for the body: it carries the destination
         return [ext_proc.ProcessingResponse(request_headers=ext_proc.HeadersResponse())]
 
     def _on_request_body(self, body: Any) -> list[Any]:
-        self._body += body.body
-        self._chunks.append(len(body.body))
+        self._parts.append(body.body)
+        self._size += len(body.body)
         limit = self.app.settings.max_body_bytes
-        if len(self._body) > min(limit, self._held):
+        if self._size > min(limit, self._declared):
             return self._refuse(answers.body_too_large(limit))
         # BUFFERED_PARTIAL sends one message, the whole body or as much as the gateway buffers.
         if body.end_of_stream or self._mode == BodyMode.BUFFERED_PARTIAL:
@@ -173,7 +182,9 @@ class Exchange:
     def _route(self, with_body: bool) -> list[Any]:
         self.body_deadline = None
         app = self.app
-        features = app.features_of(self._method, self._raw_path, self._body, self._headers)
+        # One message (BUFFERED, or a small body) is scanned where it lies, never copied.
+        body = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
+        features = app.features_of(self._method, self._raw_path, body, self._headers)
         self._features = features
         pool = in_subset(app.pool(), self._subset)
         chosen = destinations(features, pool, app.config, app.sessions.last(features),
@@ -195,11 +206,15 @@ class Exchange:
         return self._destination_answers(destination, with_body)
 
     def _destination_answers(self, destination: str, with_body: bool) -> list[Any]:
+        # Hop-by-hop headers stop here, as at the HTTP router (the gateway keeps TE and
+        # Proxy-Authorization).
+        hop_by_hop = HOP_BY_HOP | connection_tokens(list(self._headers.items()))
         common = ext_proc.CommonResponse(clear_route_cache=True, header_mutation=(
             ext_proc.HeaderMutation(set_headers=[base_pb2.HeaderValueOption(
                 header=base_pb2.HeaderValue(key=DESTINATION_HEADER,
                                             raw_value=destination.encode()),
-                append_action=OVERWRITE)])))
+                append_action=OVERWRITE)],
+                remove_headers=sorted(name for name in self._headers if name in hop_by_hop))))
         metadata = struct_pb2.Struct()
         metadata.update({DESTINATION_NAMESPACE: {DESTINATION_HEADER: destination}})
         if not with_body or self._mode == BodyMode.FULL_DUPLEX_STREAMED:
@@ -217,17 +232,12 @@ class Exchange:
 
     def _echo_body(self) -> list[Any]:
         """Full duplex: the body goes upstream only as the picker hands it back."""
-        view = memoryview(self._body)
-        out, at = [], 0
-        for i, size in enumerate(self._chunks):
-            last = i == len(self._chunks) - 1
-            out.append(ext_proc.ProcessingResponse(request_body=ext_proc.BodyResponse(
-                response=ext_proc.CommonResponse(body_mutation=ext_proc.BodyMutation(
-                    streamed_response=ext_proc.StreamedBodyResponse(
-                        body=bytes(view[at:at + size]), end_of_stream=last))))))
-            at += size
-        view.release()
-        return out
+        last = len(self._parts) - 1
+        return [ext_proc.ProcessingResponse(request_body=ext_proc.BodyResponse(
+            response=ext_proc.CommonResponse(body_mutation=ext_proc.BodyMutation(
+                streamed_response=ext_proc.StreamedBodyResponse(
+                    body=part, end_of_stream=i == last)))))
+            for i, part in enumerate(self._parts)]
 
     def _refuse(self, answer: Answer) -> list[Any]:
         self.ended = True
@@ -243,8 +253,8 @@ class Exchange:
     def _release_body(self) -> None:
         self.app.buffered_body_bytes -= self._held
         self._held = 0
-        self._body = bytearray()
-        self._chunks = []
+        self._parts = []
+        self._size = 0
 
     def _request_id(self) -> str:
         return self._headers.get(REQUEST_ID) or uuid.uuid4().hex

@@ -306,12 +306,13 @@ class RouterApp:
             return int(content_length)
         return self.settings.max_body_bytes
 
-    def body_refusal(self, size: int) -> Answer | None:
+    def body_refusal(self, size: int, held: int | None = None) -> Answer | None:
         """The refusal of a body of `size` bytes before it is read: too large, or past what the
-        router may hold of all bodies together."""
+        router may hold of all bodies together (`held` bytes for it, by default its size)."""
         if size > self.settings.max_body_bytes:
             return answers.body_too_large(self.settings.max_body_bytes)
-        if self.buffered_body_bytes + size > self.settings.max_buffered_body_bytes:
+        if self.buffered_body_bytes + (size if held is None else held) \
+                > self.settings.max_buffered_body_bytes:
             return answers.BODY_BUDGET_FULL
         return None
 
@@ -619,7 +620,7 @@ def outcome_of(status: int) -> str:
     return "client_error" if status < 500 else "upstream_error"
 
 
-def _connection_tokens(headers: list[tuple[str, str]]) -> set[str]:
+def connection_tokens(headers: list[tuple[str, str]]) -> set[str]:
     tokens: set[str] = set()
     for key, value in headers:
         if key == "connection":
@@ -630,7 +631,7 @@ def _connection_tokens(headers: list[tuple[str, str]]) -> set[str]:
 def _upstream_headers(headers: list[tuple[str, str]], request_id: str,
                       scope: Scope) -> list[tuple[str, str]]:
     # The body is already read, so an Expect: 100-continue has been answered here.
-    drop = HOP_BY_HOP | FORWARDED | _connection_tokens(headers) | {
+    drop = HOP_BY_HOP | FORWARDED | connection_tokens(headers) | {
         "host", "content-length", "expect", REQUEST_ID}
     kept = [(k, v) for k, v in headers if k not in drop]
     kept.append((REQUEST_ID, request_id))
@@ -647,7 +648,7 @@ def _upstream_headers(headers: list[tuple[str, str]], request_id: str,
 def _downstream_headers(upstream: aiohttp.ClientResponse,
                         request_id: str) -> list[tuple[bytes, bytes]]:
     raw = [(k.lower(), v) for k, v in upstream.raw_headers]
-    tokens = _connection_tokens([(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw])
+    tokens = connection_tokens([(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw])
     drop = {h.encode() for h in HOP_BY_HOP | tokens | {REQUEST_ID}}
     kept = [(k, v) for k, v in raw if k not in drop]
     kept.append((REQUEST_ID.encode(), request_id.encode()))

@@ -23,11 +23,11 @@ import json
 import sys
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from autoglm_runtime.sim.process import ServerProcess, free_port
+from autoglm_runtime.sim.process import RouterProcess, ServerProcess, free_port
 
 Shape = Literal["original_dst", "override_host"]
 DESTINATION = "x-gateway-destination-endpoint"
@@ -116,6 +116,7 @@ def gateway_config(
     manager = {
         "@type": HCM, "stat_prefix": "gateway", "codec_type": "AUTO",
         "use_remote_address": True,
+        "always_set_request_id_in_response": True,  # as the router returns its X-Request-Id
         "request_headers_timeout": _seconds(limits.header_timeout),
         "request_timeout": _seconds(limits.body_timeout),
         "stream_idle_timeout": _seconds(limits.stream_idle),
@@ -232,3 +233,41 @@ class EnvoyProcess(ServerProcess):
                 f"http://127.0.0.1:{self.admin_port}/stats?format=json", timeout=5) as reply:
             entries = json.load(reply)["stats"]
         return {e["name"]: int(e["value"]) for e in entries if "value" in e}
+
+
+@dataclass
+class Gateway:
+    """Envoy and the picker behind it (`autoglm-router --ext-proc-port`, also serving HTTP)."""
+
+    envoy: EnvoyProcess
+    picker: RouterProcess
+    started: list[ServerProcess] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return self.envoy.base_url
+
+    def stop(self) -> None:
+        for process in reversed(self.started):
+            process.stop()
+
+
+def start_gateway(endpoints: Sequence[str], *router_flags: str, folder: Path,
+                  env: dict[str, str] | None = None, **config: Any) -> Gateway:
+    """The router with its picker in front of `endpoints` (replica base URLs), then Envoy in
+    front of the picker; the override_host shape gets the endpoints as the pool. Stopped by
+    `Gateway.stop`, also when Envoy fails to start."""
+    picker_port = free_port()
+    router = RouterProcess(list(endpoints), "--ext-proc-port", str(picker_port), *router_flags,
+                           env=env, log_path=folder / "router.log")
+    router.start(timeout=20.0)
+    config.setdefault("pool", [url.split("//", 1)[1] for url in endpoints])
+    envoy = EnvoyProcess(picker_port=picker_port, config_dir=folder,
+                         log_path=folder / "envoy.log", **config)
+    gateway = Gateway(envoy, router, [router, envoy])
+    try:
+        envoy.start(timeout=20.0)
+    except BaseException:
+        gateway.stop()
+        raise
+    return gateway

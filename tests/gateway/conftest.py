@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from gateway_kit import ADMIN_TOKEN, Gateway, StartGateway, StartSim, address
+from gateway_kit import ADMIN_TOKEN, StartGateway, StartSim
 
-from autoglm_runtime.sim.process import RouterProcess, ServerProcess, SimProcess, free_port
-from testkit.gateway import EnvoyProcess
+from autoglm_runtime.sim.process import SimProcess
+from testkit.gateway import Gateway, start_gateway
 
 
 @pytest.fixture(scope="module")
@@ -37,26 +37,17 @@ def start_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartSim]:
 
 
 @pytest.fixture(scope="module")
-def start_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartGateway]:
-    """start_gateway(sims, *router_flags, **gateway_config): the router with its picker, then
-    Envoy in front of it; the override_host shape gets the sims as the pool's endpoints."""
-    started: list[ServerProcess] = []
+def gateways(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartGateway]:
+    """start(sims, *router_flags, **gateway_config): the picker, then Envoy in front of it."""
+    started: list[Gateway] = []
 
     def start(sims: list[SimProcess], *router_flags: str, **config: Any) -> Gateway:
-        folder = tmp_path_factory.mktemp("gateway")
-        picker_port = free_port()
-        router = RouterProcess([s.base_url for s in sims], "--ext-proc-port", str(picker_port),
-                               "--poll-interval", "0.2", "--log-level", "info", *router_flags,
-                               log_path=folder / "router.log")
-        started.append(router)
-        router.start(timeout=20.0)
-        config.setdefault("pool", [address(s) for s in sims])
-        envoy = EnvoyProcess(picker_port=picker_port, config_dir=folder,
-                             log_path=folder / "envoy.log", **config)
-        started.append(envoy)
-        envoy.start(timeout=20.0)
-        return Gateway(envoy, router)
+        gateway = start_gateway([s.base_url for s in sims], "--poll-interval", "0.2",
+                                "--log-level", "info", *router_flags,
+                                folder=tmp_path_factory.mktemp("gateway"), **config)
+        started.append(gateway)
+        return gateway
 
     yield start
-    for process in reversed(started):
-        process.stop()
+    for gateway in started:
+        gateway.stop()

@@ -4,36 +4,22 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import openai
 
-from autoglm_runtime.sim.process import RouterProcess, SimProcess
-from testkit.gateway import EnvoyProcess
+from autoglm_runtime.sim.process import SimProcess
+from testkit.gateway import Gateway
 
 ADMIN_TOKEN = "gateway-test-token"
 MODEL = "autoglm-phone-9b"
 
 StartSim = Callable[..., SimProcess]
-
-
-@dataclass
-class Gateway:
-    """Envoy and the picker behind it (the router process, also serving HTTP)."""
-
-    envoy: EnvoyProcess
-    picker: RouterProcess
-
-    @property
-    def base_url(self) -> str:
-        return self.envoy.base_url
-
-    def client(self, timeout: float = 30) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.base_url + "/v1", api_key="EMPTY", max_retries=0,
-                             timeout=timeout)
-
-
 StartGateway = Callable[..., Gateway]
+
+
+def client(gateway: Gateway, timeout: float = 30) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gateway.base_url + "/v1", api_key="EMPTY", max_retries=0,
+                         timeout=timeout)
 
 
 def address(sim: SimProcess) -> str:

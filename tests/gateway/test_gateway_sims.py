@@ -12,11 +12,12 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from gateway_kit import ADMIN_TOKEN, MODEL, Gateway, StartGateway, StartSim, address
+from gateway_kit import ADMIN_TOKEN, MODEL, StartGateway, StartSim, address, client
 from langchain_core.messages import HumanMessage
 from langchain_openai import ChatOpenAI
 
 from autoglm_runtime.sim.process import SimProcess
+from testkit.gateway import Gateway
 from testkit.probe import metric, wait_for
 
 pytestmark = [pytest.mark.gateway, pytest.mark.timeout(120)]
@@ -62,10 +63,10 @@ def slow(start_sim: StartSim) -> SimProcess:
 
 
 @pytest.fixture(scope="module", params=["FULL_DUPLEX_STREAMED", "BUFFERED"])
-def gateway(request: pytest.FixtureRequest, start_gateway: StartGateway,
+def gateway(request: pytest.FixtureRequest, gateways: StartGateway,
             replicas: tuple[SimProcess, ...]) -> Gateway:
     """Envoy Gateway's shape: ORIGINAL_DST routed by the picker's header."""
-    return start_gateway(list(replicas), shape="original_dst", request_body_mode=request.param)
+    return gateways(list(replicas), shape="original_dst", request_body_mode=request.param)
 
 
 def test_streamed_chats_reach_streaming_and_the_rest_batching(
@@ -73,7 +74,7 @@ def test_streamed_chats_reach_streaming_and_the_rest_batching(
 ) -> None:
     streaming, *batching = replicas
     before = admitted(streaming), sum(admitted(b) for b in batching)
-    c = gateway.client()
+    c = client(gateway)
     assert MODEL in [m.id for m in c.models.list()]
     for i in range(3):
         assert streamed_text(c, f"task {i}")
@@ -112,7 +113,7 @@ def test_sessions_stick_to_their_replica(
     before = {p: metric(ops, "autoglm_router_session_placements_total", placement=p)
               for p in ("new", "hit", "moved")}
     per_replica = [admitted(b) for b in batching]
-    c = gateway.client()
+    c = client(gateway)
     for i in range(16):
         history = chat_messages(f"session task {i}")
         for turn in range(3):
@@ -135,7 +136,7 @@ def test_a_flip_is_seen_at_the_next_poll_and_routing_follows(
     gateway: Gateway, replicas: tuple[SimProcess, SimProcess, SimProcess]
 ) -> None:
     streaming, batching, other = replicas
-    c = gateway.client()
+    c = client(gateway)
     try:
         set_mode(streaming, "batching")
         set_mode(batching, "streaming")
@@ -186,11 +187,11 @@ async def test_concurrent_mixed_traffic_all_succeeds_and_leaves_nothing_in_fligh
 
 
 def test_a_full_streaming_replica_spills_streamed_chats_to_batching(
-    start_gateway: StartGateway, slow: SimProcess,
+    gateways: StartGateway, slow: SimProcess,
     replicas: tuple[SimProcess, SimProcess, SimProcess]
 ) -> None:
     batching = replicas[1]
-    gateway = start_gateway([slow, batching], "--streaming-cap", "1")
+    gateway = gateways([slow, batching], "--streaming-cap", "1")
     body = {"model": MODEL, "messages": [{"role": "user", "content": "long"}], "stream": True,
             "max_tokens": 300}
     with httpx.Client(timeout=30) as http, http.stream(
@@ -200,16 +201,16 @@ def test_a_full_streaming_replica_spills_streamed_chats_to_batching(
         assert next(lines).startswith("data:")  # the streaming replica is now full
         assert inflight(gateway) == 1
         before = admitted(batching)
-        assert streamed_text(gateway.client(), "spill", max_tokens=4)
+        assert streamed_text(client(gateway), "spill", max_tokens=4)
         assert admitted(batching) == before + 1
     assert metric(gateway.picker.ops_url, "autoglm_router_decisions_total",
                   reason="spilled") == 1
 
 
 def test_every_replica_at_its_cap_sheds_with_the_routers_429(
-    start_gateway: StartGateway, slow: SimProcess
+    gateways: StartGateway, slow: SimProcess
 ) -> None:
-    gateway = start_gateway([slow], "--streaming-cap", "1")
+    gateway = gateways([slow], "--streaming-cap", "1")
     body = {"model": MODEL, "messages": [{"role": "user", "content": "long"}], "stream": True,
             "max_tokens": 300}
     with httpx.Client(timeout=30) as http, http.stream(
@@ -219,7 +220,7 @@ def test_every_replica_at_its_cap_sheds_with_the_routers_429(
         assert next(lines).startswith("data:")
         before = admitted(slow)
         with pytest.raises(openai.RateLimitError) as refused:
-            streamed_text(gateway.client(), "one too many", max_tokens=4)
+            streamed_text(client(gateway), "one too many", max_tokens=4)
         assert refused.value.response.headers["retry-after"] == "1"
         assert refused.value.body == {"message": "Every replica is at its concurrency cap; "
                                       "retry later.", "type": "invalid_request_error",
@@ -229,9 +230,9 @@ def test_every_replica_at_its_cap_sheds_with_the_routers_429(
 
 @pytest.mark.parametrize("mode", ["FULL_DUPLEX_STREAMED", "BUFFERED"])
 def test_a_stream_is_in_flight_until_it_ends(
-    start_gateway: StartGateway, slow: SimProcess, mode: str
+    gateways: StartGateway, slow: SimProcess, mode: str
 ) -> None:
-    gateway = start_gateway([slow], request_body_mode=mode)
+    gateway = gateways([slow], request_body_mode=mode)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "long"}], "stream": True,
             "max_tokens": 300}  # about a second at the sim's real-time pace
     with httpx.Client(timeout=30) as http, http.stream(
@@ -249,9 +250,9 @@ def test_a_stream_is_in_flight_until_it_ends(
 
 @pytest.mark.parametrize("mode", ["FULL_DUPLEX_STREAMED", "BUFFERED"])
 def test_in_flight_returns_to_zero_after_a_client_leaves_mid_stream(
-    start_gateway: StartGateway, slow: SimProcess, mode: str
+    gateways: StartGateway, slow: SimProcess, mode: str
 ) -> None:
-    gateway = start_gateway([slow], request_body_mode=mode)
+    gateway = gateways([slow], request_body_mode=mode)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "long"}], "stream": True,
             "max_tokens": 1500}
     with httpx.Client(timeout=30) as http, http.stream(
@@ -267,13 +268,13 @@ def test_in_flight_returns_to_zero_after_a_client_leaves_mid_stream(
 
 
 def test_a_replica_dying_mid_stream_is_not_retried_and_its_request_ends(
-    start_sim: StartSim, start_gateway: StartGateway
+    start_sim: StartSim, gateways: StartGateway
 ) -> None:
     """Envoy retries before a response starts only: a stream the client has begun reading is
     cut, never sent again to another replica, and the picker's count of it ends."""
     # A streamed chat goes to the one streaming replica; the batching one is its fallback.
     dying, other = start_sim("streaming", "--time-factor", "1"), start_sim("batching")
-    gateway = start_gateway([dying, other], "--ext-proc-fallbacks", "1",
+    gateway = gateways([dying, other], "--ext-proc-fallbacks", "1",
                             shape="override_host")
     before = admitted(dying), admitted(other)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "long"}], "stream": True,
@@ -295,14 +296,14 @@ def test_a_replica_dying_mid_stream_is_not_retried_and_its_request_ends(
 
 
 def test_a_draining_replica_fails_no_client_request(
-    start_sim: StartSim, start_gateway: StartGateway
+    start_sim: StartSim, gateways: StartGateway
 ) -> None:
     """A slow poll leaves the picker naming the draining replica first for seconds: the
     gateway's retry takes the fallback the picker named after it."""
     first, second = start_sim("batching"), start_sim("batching")
-    gateway = start_gateway([first, second], "--poll-interval", "5", "--ext-proc-fallbacks", "1",
+    gateway = gateways([first, second], "--poll-interval", "5", "--ext-proc-fallbacks", "1",
                             shape="override_host")
-    c = gateway.client()
+    c = client(gateway)
     failures: list[BaseException] = []
     served = [0]
     stop = threading.Event()
@@ -340,17 +341,17 @@ def test_a_draining_replica_fails_no_client_request(
 
 
 def test_a_draining_replica_is_avoided_from_the_next_poll(
-    start_sim: StartSim, start_gateway: StartGateway
+    start_sim: StartSim, gateways: StartGateway
 ) -> None:
     """With one address per request (ORIGINAL_DST) there is no fallback: the poll finds the
     drain, and requests go elsewhere from then on."""
     first, second = start_sim("batching"), start_sim("batching")
-    gateway = start_gateway([first, second], shape="original_dst")
+    gateway = gateways([first, second], shape="original_dst")
     drained = httpx.post(first.base_url + "/autoglm/v1/drain", timeout=5,
                          headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
     assert drained.status_code == 202
     time.sleep(0.5)  # two polls
-    at_drain, c = admitted(first), gateway.client()
+    at_drain, c = admitted(first), client(gateway)
     for i in range(10):
         assert c.chat.completions.create(model=MODEL, max_tokens=4,
                                          messages=chat_messages(f"after drain {i}"))
@@ -359,37 +360,37 @@ def test_a_draining_replica_is_avoided_from_the_next_poll(
 
 @pytest.mark.parametrize("shape", ["original_dst", "override_host"])
 def test_the_picker_down_fails_closed_with_503(
-    start_gateway: StartGateway, replicas: tuple[SimProcess, ...], shape: str
+    gateways: StartGateway, replicas: tuple[SimProcess, ...], shape: str
 ) -> None:
-    gateway = start_gateway(list(replicas), shape=shape, fail_open=False)
+    gateway = gateways(list(replicas), shape=shape, fail_open=False)
     gateway.picker.stop()
     before = sum(admitted(r) for r in replicas)
     with pytest.raises(openai.InternalServerError) as failed:
-        streamed_text(gateway.client(), "picker down")
+        streamed_text(client(gateway), "picker down")
     assert failed.value.status_code == 503
     assert sum(admitted(r) for r in replicas) == before
 
 
 def test_the_picker_down_fails_open_to_a_pool_replica(
-    start_gateway: StartGateway, replicas: tuple[SimProcess, ...]
+    gateways: StartGateway, replicas: tuple[SimProcess, ...]
 ) -> None:
     """FailOpen needs a cluster that knows the pool (Istio's override_host): the request goes to
     one of its endpoints round robin, past every check of the picker. In BUFFERED mode Envoy
     still holds the body when the picker's stream fails (in full duplex it has handed it over,
     and 24 of 40 such requests got 503 in one run)."""
-    gateway = start_gateway(list(replicas), shape="override_host", fail_open=True)
+    gateway = gateways(list(replicas), shape="override_host", fail_open=True)
     gateway.picker.stop()
     before = sum(admitted(r) for r in replicas)
-    assert streamed_text(gateway.client(), "picker down")
+    assert streamed_text(client(gateway), "picker down")
     assert sum(admitted(r) for r in replicas) == before + 1
 
 
 def test_fail_open_with_original_dst_has_nowhere_to_send(
-    start_gateway: StartGateway, replicas: tuple[SimProcess, ...]
+    gateways: StartGateway, replicas: tuple[SimProcess, ...]
 ) -> None:
     """ORIGINAL_DST routes by the picker's header alone: skipped, it has no address, and a
     client's own header is removed before the picker would run."""
-    gateway = start_gateway(list(replicas), shape="original_dst", fail_open=True)
+    gateway = gateways(list(replicas), shape="original_dst", fail_open=True)
     gateway.picker.stop()
     reply = httpx.post(gateway.base_url + "/v1/chat/completions", timeout=10, json={
         "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
@@ -398,19 +399,19 @@ def test_fail_open_with_original_dst_has_nowhere_to_send(
 
 
 def test_one_address_is_all_original_dst_reads(
-    start_gateway: StartGateway, replicas: tuple[SimProcess, ...]
+    gateways: StartGateway, replicas: tuple[SimProcess, ...]
 ) -> None:
     """Why --ext-proc-fallbacks defaults to 0: a list in the header does not parse there."""
-    gateway = start_gateway(list(replicas), "--ext-proc-fallbacks", "1", shape="original_dst")
+    gateway = gateways(list(replicas), "--ext-proc-fallbacks", "1", shape="original_dst")
     reply = httpx.post(gateway.base_url + "/v1/chat/completions", timeout=10, json={
         "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
     assert reply.status_code == 503 and reply.text == "no healthy upstream"
 
 
 def test_sigterm_lets_streams_through_the_gateway_finish_and_counts_them_out(
-    start_gateway: StartGateway, slow: SimProcess
+    gateways: StartGateway, slow: SimProcess
 ) -> None:
-    gateway = start_gateway([slow], "--drain-seconds", "20")
+    gateway = gateways([slow], "--drain-seconds", "20")
     body = {"model": MODEL, "messages": [{"role": "user", "content": "long"}], "stream": True,
             "max_tokens": 200}
     with httpx.Client(timeout=30) as http, http.stream(

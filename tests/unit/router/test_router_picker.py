@@ -16,6 +16,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2
 
+from autoglm_router import answers
 from autoglm_router.discovery import Endpoint
 from autoglm_router.epp import address_of, destinations, in_subset
 from autoglm_router.features import NEUTRAL, KeyKind, RequestFeatures, TrafficClass
@@ -310,6 +311,19 @@ async def test_a_body_longer_than_declared_or_the_limit_is_413_as_it_arrives() -
     responses = await exchange(app, message, *body_messages(body, 1024))
     assert immediate(responses[-1])[0] == 413
     assert app.buffered_body_bytes == 0 and app.inflight == 0
+
+
+async def test_a_body_counts_twice_against_the_body_budget_while_the_picker_holds_it() -> None:
+    """gRPC's copy and the message's own bytes: 32 MiB per 15.7 MiB body, measured."""
+    app = app_of(max_buffered_body_bytes=100_000)
+    body = b"x" * 60_000
+    assert app.body_refusal(len(body)) is None  # the HTTP router holds it once: it fits
+    (refused,) = await exchange(app, headers_message(body=body))
+    assert immediate(refused)[:3:2] == (503, answers.BODY_BUDGET_FULL.body)
+    small = await exchange(app, headers_message(body=STREAMED_CHAT),
+                           *body_messages(STREAMED_CHAT))
+    assert destination(small[0])[0] == "10.0.0.1:8000"
+    assert app.buffered_body_bytes == 0
 
 
 async def test_a_body_that_does_not_arrive_in_time_is_408() -> None:
