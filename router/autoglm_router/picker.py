@@ -26,7 +26,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -72,11 +72,13 @@ class Exchange:
 
     `close()` ends the request's accounting; the servicer calls it when the stream ends."""
 
-    def __init__(self, app: RouterApp, fallbacks: int) -> None:
+    def __init__(self, app: RouterApp, fallbacks: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.app = app
         self.fallbacks = fallbacks
         self.ended = False  # an ImmediateResponse went out: nothing more to answer
-        self.body_deadline: float | None = None  # loop time by which the body must be in
+        self._clock = clock
+        self.body_deadline: float | None = None  # `clock` time by which the body must be in
         self._arrival = 0.0
         self._mode = BodyMode.FULL_DUPLEX_STREAMED
         self._response_mode = BodyMode.NONE
@@ -163,7 +165,7 @@ class Exchange:
         self._declared = size
         self._held = size * BODY_COPIES
         self.app.buffered_body_bytes += self._held
-        self.body_deadline = asyncio.get_running_loop().time() + self.app.settings.body_timeout
+        self.body_deadline = self._clock() + self.app.settings.body_timeout
         if self._mode == BodyMode.FULL_DUPLEX_STREAMED:
             return []  # the headers' answer waits for the body: it carries the destination
         return [ext_proc.ProcessingResponse(request_headers=ext_proc.HeadersResponse())]
@@ -323,7 +325,7 @@ class Picker(ext_proc_grpc.ExternalProcessorServicer):
         self.fallbacks = fallbacks
 
     async def Process(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-        exchange = Exchange(self.app, self.fallbacks)
+        exchange = Exchange(self.app, self.fallbacks, asyncio.get_running_loop().time)
         try:
             while not exchange.ended:
                 try:
