@@ -81,8 +81,8 @@ def test_an_unauthenticated_16_mib_body_never_reaches_the_picker(
 def test_bodies_at_the_size_limit_arriving_together_keep_the_picker_under_its_limit(
     gateway: Gateway,
 ) -> None:
-    """As many as the body budget holds (128 MiB): the picker holds a BUFFERED body as gRPC
-    received it, and then as the message's bytes."""
+    """The HTTP router's budget's worth (128 MiB): the picker counts each body twice while it
+    decides (gRPC's copy and the message's bytes), so some are refused 503."""
     body = empty_objects_body(int(15.7 * MIB))
     statuses: list[int] = []
 
