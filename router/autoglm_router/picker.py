@@ -171,6 +171,9 @@ class Exchange:
         return [ext_proc.ProcessingResponse(request_headers=ext_proc.HeadersResponse())]
 
     def _on_request_body(self, body: Any) -> list[Any]:
+        if self._features is not None:
+            # BUFFERED_PARTIAL's rest, if the gateway sends it: routed on the first part already.
+            return [ext_proc.ProcessingResponse(request_body=ext_proc.BodyResponse())]
         self._parts.append(body.body)
         self._size += len(body.body)
         limit = self.app.settings.max_body_bytes

@@ -182,6 +182,21 @@ async def test_a_buffered_body_lets_the_headers_through_then_routes_on_the_body(
     assert len(responses) == 2
 
 
+async def test_a_partly_buffered_body_is_routed_on_its_first_part_once() -> None:
+    app = app_of()
+    head, rest = STREAMED_CHAT, b" " * 100
+    first = ext_proc.ProcessingRequest(request_body=ext_proc.HttpBody(body=head))
+    responses = await exchange(
+        app, headers_message(body=head + rest, mode=Mode_.BUFFERED_PARTIAL), first,
+        ext_proc.ProcessingRequest(request_body=ext_proc.HttpBody(body=rest,
+                                                                  end_of_stream=True)))
+    assert destination(responses[1])[0] == "10.0.0.1:8000"
+    assert responses[2].request_body == ext_proc.BodyResponse()
+    decided = sum(sample.value for family in app.metrics.decisions.collect()
+                  for sample in family.samples if sample.name.endswith("_total"))
+    assert decided == 1
+
+
 async def test_a_request_without_a_body_is_routed_on_its_headers() -> None:
     app = app_of()
     (response,) = await exchange(app, headers_message("/v1/models", "GET", body=None))
