@@ -192,8 +192,9 @@ def test_a_full_streaming_replica_spills_streamed_chats_to_batching(
 ) -> None:
     batching = replicas[1]
     gateway = gateways([slow, batching], "--streaming-cap", "1")
+    # Long enough (about 6 s) that the first stream holds the cap however slow the machine.
     body = {"model": MODEL, "messages": [{"role": "user", "content": "long"}], "stream": True,
-            "max_tokens": 300}
+            "max_tokens": 1500}
     with httpx.Client(timeout=30) as http, http.stream(
         "POST", gateway.base_url + "/v1/chat/completions", json=body
     ) as response:
@@ -211,8 +212,9 @@ def test_every_replica_at_its_cap_sheds_with_the_routers_429(
     gateways: StartGateway, slow: SimProcess
 ) -> None:
     gateway = gateways([slow], "--streaming-cap", "1")
+    # Long enough (about 6 s) that the first stream holds the cap however slow the machine.
     body = {"model": MODEL, "messages": [{"role": "user", "content": "long"}], "stream": True,
-            "max_tokens": 300}
+            "max_tokens": 1500}
     with httpx.Client(timeout=30) as http, http.stream(
         "POST", gateway.base_url + "/v1/chat/completions", json=body
     ) as response:
