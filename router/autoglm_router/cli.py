@@ -4,6 +4,7 @@ a Kubernetes label selector matches."""
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import sys
@@ -20,6 +21,7 @@ from autoglm_router.kube import (
     in_cluster_access,
     kubeconfig_access,
 )
+from autoglm_router.picker import PickerServer
 from autoglm_router.proxy import ProxySettings, RouterApp
 from autoglm_router.routing import RoutingConfig
 from autoglm_runtime.keepalive import SERVER_KEEP_ALIVE_SECONDS
@@ -58,6 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="port of /health and /metrics, apart from the API clients reach")
     p.add_argument("--endpoint", action="append", type=_endpoint, metavar="URL",
                    help="a replica's base URL; repeat for each replica")
+    gateway = p.add_argument_group(
+        "endpoint picker (docs/router/gateway.md): a Gateway API Inference Extension gateway "
+        "asks this process which replica takes each request")
+    gateway.add_argument("--ext-proc-port", type=_positive(int),
+                         help="serve Envoy's ext_proc protocol (and gRPC health) on this port, "
+                         "beside the HTTP API")
+    gateway.add_argument("--ext-proc-fallbacks", type=int, default=0, metavar="N",
+                         help="name N more replicas after the chosen one, for a gateway that "
+                         "retries down the list (Istio's override_host); 0 for one that routes "
+                         "by the header to ORIGINAL_DST, which reads a single address")
     kube = p.add_argument_group("Kubernetes discovery (instead of --endpoint)")
     kube.add_argument("--kubernetes", action="store_true",
                       help="watch the pods --selector matches in --namespace")
@@ -200,6 +212,30 @@ def check_discovery_flags(args: argparse.Namespace) -> str | None:
     return None
 
 
+def check_picker_flags(args: argparse.Namespace) -> str | None:
+    """What is wrong with the endpoint picker's flags, or None."""
+    if args.ext_proc_port is None:
+        return "--ext-proc-fallbacks only applies with --ext-proc-port" \
+            if args.ext_proc_fallbacks else None
+    if args.ext_proc_port in (args.port, args.metrics_port):
+        return "--ext-proc-port must differ from --port and --metrics-port"
+    if args.ext_proc_fallbacks < 0:
+        return f"--ext-proc-fallbacks must be at least 0, got {args.ext_proc_fallbacks}"
+    # The gateway dials what the picker names: an ip:port, never a name to resolve.
+    named = [url for url in args.endpoint or [] if not _is_ip(urlsplit(url).hostname or "")]
+    if named:
+        return (f"--ext-proc-port names replicas by IP address: {', '.join(named)} is not one")
+    return None
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 def api_access(args: argparse.Namespace, env: dict[str, str] | None = None) -> ApiAccess:
     """The kubeconfig when given, else the pod's ServiceAccount, else $KUBECONFIG."""
     env = dict(os.environ) if env is None else env
@@ -240,6 +276,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("each --endpoint may be given once")
     if args.metrics_port == args.port:
         parser.error("--metrics-port must differ from --port: /metrics is not for clients")
+    problem = check_picker_flags(args)
+    if problem:
+        parser.error(problem)
     try:
         discovery = discovery_of(args)
     except AccessError as exc:
@@ -253,7 +292,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     limits = ConnectionLimits(
         max_connections=args.max_client_connections, max_header_bytes=args.max_header_bytes,
         max_headers=args.max_headers, header_timeout=args.header_timeout)
+    picker = None if args.ext_proc_port is None else PickerServer(
+        app, args.host, args.ext_proc_port, args.ext_proc_fallbacks)
     server = DrainingServer(app, host=args.host, port=args.port, ops_port=args.metrics_port,
+                            picker=picker,
                             lifespan="on", log_level="warning", http=guarded_protocol(limits),
                             timeout_keep_alive=args.keep_alive_timeout,
                             # The router is the edge: a client's X-Forwarded-* says nothing.

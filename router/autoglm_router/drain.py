@@ -23,6 +23,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from autoglm_router.picker import PickerServer
 from autoglm_router.proxy import Message, Receive, RouterApp, Scope, Send
 from autoglm_runtime.keepalive import DRAINING_IDLE_SECONDS
 
@@ -37,13 +38,16 @@ class _OpsServer(uvicorn.Server):
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, app: RouterApp, ops_port: int | None = None, **config: Any) -> None:
+    def __init__(self, app: RouterApp, ops_port: int | None = None,
+                 picker: PickerServer | None = None, **config: Any) -> None:
         """`config`: uvicorn.Config's keywords; the app is `app`, wrapped. With `ops_port`,
         `app.ops` (/health, /metrics) is served there, on the same host, for as long as the API
-        is, drain included."""
+        is, drain included. `picker`, the endpoint picker, serves from the same start to the end
+        of the drain."""
         super().__init__(uvicorn.Config(self._closing_when_draining, interface="asgi3", **config))
         self.draining = False
         self._app = app
+        self._picker = picker
         self._ops_task: asyncio.Future[None] | None = None
         self._ops = None if ops_port is None else _OpsServer(uvicorn.Config(
             app.ops, interface="asgi3", host=config.get("host", "127.0.0.1"), port=ops_port,
@@ -62,6 +66,8 @@ class DrainingServer(uvicorn.Server):
         # The ops port opens once the API port listens: its /health may not pass before.
         if self._ops is not None and not self.should_exit:
             self._ops_task = asyncio.ensure_future(self._ops.serve())
+        if self._picker is not None and not self.should_exit:
+            await self._picker.start()
 
     async def _closing_when_draining(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def send_closing(message: Message) -> None:
@@ -82,8 +88,12 @@ class DrainingServer(uvicorn.Server):
             sock.close()
         drain = float(self.config.timeout_graceful_shutdown or 0)
         deadline = time.monotonic() + drain
+        # The picker's gateways open new streams elsewhere; those open are requests in flight.
+        picker_stopped = asyncio.ensure_future(
+            self._picker.stop(drain) if self._picker is not None else asyncio.sleep(0))
         while self.server_state.connections and time.monotonic() < deadline:
             await asyncio.sleep(WAIT_STEP_SECONDS)
+        await picker_stopped
         self.config.timeout_graceful_shutdown = max(1, int(deadline - time.monotonic()))
         await super().shutdown(sockets)
 

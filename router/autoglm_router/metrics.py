@@ -12,7 +12,7 @@ ADDED_LATENCY_BUCKETS = (
 )
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 OUTCOMES = ("ok", "client_error", "upstream_error", "refused", "unreachable", "client_gone",
-            "aborted")
+            "aborted", "routed")
 PLACEMENTS = ("hit", "moved", "new")
 RETRY_REASONS = ("connect_error", "draining", "queue_full")
 DECISION_REASONS = ("hashed", "bounded", "least_loaded", "least_fresh", "spilled")

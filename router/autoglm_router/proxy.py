@@ -27,6 +27,8 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from yarl import URL
 
+from autoglm_router import answers
+from autoglm_router.answers import REQUEST_ID, Answer, error_body
 from autoglm_router.discovery import Discovery, StaticDiscovery
 from autoglm_router.features import (
     DEFAULT_IMAGE_MAX_PIXELS,
@@ -48,7 +50,7 @@ from autoglm_router.routing import (
     retry_route,
 )
 from autoglm_router.scan import scan_request
-from autoglm_runtime.api_key import UNAUTHORIZED_BODY, key_digests, presents_a_key
+from autoglm_runtime.api_key import key_digests, presents_a_key
 from autoglm_runtime.keepalive import UPSTREAM_POOL_IDLE_SECONDS
 
 log = logging.getLogger(__name__)
@@ -63,7 +65,6 @@ HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
     "te", "trailer", "transfer-encoding", "upgrade",
 })
-REQUEST_ID = "x-request-id"
 # Set by the router alone: a client's value would be passed off as the router's word.
 FORWARDED = frozenset({"x-forwarded-for", "x-forwarded-host", "x-forwarded-proto",
                        "x-forwarded-port", "x-real-ip", "forwarded"})
@@ -271,31 +272,57 @@ class RouterApp:
             await _respond(send, 200, generate_latest(self.metrics.registry),
                            content_type=CONTENT_TYPE_LATEST)
         else:
-            await _respond(send, 404, _error(f"No route {scope['path']}.", 404))
+            await _respond(send, 404, error_body(f"No route {scope['path']}.", 404))
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         raw_path = bytes(scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
-        verdict = check_path(scope["method"], raw_path)
-        if not verdict.served:
-            headers = {"allow": verdict.allow} if verdict.allow else {}
-            await _respond(send, verdict.status, _error(verdict.message, verdict.status),
-                           headers, close=scope["method"] != "GET")
-            return
-        if self.api_key_digests and not presents_a_key(
-                _header(scope, b"authorization"), self.api_key_digests):
-            # vLLM's own 401, before a byte of the body is read.
-            await _respond(send, 401, UNAUTHORIZED_BODY, close=True)
-            return
-        if self.inflight >= self.settings.max_inflight:
-            await _respond(send, 503, _error(
-                "The router is at its request limit; retry shortly.", 503),
-                {"retry-after": "1"}, close=True)
+        refusal = self.admission(scope["method"], raw_path, _header(scope, b"authorization"))
+        if refusal is not None:
+            await _answer(send, refusal)
             return
         self.inflight += 1
         try:
             await self._proxy(scope, receive, send, raw_path)
         finally:
             self.inflight -= 1
+
+    # --- what both fronts (HTTP here, the endpoint picker) apply to every request ---------------
+
+    def admission(self, method: str, raw_path: str, authorization: str | None) -> Answer | None:
+        """The refusal of a request by its method, raw path and key, or None: in this order,
+        before a byte of its body is read."""
+        verdict = check_path(method, raw_path)
+        if not verdict.served:
+            return answers.path_refused(verdict, method)
+        if self.api_key_digests and not presents_a_key(authorization, self.api_key_digests):
+            return answers.UNAUTHORIZED
+        if self.inflight >= self.settings.max_inflight:
+            return answers.AT_REQUEST_LIMIT
+        return None
+
+    def body_size(self, content_length: str | None) -> int:
+        """The body bytes to hold for a request: its declared length, else the most allowed."""
+        if content_length is not None and content_length.isdigit():
+            return int(content_length)
+        return self.settings.max_body_bytes
+
+    def body_refusal(self, size: int, held: int | None = None) -> Answer | None:
+        """The refusal of a body of `size` bytes before it is read: too large, or past what the
+        router may hold of all bodies together (`held` bytes for it, by default its size)."""
+        if size > self.settings.max_body_bytes:
+            return answers.body_too_large(self.settings.max_body_bytes)
+        if self.buffered_body_bytes + (size if held is None else held) \
+                > self.settings.max_buffered_body_bytes:
+            return answers.BODY_BUDGET_FULL
+        return None
+
+    def features_of(self, method: str, raw_path: str, body: bytes | bytearray,
+                    headers: dict[str, str]) -> RequestFeatures:
+        if method != "POST" or not body:
+            return NEUTRAL
+        # A bounded scan, not a parse: the replica answers a malformed body's 400.
+        return request_features(raw_path, scan_request(body), headers,
+                                self.settings.prefix_chars, self.settings.image_max_pixels)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -333,6 +360,10 @@ class RouterApp:
         if self.client is not None:
             await self.client.close()
 
+    def choose(self, features: RequestFeatures) -> Route | Refusal:
+        """The routing decision for a request, where its session's last turn went counted."""
+        return decide(features, self.pool(), self.config, placed=self.sessions.last(features))
+
     def pool(self) -> list[ReplicaState]:
         """Each replica's state; its load is this router's requests plus the other routers'."""
         own_open = sum(self.book.count.values())
@@ -360,6 +391,10 @@ class RouterApp:
             self.metrics.replicas.labels(mode).set(count)
         return by_mode
 
+    def ready(self) -> bool:
+        """Some replica takes requests."""
+        return sum(self._count_replicas().values()) > 0
+
     async def _health(self, send: Send) -> None:
         by_mode = self._count_replicas()
         taking = sum(by_mode.values()) > 0 and not self.draining
@@ -372,16 +407,10 @@ class RouterApp:
     async def _proxy(self, scope: Scope, receive: Receive, send: Send, raw_path: str) -> None:
         arrival = time.perf_counter()
         s = self.settings
-        declared = _header(scope, b"content-length")
-        size = int(declared) if declared is not None and declared.isdigit() else s.max_body_bytes
-        if size > s.max_body_bytes:
-            await _respond(send, 413, _error(
-                f"The request body is larger than {s.max_body_bytes} bytes.", 413), close=True)
-            return
-        if self.buffered_body_bytes + size > s.max_buffered_body_bytes:
-            await _respond(send, 503, _error(
-                "The router holds as many request bodies as it may; retry shortly.", 503),
-                {"retry-after": "1"}, close=True)
+        size = self.body_size(_header(scope, b"content-length"))
+        refusal = self.body_refusal(size)
+        if refusal is not None:
+            await _answer(send, refusal)
             return
         self.buffered_body_bytes += size
         try:
@@ -389,14 +418,10 @@ class RouterApp:
                 async with asyncio.timeout(s.body_timeout):
                     body = await _read_body(receive, s.max_body_bytes, size)
             except _BodyTooLarge:
-                await _respond(send, 413, _error(
-                    f"The request body is larger than {s.max_body_bytes} bytes.", 413),
-                    close=True)
+                await _answer(send, answers.body_too_large(s.max_body_bytes))
                 return
             except TimeoutError:
-                await _respond(send, 408, _error(
-                    f"The request body took over {s.body_timeout:g} s to arrive.", 408),
-                    close=True)
+                await _answer(send, answers.body_too_slow(s.body_timeout))
                 return
             except _ClientGone:
                 return
@@ -418,7 +443,7 @@ class RouterApp:
             return  # the response is left unfinished: uvicorn closes the connection
         except asyncio.CancelledError:
             # The client left (or we are cancelled): the upstream connection closed with it.
-            delivered = _outcome_of(call.status) if call.delivered else "client_gone"
+            delivered = outcome_of(call.status) if call.delivered else "client_gone"
             self._count(call, call.route, delivered)
             if not watcher.done() or watcher.cancelled():
                 raise  # cancelled from outside: let it go on
@@ -431,28 +456,22 @@ class RouterApp:
                    for k, v in scope["headers"]]
         header_map = dict(headers)
         request_id = uuid.uuid4().hex
-        features = NEUTRAL
-        if scope["method"] == "POST" and body:
-            # A bounded scan, not a parse: the replica answers a malformed body's 400.
-            features = request_features(raw_path, scan_request(body), header_map,
-                                        self.settings.prefix_chars, self.settings.image_max_pixels)
+        features = self.features_of(scope["method"], raw_path, body, header_map)
         query = scope.get("query_string", b"")
         target = raw_path + ("?" + query.decode("latin-1") if query else "")
         forwarded = _upstream_headers(headers, request_id, scope)
         return _Call(scope["method"], target, forwarded, body, features, request_id, arrival)
 
     async def _forward(self, call: _Call, send: Send) -> None:
-        route = decide(call.features, self.pool(), self.config,
-                       placed=self.sessions.last(call.features))
+        route = self.choose(call.features)
         if isinstance(route, Refusal):
             self._count(call, None, "refused")
-            await _respond(send, route.status, _error(route.message, route.status),
-                           {"retry-after": "1", REQUEST_ID: call.request_id})
+            await _answer(send, answers.refused(route, call.request_id))
             return
         tried: list[str] = []
         while True:
             tried.append(route.replica)
-            call.modes[route.replica] = self._mode_label(route.replica)
+            call.modes[route.replica] = self.mode_label(route.replica)
             self.metrics.decisions.labels(route.reason.value).inc()
             outcome = await self._attempt(call, route, send)
             if not isinstance(outcome, tuple):
@@ -485,7 +504,7 @@ class RouterApp:
             except aiohttp.ClientConnectionError as exc:
                 if isinstance(exc, aiohttp.SocketTimeoutError):
                     self._count(call, route, "upstream_error")
-                    await _respond(send, 504, _error("The replica did not answer in time.",
+                    await _respond(send, 504, error_body("The replica did not answer in time.",
                                                      504), {REQUEST_ID: call.request_id})
                     return None
                 # Nothing came back; a kept-alive connection the replica closed looks the same,
@@ -521,7 +540,7 @@ class RouterApp:
         await send({"type": "http.response.start", "status": upstream.status,
                     "headers": _downstream_headers(upstream, call.request_id)})
         call.route, call.status = route, upstream.status
-        outcome = _outcome_of(upstream.status)
+        outcome = outcome_of(upstream.status)
         expected, relayed = upstream.content_length, 0
         first = True
         try:
@@ -564,11 +583,11 @@ class RouterApp:
                        send: Send) -> None:
         if held is None:
             self._count(call, route, "unreachable")
-            await _respond(send, 502, _error("No replica could be reached.", 502),
+            await _respond(send, 502, error_body("No replica could be reached.", 502),
                            {REQUEST_ID: call.request_id})
             return
         # The replica's own answer, with its Retry-After.
-        self._count(call, route, _outcome_of(held.status))
+        self._count(call, route, outcome_of(held.status))
         await send({"type": "http.response.start", "status": held.status,
                     "headers": held.headers})
         await send({"type": "http.response.body", "body": held.body, "more_body": False})
@@ -579,7 +598,7 @@ class RouterApp:
                 return endpoint.label or replica
         return replica
 
-    def _mode_label(self, replica: str) -> str:
+    def mode_label(self, replica: str) -> str:
         for endpoint in self.discovery.endpoints():
             if endpoint.name == replica:
                 return endpoint.mode.value if endpoint.mode else "unknown"
@@ -595,13 +614,13 @@ class RouterApp:
         self.metrics.requests.labels(call.features.traffic_class.value, mode, outcome).inc()
 
 
-def _outcome_of(status: int) -> str:
+def outcome_of(status: int) -> str:
     if status < 400:
         return "ok"
     return "client_error" if status < 500 else "upstream_error"
 
 
-def _connection_tokens(headers: list[tuple[str, str]]) -> set[str]:
+def connection_tokens(headers: list[tuple[str, str]]) -> set[str]:
     tokens: set[str] = set()
     for key, value in headers:
         if key == "connection":
@@ -612,7 +631,7 @@ def _connection_tokens(headers: list[tuple[str, str]]) -> set[str]:
 def _upstream_headers(headers: list[tuple[str, str]], request_id: str,
                       scope: Scope) -> list[tuple[str, str]]:
     # The body is already read, so an Expect: 100-continue has been answered here.
-    drop = HOP_BY_HOP | FORWARDED | _connection_tokens(headers) | {
+    drop = HOP_BY_HOP | FORWARDED | connection_tokens(headers) | {
         "host", "content-length", "expect", REQUEST_ID}
     kept = [(k, v) for k, v in headers if k not in drop]
     kept.append((REQUEST_ID, request_id))
@@ -629,7 +648,7 @@ def _upstream_headers(headers: list[tuple[str, str]], request_id: str,
 def _downstream_headers(upstream: aiohttp.ClientResponse,
                         request_id: str) -> list[tuple[bytes, bytes]]:
     raw = [(k.lower(), v) for k, v in upstream.raw_headers]
-    tokens = _connection_tokens([(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw])
+    tokens = connection_tokens([(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw])
     drop = {h.encode() for h in HOP_BY_HOP | tokens | {REQUEST_ID}}
     kept = [(k, v) for k, v in raw if k not in drop]
     kept.append((REQUEST_ID.encode(), request_id.encode()))
@@ -676,11 +695,8 @@ async def _cancel_when_gone(receive: Receive, task: asyncio.Task[Any]) -> None:
     task.cancel()
 
 
-def _error(message: str, status: int) -> bytes:
-    err_type = "invalid_request_error" if status < 500 else "service_unavailable"
-    return json.dumps(
-        {"error": {"message": message, "type": err_type, "param": None, "code": status}}
-    ).encode()
+async def _answer(send: Send, answer: Answer) -> None:
+    await _respond(send, answer.status, answer.body, dict(answer.headers), close=answer.close)
 
 
 async def _respond(send: Send, status: int, body: bytes, headers: dict[str, str] | None = None,

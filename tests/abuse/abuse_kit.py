@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autoglm_runtime.sim.process import RouterProcess, SimProcess, free_port
+from testkit.gateway import Gateway
 from testkit.loopback import ServedOnLoopback
 
 Message = MutableMapping[str, Any]
@@ -26,6 +27,62 @@ FLOOD_CHUNK = b"x" * 65536
 
 StartRouter = Callable[..., RouterProcess]
 StartSim = Callable[..., SimProcess]
+StartGateway = Callable[..., Gateway]
+
+CHAT = "/v1/chat/completions"
+CHAT_BODY = json.dumps({"model": "autoglm-phone-9b",
+                        "messages": [{"role": "user", "content": "hi"}]}).encode()
+MIB = 1024 * 1024
+# The chart's router memory limit (charts/autoglm/values.yaml router.resources.limits.memory).
+ROUTER_MEMORY_LIMIT = 320 * MIB
+ALLOWED = {("POST", CHAT), ("POST", "/v1/completions"), ("POST", "/v1/responses"),
+           ("GET", "/v1/models")}
+
+
+def empty_objects_body(size: int) -> bytes:
+    """`{"x":[{},{},...]}` of about `size` bytes: millions of objects for a JSON parser."""
+    count = (size - 10) // 3
+    return b'{"x":[' + b"{}," * count + b"{}]}"
+
+
+REFUSED_TARGETS = [
+    # (method, raw request-target, status at the router)
+    ("GET", "/v1/../metrics", 400),
+    ("PUT", "/v1/../autoglm/v1/mode", 400),
+    ("POST", "/v1/../tokenize", 400),
+    ("POST", "/v1/..%2Fscale_elastic_ep", 400),
+    ("POST", "/v1/%2e%2e/scale_elastic_ep", 400),
+    ("GET", "/v1/models%3Fx=1%23frag", 400),
+    ("POST", "/v1/x/../chat/completions", 400),
+    ("POST", "/v1/./chat/completions", 400),
+    ("POST", "/v1/chat%2Fcompletions", 400),
+    ("POST", "/v1\\..\\tokenize", 400),
+    ("POST", "/tokenize", 404),
+    ("POST", "/v1/chat/completions/render", 404),
+    ("POST", "/v1/messages/count_tokens", 404),
+    ("POST", "/v1/embeddings", 404),
+    ("GET", "/v1/files", 404),
+    ("GET", "/autoglm/v1/mode", 404),
+    ("PUT", "/autoglm/v1/mode", 404),
+    ("POST", "/autoglm/v1/drain", 404),
+    ("POST", "/scale_elastic_ep", 404),
+    ("GET", "/v1/responses/resp_123", 404),
+    ("POST", "/v1/responses/resp_123/cancel", 404),
+    ("DELETE", CHAT, 405),
+    ("GET", CHAT, 405),
+]
+
+
+SMUGGLING = [
+    ("Transfer-Encoding and Content-Length",
+     b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n"
+     b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /v1/../metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
+    ("two Content-Lengths",
+     b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+     b"Content-Length: 40\r\n\r\n{}"),
+    ("a bare CR in a header",
+     b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\rX-A: 1\r\nContent-Length: 2\r\n\r\n{}"),
+]
 
 
 @dataclass

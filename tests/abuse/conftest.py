@@ -8,9 +8,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from abuse_kit import ADMIN_TOKEN, RecordingReplica, RouterProcess, StartRouter, StartSim
+from abuse_kit import (
+    ADMIN_TOKEN,
+    RecordingReplica,
+    RouterProcess,
+    StartGateway,
+    StartRouter,
+    StartSim,
+)
 
 from autoglm_runtime.sim.process import SimProcess
+from testkit.gateway import Gateway, start_gateway
 
 
 @pytest.fixture(scope="module")
@@ -56,3 +64,21 @@ def start_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartSim]:
     yield start
     for sim in started:
         sim.stop()
+
+
+@pytest.fixture(scope="module")
+def gateways(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartGateway]:
+    """start(endpoints, *router_flags, env=None, **gateway_config): the router with its endpoint
+    picker, and real Envoy in front of it (testkit.gateway)."""
+    started: list[Gateway] = []
+
+    def start(endpoints: list[str], *router_flags: str, env: dict[str, str] | None = None,
+              **config: Any) -> Gateway:
+        gateway = start_gateway(endpoints, "--poll-interval", "0.2", *router_flags, env=env,
+                                folder=tmp_path_factory.mktemp("gateway"), **config)
+        started.append(gateway)
+        return gateway
+
+    yield start
+    for gateway in started:
+        gateway.stop()

@@ -13,11 +13,19 @@ import time
 import httpx
 import pytest
 from abuse_kit import (
+    ALLOWED,
     API_KEY,
+    CHAT,
+    CHAT_BODY,
+    MIB,
+    REFUSED_TARGETS,
+    ROUTER_MEMORY_LIMIT,
+    SMUGGLING,
     RecordingReplica,
     RouterProcess,
     StartRouter,
     closed_within,
+    empty_objects_body,
     exchange,
     peak_rss_bytes,
     read_reply,
@@ -26,25 +34,10 @@ from abuse_kit import (
 
 pytestmark = [pytest.mark.abuse, pytest.mark.timeout(60)]
 
-CHAT = "/v1/chat/completions"
-CHAT_BODY = json.dumps({"model": "autoglm-phone-9b",
-                        "messages": [{"role": "user", "content": "hi"}]}).encode()
-MIB = 1024 * 1024
-# The chart's router memory limit (charts/autoglm/values.yaml router.resources.limits.memory).
-ROUTER_MEMORY_LIMIT = 320 * MIB
-ALLOWED = {("POST", CHAT), ("POST", "/v1/completions"), ("POST", "/v1/responses"),
-           ("GET", "/v1/models")}
-
 
 @pytest.fixture(scope="module")
 def router(start_router: StartRouter, recorder: RecordingReplica) -> RouterProcess:
     return start_router([recorder.base_url])
-
-
-def empty_objects_body(size: int) -> bytes:
-    """`{"x":[{},{},...]}` of about `size` bytes: millions of objects for a JSON parser."""
-    count = (size - 10) // 3
-    return b'{"x":[' + b"{}," * count + b"{}]}"
 
 
 # --- hole 1: a large body is parsed before anything is allowed ---------------------------------
@@ -85,34 +78,6 @@ def test_bodies_at_the_size_limit_arriving_together_keep_the_router_under_its_me
 
 
 # --- hole 2: paths outside the API reach the replicas ------------------------------------------
-
-REFUSED_TARGETS = [
-    # (method, raw request-target, status at the router)
-    ("GET", "/v1/../metrics", 400),
-    ("PUT", "/v1/../autoglm/v1/mode", 400),
-    ("POST", "/v1/../tokenize", 400),
-    ("POST", "/v1/..%2Fscale_elastic_ep", 400),
-    ("POST", "/v1/%2e%2e/scale_elastic_ep", 400),
-    ("GET", "/v1/models%3Fx=1%23frag", 400),
-    ("POST", "/v1/x/../chat/completions", 400),
-    ("POST", "/v1/./chat/completions", 400),
-    ("POST", "/v1/chat%2Fcompletions", 400),
-    ("POST", "/v1\\..\\tokenize", 400),
-    ("POST", "/tokenize", 404),
-    ("POST", "/v1/chat/completions/render", 404),
-    ("POST", "/v1/messages/count_tokens", 404),
-    ("POST", "/v1/embeddings", 404),
-    ("GET", "/v1/files", 404),
-    ("GET", "/autoglm/v1/mode", 404),
-    ("PUT", "/autoglm/v1/mode", 404),
-    ("POST", "/autoglm/v1/drain", 404),
-    ("POST", "/scale_elastic_ep", 404),
-    ("GET", "/v1/responses/resp_123", 404),
-    ("POST", "/v1/responses/resp_123/cancel", 404),
-    ("DELETE", CHAT, 405),
-    ("GET", CHAT, 405),
-]
-
 
 @pytest.mark.parametrize(("method", "target", "status"), REFUSED_TARGETS)
 def test_the_router_speaks_only_its_api(router: RouterProcess, recorder: RecordingReplica,
@@ -301,18 +266,6 @@ def test_the_router_counts_each_sequence_of_a_fanned_out_request(
 
 # --- what held up: keep it that way --------------------------------------------------------------
 
-SMUGGLING = [
-    ("Transfer-Encoding and Content-Length",
-     b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n"
-     b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /v1/../metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
-    ("two Content-Lengths",
-     b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
-     b"Content-Length: 40\r\n\r\n{}"),
-    ("a bare CR in a header",
-     b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\rX-A: 1\r\nContent-Length: 2\r\n\r\n{}"),
-]
-
-
 @pytest.mark.parametrize(("case", "raw"), SMUGGLING)
 def test_request_smuggling_is_refused(router: RouterProcess, recorder: RecordingReplica,
                                       case: str, raw: bytes) -> None:
@@ -345,7 +298,6 @@ def test_a_body_over_the_limit_gets_413(router: RouterProcess, recorder: Recordi
     reply = httpx.post(router.base_url + CHAT, content=b"x" * (16 * MIB + 1), timeout=30)
     assert reply.status_code == 413
     assert len(recorder.forwarded()) == before
-
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "1e9", "many"])

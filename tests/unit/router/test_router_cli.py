@@ -22,6 +22,14 @@ from autoglm_runtime.profiles import Mode
     (["--endpoint", "http://a:8000", "--other-overflow", "-1"], "--other-overflow must be at"),
     (["--endpoint", "http://a:8000", "--fresh-seconds", "0"], "--fresh-seconds must be above"),
     (["--endpoint", "http://a:8000", "--endpoint", "http://a:8000/"], "once"),
+    # The gateway dials the address the picker names: a name would need resolving there.
+    (["--endpoint", "http://sim-a:8000", "--ext-proc-port", "9002"], "by IP address"),
+    (["--endpoint", "http://10.0.0.7:8000", "--ext-proc-port", "8000"],
+     "--ext-proc-port must differ"),
+    (["--endpoint", "http://10.0.0.7:8000", "--ext-proc-fallbacks", "1"],
+     "only applies with --ext-proc-port"),
+    (["--endpoint", "http://10.0.0.7:8000", "--ext-proc-port", "9002",
+      "--ext-proc-fallbacks", "-1"], "--ext-proc-fallbacks must be at least 0"),
 ])
 def test_bad_flags_are_refused(argv: list[str], message: str,
                                capsys: pytest.CaptureFixture[str]) -> None:

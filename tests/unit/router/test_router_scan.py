@@ -6,6 +6,8 @@ import json
 import time
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from autoglm_router.features import CHAT_PATH, COMPLETIONS_PATH, request_features
 from autoglm_router.scan import IMAGE_HEAD_CHARS, scan_request
@@ -51,3 +53,10 @@ def test_a_body_of_millions_of_objects_is_scanned_in_bounded_time() -> None:
 @pytest.mark.parametrize("raw", [b"[1, 2]", b'"text"', b"", b"\xff\xfe"])
 def test_a_body_that_is_no_object_gives_nothing(raw: bytes) -> None:
     assert scan_request(raw) in (None, {})
+
+
+@given(text=st.text(), ascii_only=st.booleans())
+def test_every_string_reads_as_a_full_parse_reads_it(text: str, ascii_only: bool) -> None:
+    """Escaped (\\uXXXX, \\n) or raw UTF-8, with the fast path for strings with no escape."""
+    body = json.dumps({"messages": [{"content": text}]}, ensure_ascii=ascii_only).encode()
+    assert scan_request(body) == {"messages": [{"content": text}]}
