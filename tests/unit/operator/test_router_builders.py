@@ -133,6 +133,17 @@ def test_under_a_rolling_switch_a_streaming_replica_counts_full_at_its_own_engin
     assert (in_place.streaming_chat_cap, in_place.streaming_cap) == (64, 8)
 
 
+def test_with_the_gateway_on_the_router_serves_the_picker_where_the_epp_service_points() -> None:
+    spec = crd.AutoGLMDeploymentSpec.model_validate({"gateway": {"enabled": True}})
+    parsed = router_cli.build_parser().parse_args(router_builders.router_args(OWNER, spec))
+    assert router_cli.check_discovery_flags(parsed) is None
+    assert router_cli.check_picker_flags(parsed) is None
+    assert parsed.ext_proc_port == router_builders.EXT_PROC_PORT
+    assert parsed.port == 8000, "the HTTP front door stays for users without a gateway"
+    off = router_cli.build_parser().parse_args(router_builders.router_args(OWNER, SPEC))
+    assert off.ext_proc_port is None
+
+
 LIMITS = {"maxHeaderBytes": 16384, "maxHeaders": 50, "headerTimeoutSeconds": 5,
           "bodyTimeoutSeconds": 60, "maxClientConnections": 4096, "maxInflight": 256,
           "maxBodyBytes": 32 << 20, "maxBufferedBodyBytes": 256 << 20,

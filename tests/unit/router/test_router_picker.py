@@ -63,7 +63,8 @@ def three() -> Pool:
 
 def app_of(pool: Pool | None = None, caps: int = 8, keys: list[str] | None = None,
            **settings: Any) -> RouterApp:
-    config = RoutingConfig(caps={Mode.STREAMING: caps, Mode.BATCHING: caps})
+    every_mode = {Mode.STREAMING: caps, Mode.BATCHING: caps}
+    config = RoutingConfig(caps=every_mode, chat_caps=every_mode)
     return RouterApp(pool or three(), config, ProxySettings(**settings), api_keys=keys)
 
 

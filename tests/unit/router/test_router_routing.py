@@ -141,8 +141,9 @@ def test_caps_come_from_the_config() -> None:
     replicas = pool(("s", S), ("b", B), s={"inflight": 2, "load": 2.0})
     assert routed(decide(chat(True), replicas, RoutingConfig(chat_caps={S: 2, B: 64}))).reason \
         is Reason.SPILLED
-    config = RoutingConfig(caps={S: 2, B: 0 + 1})
-    assert routed(decide(chat(False), replicas, replace(config, caps={S: 2, B: 1}))).replica == "b"
+    # The cap of 2 counts for other work; a streamed chat still has the default chat cap.
+    config = RoutingConfig(caps={S: 2, B: 64})
+    assert routed(decide(chat(False), replicas, config)).replica == "b"
     assert routed(decide(chat(True), replicas, config)).replica == "s"
 
 
