@@ -191,7 +191,7 @@ def test_a_full_streaming_replica_spills_streamed_chats_to_batching(
     replicas: tuple[SimProcess, SimProcess, SimProcess]
 ) -> None:
     batching = replicas[1]
-    gateway = gateways([slow, batching], "--streaming-cap", "1")
+    gateway = gateways([slow, batching], "--streaming-chat-cap", "1")
     # Long enough (about 6 s) that the first stream holds the cap however slow the machine.
     body = {"model": MODEL, "messages": [{"role": "user", "content": "long"}], "stream": True,
             "max_tokens": 1500}
@@ -211,7 +211,7 @@ def test_a_full_streaming_replica_spills_streamed_chats_to_batching(
 def test_every_replica_at_its_cap_sheds_with_the_routers_429(
     gateways: StartGateway, slow: SimProcess
 ) -> None:
-    gateway = gateways([slow], "--streaming-cap", "1")
+    gateway = gateways([slow], "--streaming-chat-cap", "1")
     # Long enough (about 6 s) that the first stream holds the cap however slow the machine.
     body = {"model": MODEL, "messages": [{"role": "user", "content": "long"}], "stream": True,
             "max_tokens": 1500}

@@ -188,7 +188,7 @@ def test_a_full_streaming_replica_spills_streamed_chats_to_batching(
     replicas: tuple[SimProcess, SimProcess, SimProcess]
 ) -> None:
     batching = replicas[1]
-    router = start_router([slow.base_url, batching.base_url], "--streaming-cap", "1")
+    router = start_router([slow.base_url, batching.base_url], "--streaming-chat-cap", "1")
     body = {"model": MODEL, "messages": [{"role": "user", "content": "long"}], "stream": True,
             "max_tokens": 300}
     with httpx.Client(timeout=30) as http, http.stream(
@@ -207,7 +207,7 @@ def test_a_full_streaming_replica_spills_streamed_chats_to_batching(
 def test_every_replica_at_its_cap_sheds_with_429(
     start_router: StartRouter, slow: SimProcess
 ) -> None:
-    router = start_router([slow.base_url], "--streaming-cap", "1")
+    router = start_router([slow.base_url], "--streaming-chat-cap", "1")
     body = {"model": MODEL, "messages": [{"role": "user", "content": "long"}], "stream": True,
             "max_tokens": 300}
     with httpx.Client(timeout=30) as http, http.stream(
