@@ -154,8 +154,10 @@ class ApiServer:
 # `bench/sim_fidelity.py --fit` on its training loads only (text chats streamed by 1, 4 and
 # 16 users); how far it holds on the others: docs/benchmarks/sim_fidelity.md. Its image and
 # prompt-token terms keep the GPU calibration's shares of a step (text chats cannot tell them).
-CPU_TINY_LATENCY = LatencyModel(a_pre=0.0077, a_img=0.0104, a_tok=0.000013, t0=0.00455,
-                                t1=0.000076, c_p=0.000026, c_img=0.0078)
+CPU_TINY_LATENCY = LatencyModel(a_pre=0.0138, a_img=0.0211, a_tok=0.0000264, t0=0.00923,
+                                t1=0.00124, c_p=0.0000527, c_img=0.0158, floor=0.0,
+                                shared_api_server=True, a_http=0.00199, out_step=0.00642,
+                                out_chunk=0.00321)
 CALIBRATIONS = {"gpu": LatencyModel(), "cpu": CPU_TINY_LATENCY}
 
 
