@@ -61,7 +61,7 @@ from typing import Any
 
 import aiohttp
 
-from autoglm_runtime.sim.model import LatencyModel
+from autoglm_runtime.sim.model import IMAGE_TOKENS, LatencyModel
 from autoglm_runtime.sim.prefix_cache import BLOCK_TOKENS, block_hashes
 from autoglm_runtime.sim.process import RouterProcess, ServerProcess, SimProcess
 from autoglm_runtime.sim.serve.chat import chat_prompt
@@ -368,7 +368,7 @@ def ceiling(trace: list[Conversation], seed: int, concurrent: int) -> dict[str, 
     decoding = concurrent / REPLICAS / 2  # about half a replica's conversations are decoding
 
     def ttft(prompt: int, cached: int) -> float:
-        return (model.preprocess_seconds(prompt, 1) + model.t0 + model.t1 * decoding
+        return (model.preprocess_seconds(prompt, IMAGE_TOKENS) + model.t0 + model.t1 * decoding
                 + model.c_p * (prompt - cached) + model.c_img)  # fmt: skip
 
     second, later = [], []

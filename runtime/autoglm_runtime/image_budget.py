@@ -21,6 +21,7 @@ FACTOR = PATCH_PIXELS * MERGE  # sides are multiples of 28
 PIXELS_PER_TOKEN = FRAMES * FACTOR * FACTOR
 MIN_PIXELS = 112 * 112  # the processor's own floor (size.shortest_edge)
 MAX_PIXELS_CEILING = 28 * 28 * 15000  # the processor's own default (size.longest_edge)
+IMAGE_DELIMITER_TOKENS = 2  # <|begin_of_image|>, <|end_of_image|> around an image's tokens
 MAX_ASPECT_RATIO = 200  # the processor refuses a longer side over 200 times the shorter
 # The model's official serve command (`--mm-processor-kwargs '{"max_pixels":5000000}'`).
 OFFICIAL_MAX_PIXELS = 5_000_000

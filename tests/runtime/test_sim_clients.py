@@ -11,8 +11,10 @@ from langchain_core.messages import AIMessageChunk, HumanMessage
 from langchain_openai import ChatOpenAI
 from sim_kit import MODEL, admin_headers
 
+from autoglm_runtime.image_budget import IMAGE_DELIMITER_TOKENS, image_tokens
 from autoglm_runtime.profiles import MODE_PATH
 from autoglm_runtime.sim.process import SimProcess
+from autoglm_runtime.sim.serve.chat import DEFAULT_IMAGE_MAX_PIXELS
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(60)]
 SCREENSHOT = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42"
@@ -42,7 +44,14 @@ def test_sync_chat_with_an_image_and_reasoning(sim_server: SimProcess) -> None:
     assert getattr(message, "reasoning_content", None)  # thinking came back separately
     assert completion.usage is not None
     assert completion.usage.completion_tokens == 20
-    assert completion.usage.prompt_tokens > 256  # the image counts
+    # The image counts what the engine's processor makes of a 1x1 PNG (raised to its 84x84
+    # floor: 3x3 tokens), with its two delimiters.
+    text_only = client(sim_server).chat.completions.create(
+        model=MODEL, max_tokens=1, messages=[{"role": "user", "content": [
+            {"type": "text", "text": "Which app is open?"}]}])  # fmt: skip
+    assert text_only.usage is not None
+    assert completion.usage.prompt_tokens - text_only.usage.prompt_tokens == (
+        image_tokens(1, 1, DEFAULT_IMAGE_MAX_PIXELS) + IMAGE_DELIMITER_TOKENS) == 11
 
 
 def test_reasoning_can_be_hidden(sim_server: SimProcess) -> None:

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from autoglm_runtime import engine_args
 from autoglm_runtime.config import RuntimeSettings, load_runtime_config
+from autoglm_runtime.image_budget import max_pixels_for
 from autoglm_runtime.metrics import runtime_metrics
 from autoglm_runtime.middleware import ModeMiddleware
 from autoglm_runtime.requests import error_body
@@ -50,7 +52,10 @@ class SimSettings:
 def create_app(settings: SimSettings | None = None) -> FastAPI:
     settings = settings or SimSettings()
     runtime = load_runtime_config(settings.runtime or RuntimeSettings())
-    context = SimContext(runtime.served_model_name, runtime.max_model_len, settings)
+    image_max_pixels = (engine_args.image_max_pixels(runtime.engine) if runtime.engine
+                        else max_pixels_for(runtime.max_model_len, engine_args.DEFAULT_MAX_TOKENS))
+    context = SimContext(runtime.served_model_name, runtime.max_model_len, settings,
+                         image_max_pixels)
     if settings.kv_cache_tokens < context.max_model_len:
         raise ValueError("kv_cache_tokens must hold at least one full context (max_model_len)")
     engine_config = EngineConfig(

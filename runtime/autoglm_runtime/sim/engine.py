@@ -16,11 +16,18 @@ import contextlib
 import heapq
 import itertools
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from autoglm_runtime.sim.metrics import SimMetrics
-from autoglm_runtime.sim.model import LatencyModel, MemoryModel, fill_step
+from autoglm_runtime.sim.model import (
+    IMAGE_TOKENS,
+    ApiServer,
+    LatencyModel,
+    MemoryModel,
+    fill_step,
+)
 from autoglm_runtime.sim.prefix_cache import BLOCK_TOKENS, PrefixCache, block_hashes
 
 
@@ -47,6 +54,7 @@ class SimRequest:
     arrival: float
     token_ids: Sequence[int] = ()  # the prompt's ids, for prefix caching
     image_ends: tuple[int, ...] = ()  # where each image's placeholder tokens end in the prompt
+    image_tokens: tuple[int, ...] = ()  # each image's placeholder tokens (none given: IMAGE_TOKENS)
     tokens: asyncio.Queue[int | None] = field(default_factory=asyncio.Queue)
     seq: int = 0
     prompt_total: int = 0  # prompt plus tokens to recompute after a preemption
@@ -54,23 +62,35 @@ class SimRequest:
     generated: int = 0
     vision_done: bool = False
     images_to_encode: int = 0
+    vision_tokens: int = 0  # the placeholder tokens of those images: what the encoder costs
     block_hashes: list[bytes] = field(default_factory=list)
     held_blocks: list[bytes] = field(default_factory=list)
     preempted: bool = False
     cancelled: bool = False
-    finished: bool = False
+    finished: bool = False  # out of the engine
+    recorded: bool = False  # its request metrics are observed
+    handled: int = 0  # tokens the API server's output handler has read
+    sent: int = 0  # tokens its stream has sent
+    streaming: bool = False  # its stream waits for its turn to send
+    delivered: bool = False  # the response is over (the end reached the client, or an abort)
     submitted_at: float = 0.0
     scheduled_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
+
+    def sizes(self) -> tuple[int, ...]:
+        """Each image's placeholder tokens."""
+        return self.image_tokens or (IMAGE_TOKENS,) * self.images
 
     def __lt__(self, other: SimRequest) -> bool:
         return (self.priority, self.seq) < (other.priority, other.seq)
 
 
 class SimEngine:
-    def __init__(self, config: EngineConfig, metrics: SimMetrics) -> None:
+    def __init__(self, config: EngineConfig, metrics: SimMetrics,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
+        self.clock = clock  # the event loop's clock (a virtual one fast-forwards the engine)
         self.metrics = metrics
         self.waiting: list[SimRequest] = []
         self.running: list[SimRequest] = []
@@ -82,6 +102,11 @@ class SimEngine:
         self.peak_memory_bytes = config.memory.used_bytes(0, 0)
         self._labels = metrics.labels
         self.prefix_cache = PrefixCache(config.enable_prefix_caching)
+        # vLLM's API server: one process for preprocessing and for streaming out the tokens.
+        self.api_server = ApiServer(config.latency.shared_api_server)
+        self._outputs: deque[tuple[float, list[tuple[SimRequest, int]]]] = deque()
+        self._streams: set[asyncio.Task[None]] = set()
+        self._last_output = float("-inf")
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -93,18 +118,36 @@ class SimEngine:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        for stream in list(self._streams):
+            stream.cancel()
         for request in [*self.running, *self.waiting]:
             self._finish(request, "abort")
 
     # --- requests ---------------------------------------------------------------------------
 
+    async def receive(self) -> None:
+        """vLLM's API server reads and checks a new request (`a_http`), once its turn comes,
+        before it starts the request's clock (vLLM's arrival time)."""
+        await self.api_server.intake(self.config.latency.a_http * self._scale(), self.clock)
+
+    async def admit(self, request: SimRequest) -> None:
+        """Then it preprocesses the request (its chat template, tokens and images), once its
+        turn comes again: its tokenizer runs apart, and the loop serves what is ready first
+        meanwhile (in its one process, or at once in parallel, as the model says); then the
+        engine queues it. The wait is part of the request's TTFT."""
+        latency = self.config.latency
+        seconds = latency.preprocess_seconds(request.prompt_tokens, sum(request.sizes()))
+        await self.api_server.intake(seconds * self._scale(), self.clock)
+        self.submit(request)
+
     def submit(self, request: SimRequest) -> None:
         request.seq = next(self._seq)
         request.prompt_total = request.prompt_tokens
         request.images_to_encode = request.images
+        request.vision_tokens = sum(request.sizes())
         if self.prefix_cache.enabled:
             request.block_hashes = block_hashes(request.token_ids)
-        request.submitted_at = time.monotonic()
+        request.submitted_at = self.clock()
         heapq.heappush(self.waiting, request)
         self._wake.set()
         self._update_gauges()
@@ -127,12 +170,12 @@ class SimEngine:
     # --- the step loop ----------------------------------------------------------------------
 
     async def _run(self) -> None:
-        deadline = time.monotonic()
+        deadline = self.clock()
         while True:
             if not self.running and not self.waiting:
                 self._wake.clear()
                 await self._wake.wait()
-                deadline = time.monotonic()
+                deadline = self.clock()
             decoding, plan, images = self._schedule()
             if not decoding and not plan:
                 # Everything left was cancelled or cannot fit; wait for a change.
@@ -145,7 +188,7 @@ class SimEngine:
             self.last_prefill_tokens = prefill_tokens
             self.peak_memory_bytes = max(self.peak_memory_bytes, self.memory_used_bytes())
             seconds = self.config.latency.step_seconds(len(decoding), prefill_tokens, images)
-            now = time.monotonic()
+            now = self.clock()
             duration = seconds * self._scale()
             # Absolute deadlines keep sleep overshoot from accumulating; lag of one step is
             # caught up, more is forgiven so a stalled loop does not burst.
@@ -157,6 +200,7 @@ class SimEngine:
         return self.config.time_factor
 
     def _schedule(self) -> tuple[list[SimRequest], list[tuple[SimRequest, int]], int]:
+        """This step's decoding sequences, prefill plan, and image tokens to encode."""
         for request in [r for r in self.running if r.cancelled]:
             self._finish(request, "abort")
         budget = self.config.max_num_batched_tokens
@@ -182,7 +226,7 @@ class SimEngine:
                 if head.prompt_total + 1 > kv_free:
                     return None  # vLLM's priority scheduler also waits rather than skip the head
                 heapq.heappop(self.waiting)
-                head.scheduled_at = head.scheduled_at or time.monotonic()
+                head.scheduled_at = head.scheduled_at or self.clock()
                 self.running.append(head)
                 self._use_cached_prefix(head)
                 kv_free -= head.prompt_total + 1
@@ -192,7 +236,7 @@ class SimEngine:
         started = [(r, r.prompt_total - r.prefilled) for r in self.running
                    if r.prompt_total > r.prefilled]
         plan = fill_step(budget, started, admit_next)
-        images = sum(r.images_to_encode for r, _ in plan if not r.vision_done)
+        images = sum(r.vision_tokens for r, _ in plan if not r.vision_done)
         self._evict()
         self._update_gauges()
         return decoding, plan, images
@@ -206,7 +250,10 @@ class SimEngine:
         request.held_blocks = request.block_hashes[: cached // BLOCK_TOKENS]
         self.prefix_cache.hold(request.held_blocks)
         request.prefilled = cached
-        request.images_to_encode = sum(1 for end in request.image_ends if end > cached)
+        uncached = [size for end, size in zip(request.image_ends, request.sizes(), strict=False)
+                    if end > cached]
+        request.images_to_encode = len(uncached)
+        request.vision_tokens = sum(uncached)
         if not request.preempted:
             self.metrics.prefix_cache_queries.labels(*self._labels).inc(request.prompt_total)
             self.metrics.prefix_cache_hits.labels(*self._labels).inc(cached)
@@ -231,13 +278,12 @@ class SimEngine:
         self, decoding: list[SimRequest], plan: list[tuple[SimRequest, int]], prefilled: int
     ) -> None:
         self.steps += 1
-        now = time.monotonic()
-        generated = 0
+        now = self.clock()
+        emitted: list[SimRequest] = []
         for request in decoding:
             if request.finished:
                 continue  # preempted or aborted during the step
-            self._emit(request, now)
-            generated += 1
+            self._emit(request, now, emitted)
         for request, chunk in plan:
             if request.finished or request not in self.running:
                 continue
@@ -245,30 +291,101 @@ class SimEngine:
             request.prefilled += chunk
             if request.prefilled >= request.prompt_total:
                 self._cache_prompt_blocks(request)
-                self._emit(request, now)
-                generated += 1
+                self._emit(request, now, emitted)
         labels = self._labels
         self.metrics.prompt_tokens.labels(*labels).inc(prefilled)
-        self.metrics.generation_tokens.labels(*labels).inc(generated)
-        self.metrics.iteration_tokens.labels(*labels).observe(prefilled + generated)
+        self.metrics.generation_tokens.labels(*labels).inc(len(emitted))
+        self.metrics.iteration_tokens.labels(*labels).observe(prefilled + len(emitted))
         self._evict()
         self._update_gauges()
+        self._output(emitted, now)
 
-    def _emit(self, request: SimRequest, now: float) -> None:
+    def _emit(self, request: SimRequest, now: float, emitted: list[SimRequest]) -> None:
+        """The engine's side of a new token: vLLM's inter-token latency is timed by the engine
+        core's own clock; a sequence that is done leaves the engine at once."""
         if request.cancelled:
             self._finish(request, "abort")
             return
         request.generated += 1
-        labels = self._labels
         if request.first_token_at is None:
             request.first_token_at = now
-            self.metrics.ttft.labels(*labels).observe(now - request.arrival)
         elif request.last_token_at is not None:
-            self.metrics.itl.labels(*labels).observe(now - request.last_token_at)
+            self.metrics.itl.labels(*self._labels).observe(now - request.last_token_at)
         request.last_token_at = now
-        request.tokens.put_nowait(request.generated)
+        emitted.append(request)
         if request.generated >= request.target_tokens:
-            self._finish(request, request.finish_reason)
+            self._retire(request)
+
+    def _output(self, emitted: list[SimRequest], now: float) -> None:
+        """The API server's side of a step: its output handler reads the step's tokens
+        (`out_step`), ahead of anything else it has to do but the job in progress, and in the
+        order of the steps; vLLM's TTFT and E2E are timed then."""
+        if not emitted:
+            return
+        seconds = self.config.latency.out_step * self._scale()
+        done = max(self.api_server.reserve(now, seconds), self._last_output)
+        self._last_output = done
+        batch = [(request, request.generated) for request in emitted]
+        if done <= now and not self._outputs:
+            self._handled(batch)
+            return
+        self._outputs.append((done, batch))
+        asyncio.get_running_loop().call_later(done - now, self._handled_due)
+
+    def _handled_due(self) -> None:
+        now = self.clock()
+        while self._outputs and self._outputs[0][0] <= now:
+            self._handled(self._outputs.popleft()[1])
+
+    def _handled(self, batch: list[tuple[SimRequest, int]]) -> None:
+        now = self.clock()
+        for request, count in batch:
+            if request.delivered:
+                continue  # aborted meanwhile
+            if count == 1:
+                self.metrics.ttft.labels(*self._labels).observe(now - request.arrival)
+            if count >= request.target_tokens:
+                self._record(request, request.finish_reason, now)
+            request.handled = count
+            if not request.streaming:
+                request.streaming = True
+                self._stream_out(request)
+
+    def _stream_out(self, request: SimRequest) -> None:
+        """Each request's stream sends what its output handler has read, in one SSE event
+        (`out_chunk`) when its turn on the API server comes: tokens read meanwhile join it, as
+        vLLM merges a stream's outputs while it waits."""
+        seconds = self.config.latency.out_chunk * self._scale()
+        if not seconds:
+            self._send(request, request.handled)
+            request.streaming = False
+            return
+
+        async def send_when_served() -> None:
+            upto = 0
+
+            def take() -> None:
+                nonlocal upto
+                upto = request.handled  # what it has when its turn comes goes in this event
+
+            while request.sent < request.handled and not request.delivered:
+                await self.api_server.intake(seconds, self.clock, take)
+                self._send(request, upto)
+            request.streaming = False
+
+        task = asyncio.get_running_loop().create_task(send_when_served())
+        self._streams.add(task)
+        task.add_done_callback(self._streams.discard)
+
+    def _send(self, request: SimRequest, upto: int) -> None:
+        if request.delivered:
+            return
+        for count in range(request.sent + 1, upto + 1):
+            request.tokens.put_nowait(count)
+        request.sent = max(request.sent, upto)
+        if request.sent >= request.target_tokens:
+            request.delivered = True
+            request.tokens.put_nowait(None)
 
     def _preempt(self, request: SimRequest) -> None:
         self.running.remove(request)
@@ -280,14 +397,29 @@ class SimEngine:
         heapq.heappush(self.waiting, request)
         self.metrics.preemptions.labels(*self._labels).inc()
 
-    def _finish(self, request: SimRequest, reason: str) -> None:
-        if request.finished:
-            return
+    def _retire(self, request: SimRequest) -> None:
+        """The sequence leaves the engine: its slot and its blocks are free."""
         request.finished = True
         if request in self.running:
             self.running.remove(request)
         self._release_blocks(request)
-        now = time.monotonic()
+
+    def _finish(self, request: SimRequest, reason: str) -> None:
+        """Ended in the engine and answered at once (an abort)."""
+        if request.finished:
+            return
+        self._retire(request)
+        self._record(request, reason, self.clock())
+        if not request.delivered:
+            request.delivered = True
+            request.tokens.put_nowait(None)
+
+    def _record(self, request: SimRequest, reason: str, now: float) -> None:
+        """The request's own metrics, timed as vLLM times them: E2E when the API server's
+        output handler has read its last token, the phases by the engine core's timestamps."""
+        if request.recorded:
+            return
+        request.recorded = True
         labels = self._labels
         self.metrics.success.labels(*labels, reason).inc()
         self.metrics.e2e.labels(*labels).observe(now - request.arrival)
@@ -295,12 +427,12 @@ class SimEngine:
         self.metrics.generation_tokens_request.labels(*labels).observe(request.generated)
         scheduled = request.scheduled_at
         if scheduled is not None:
+            last = request.last_token_at or now
             self.metrics.queue_time.labels(*labels).observe(scheduled - request.submitted_at)
-            self.metrics.inference_time.labels(*labels).observe(now - scheduled)
-            first = request.first_token_at or now
+            self.metrics.inference_time.labels(*labels).observe(last - scheduled)
+            first = request.first_token_at or last
             self.metrics.prefill_time.labels(*labels).observe(first - scheduled)
-            self.metrics.decode_time.labels(*labels).observe(now - first)
-        request.tokens.put_nowait(None)
+            self.metrics.decode_time.labels(*labels).observe(last - first)
 
     def _update_gauges(self) -> None:
         labels = self._labels

@@ -1,7 +1,11 @@
 """A stand-in tokenizer and a deterministic text generator for the sim.
 
 Counting: every run of up to 8 non-space characters is one token, every message adds 4 template
-tokens, every image `IMAGE_TOKENS`. Good enough to exercise context limits; not a real tokenizer.
+tokens. An image costs what GLM-4.1V's processor makes of it: its two delimiters and one token
+per 28x28 pixels once scaled to the pixel budget (`image_budget.image_tokens`, from the size in
+its data: URL's head); one whose size the sim cannot read (a remote URL, which it never fetches,
+or bytes that are neither PNG nor JPEG) counts `IMAGE_TOKENS`. Good enough to exercise context
+limits; not a real tokenizer.
 Token ids, for prefix caching, are hashes of those pieces: a message's template tokens hash its
 role, an image's placeholder tokens hash its URL (data URLs: the data), so identical prompt
 prefixes give identical ids and a different screenshot gives different ones.
@@ -14,6 +18,8 @@ import hashlib
 import random
 import re
 
+from autoglm_runtime.image_budget import image_tokens
+from autoglm_runtime.image_size import data_url_size
 from autoglm_runtime.sim.model import IMAGE_TOKENS
 
 MAX_CHARS_PER_TOKEN = 8
@@ -50,10 +56,19 @@ def message_token_ids(role: str) -> list[int]:
     return [_piece_id(f"<|{role}|>{index}") for index in range(MESSAGE_OVERHEAD_TOKENS)]
 
 
-def image_token_ids(url: str) -> list[int]:
-    """The image's placeholder tokens; the same image gives the same ids (vLLM's mm hash)."""
+def image_prompt_tokens(url: str, max_pixels: int) -> int:
+    """The prompt tokens of one image at the pixel budget `max_pixels`, its delimiters not
+    counted (RefusedImage: the processor refuses its shape)."""
+    size = data_url_size(url)
+    return IMAGE_TOKENS if size is None else image_tokens(*size, max_pixels)
+
+
+def image_token_ids(url: str, count: int = IMAGE_TOKENS) -> list[int]:
+    """The image's delimiters around its `count` placeholder tokens; the same image gives the
+    same ids (vLLM's mm hash)."""
     base = _piece_id("image:" + url) << 16
-    return [base + index for index in range(IMAGE_TOKENS)]
+    begin, end = _piece_id("<|begin_of_image|>"), _piece_id("<|end_of_image|>")
+    return [begin, *(base + index for index in range(count)), end]
 
 
 def natural_length(seed: str, low: int = 24, high: int = 200) -> int:
@@ -86,6 +101,7 @@ __all__ = [
     "MESSAGE_OVERHEAD_TOKENS",
     "count_text_tokens",
     "generate",
+    "image_prompt_tokens",
     "image_token_ids",
     "message_token_ids",
     "natural_length",

@@ -8,7 +8,10 @@ the pool's simulated clock. The engine plans each step with the sim's own `fill_
 it with the sim's step model (`autoglm_runtime.sim.model.LatencyModel`, the same equations
 `autoglm_runtime.sim.engine` runs in real time):
 
-    step T = t0 + t1 * b + c_p * p + c_img * i
+    step T = max(floor, t0 + t1 * b + c_p * p + c_img * i / IMAGE_TOKENS)
+
+and its preprocessing runs where the model says (`ApiServer`: in parallel, or in one API-server
+process in arrival order).
 
 Steps that only decode, with nothing new to admit, are identical, so the simulator jumps over a
 run of them at once (to the next completion, or to the end of the step in progress when a new
@@ -51,7 +54,13 @@ from autoglm_router.features import (
 from autoglm_runtime.admission import AdmissionQueue, BatchWindow, Woken
 from autoglm_runtime.profiles import Mode, ModeProfile, ModeProfiles
 from autoglm_runtime.requests import DEFAULT_PRIORITY, STREAM_PRIORITY
-from autoglm_runtime.sim.model import IMAGE_TOKENS, LatencyModel, MemoryModel, fill_step
+from autoglm_runtime.sim.model import (
+    IMAGE_TOKENS,
+    ApiServer,
+    LatencyModel,
+    MemoryModel,
+    fill_step,
+)
 
 CHAT = 0  # interactive, streamed; SLO on time to first visible token
 BATCH = 1  # batch job, not streamed; SLO on completion time
@@ -80,6 +89,12 @@ class EngineEnvelope:
     max_num_batched_tokens: int = 2048
     latency: LatencyModel = field(default_factory=LatencyModel)
     memory: MemoryModel = field(default_factory=MemoryModel)
+
+    def __post_init__(self) -> None:
+        if self.latency.out_step or self.latency.out_chunk:
+            # A token's way out through the API server would cut the jumps over decode steps.
+            raise ValueError("the pool model times tokens at the step's end: out_step and "
+                             "out_chunk must be 0")
 
 
 @dataclass(slots=True, eq=False)
@@ -135,6 +150,7 @@ class Replica:
         self.admission: AdmissionQueue[Req] = AdmissionQueue(profiles.for_mode(mode), clock,
                                                              env.max_num_seqs)
         self.window: BatchWindow[Req] = BatchWindow()
+        self.api_server = ApiServer(env.latency.shared_api_server)
         # engine
         self.waiting: list[tuple[int, int, Req]] = []
         self.prefilling: list[Req] = []
@@ -245,7 +261,7 @@ class Pool:
         self.route_config = routing_config(self.profiles, self.env.max_num_seqs)
         self._features: dict[tuple[int, float], RequestFeatures] = {}
         self.t_pre = [
-            lat.preprocess_seconds(text + IMAGE_TOKENS * images, images)
+            lat.preprocess_seconds(text + IMAGE_TOKENS * images, IMAGE_TOKENS * images)
             for text, images in w.shapes
         ]
 
@@ -394,7 +410,9 @@ class Pool:
 
     def _preprocess(self, replica: Replica, reqs: list[Req]) -> None:
         for req in reqs:
-            self._push(self.now + self.t_pre[req.shape], _PRE_DONE, (req, replica))
+            # Nothing streams out through it here, so requests are served in arrival order.
+            done = replica.api_server.reserve(self.now, self.t_pre[req.shape])
+            self._push(done, _PRE_DONE, (req, replica))
 
     def _settle(self, replica: Replica, woken: Woken[Req]) -> None:
         for req in woken.timed_out:
@@ -438,15 +456,15 @@ class Pool:
         env = self.env
         lat = env.latency
         b = len(replica.decoding)
-        images = 0
+        image_tokens = 0
 
         def admit_next() -> tuple[Req, int] | None:
-            nonlocal images
+            nonlocal image_tokens
             if not replica.waiting or len(replica.prefilling) + b >= env.max_num_seqs:
                 return None
             _, _, req = heapq.heappop(replica.waiting)
             replica.prefilling.append(req)
-            images += req.images
+            image_tokens += req.images * IMAGE_TOKENS
             return req, req.prompt
 
         started = [(req, req.prompt - req.prefilled) for req in replica.prefilling]
@@ -455,7 +473,7 @@ class Pool:
         replica.step_start = t
         if plan:
             p = sum(c for _, c in plan)
-            replica.step_len = lat.step_seconds(b, p, images)
+            replica.step_len = lat.step_seconds(b, p, image_tokens)
             replica.step_count = 1
             replica.step_plan = plan
             replica.step_prefill_tokens = p

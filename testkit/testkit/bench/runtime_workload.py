@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import functools
+import io
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -11,11 +14,24 @@ from typing import Any
 import openai
 
 MODEL = "autoglm-phone-9b"
-# A tiny valid PNG stands in for a phone screenshot; the sim charges a fixed token cost per image.
-SCREENSHOT = (
-    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
-    "+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
-)
+# The calibration's phone screenshot (`autoglm_runtime.sim.model`'s docstring): 224x896 pixels,
+# which GLM-4.1V's processor makes 8x32 = IMAGE_TOKENS prompt tokens at the default pixel budget.
+SCREENSHOT_SIZE = (224, 896)
+
+
+@functools.cache
+def screenshot() -> str:
+    """The calibration screenshot as a PNG data URL (a status bar on a light background)."""
+    from PIL import Image
+
+    width, height = SCREENSHOT_SIZE
+    image = Image.new("RGB", SCREENSHOT_SIZE, (236, 239, 241))
+    image.paste((33, 150, 243), (0, 0, width, height // 12))
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
 INSTRUCTION = (
     "You are operating an Android phone. Open the settings app, find the display section and "
     "turn on dark mode, then go back to the home screen and report what you did step by step."
@@ -28,7 +44,7 @@ def messages(index: int) -> Any:
         "role": "user",
         "content": [
             {"type": "text", "text": f"[{index}] {INSTRUCTION}"},
-            {"type": "image_url", "image_url": {"url": SCREENSHOT}},
+            {"type": "image_url", "image_url": {"url": screenshot()}},
         ],
     }]
 

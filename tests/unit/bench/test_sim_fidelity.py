@@ -10,25 +10,63 @@ from testkit.paths import load_script
 bench = load_script("bench/sim_fidelity.py")
 
 
-def _training_rows(t0: float, t1: float, a_pre: float) -> list[dict[str, object]]:
+def _training_rows(floor: float, t0: float, t1: float, a_pre: float) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     for case in bench.TRAINING:
-        users = case.load.chats
-        rows.append({"backend": "engine", "case": case.name,
-                     "tpot_mean": t0 + t1 * users, "ttft_mean": a_pre + t0 + t1 * users})
+        for running in (0.5 * case.load.chats, 0.9 * case.load.chats):  # two rounds each
+            step = max(floor, t0 + t1 * running)
+            rows.append({"backend": "engine", "case": case.name, "running_mean": running,
+                         "tpot_mean": step, "ttft_mean": a_pre + step})
     # A held-out load must not move the fit.
-    rows.append({"backend": "engine", "case": bench.HELD_OUT[0].name,
+    rows.append({"backend": "engine", "case": bench.HELD_OUT[0].name, "running_mean": 30.0,
                  "tpot_mean": 9.0, "ttft_mean": 9.0})
     return rows
 
 
-def test_the_fit_reads_the_decode_step_and_preprocessing_off_the_training_loads() -> None:
-    fitted = bench.fit(_training_rows(t0=0.005, t1=0.0004, a_pre=0.05))
-    assert fitted.t0 == pytest.approx(0.005)
-    assert fitted.t1 == pytest.approx(0.0004)
-    assert fitted.a_pre == pytest.approx(0.05 + 0.0004)  # one user's step is t0 + t1
+def test_the_step_fit_finds_the_floor_and_the_line_past_it() -> None:
+    points = [(n, max(0.0045, 0.002 + 0.0004 * n)) for n in (1, 2, 4, 8, 12, 16)]
+    assert bench.step_fit(points) == pytest.approx((0.0045, 0.002, 0.0004))
+    line = [(n, 0.003 + 0.0002 * n) for n in (1, 4, 16)]
+    floor, t0, t1 = bench.step_fit(line)
+    assert (t0, t1) == pytest.approx((0.003, 0.0002)) and floor <= t0
+
+
+def test_the_fit_reads_the_step_off_the_sequences_the_engine_ran_in_the_training_loads() -> None:
+    fitted = bench.fit(_training_rows(floor=0.0045, t0=0.001, t1=0.0006, a_pre=0.008), search=0)
+    assert (fitted.floor, fitted.t0, fitted.t1) == pytest.approx((0.0045, 0.001, 0.0006))
+    assert fitted.shared_api_server
+    # One user's TTFT is its preprocessing, one step and its first token's way out.
+    one = (fitted.step_seconds(1, bench.CHAT_PROMPT_TOKENS, 0) + fitted.out_step
+           + fitted.a_tok * bench.CHAT_PROMPT_TOKENS)
+    assert fitted.a_pre + one == pytest.approx(0.008 + 0.0045)
     gpu = bench.LatencyModel()
-    assert fitted.c_p / gpu.c_p == pytest.approx(fitted.t0 / gpu.t0)  # shares of a step kept
+    assert fitted.c_p / gpu.c_p == pytest.approx(0.0045 / gpu.t0)  # shares of a step kept
+
+
+def test_the_simplex_search_finds_a_minimum() -> None:
+    def bowl(x: object) -> float:
+        a, b = x  # type: ignore[misc]
+        return (a - 1.0) ** 2 + 3 * (b + 2.0) ** 2
+
+    assert bench.nelder_mead(bowl, [0.0, 0.0], 80) == pytest.approx([1.0, -2.0], abs=1e-3)
+
+
+def test_the_replay_is_the_sim_itself_on_a_virtual_clock() -> None:
+    from testkit.virtual_time import run_virtual
+
+    quick = bench.LatencyModel(a_pre=0.005, a_tok=0.0, t0=0.004, t1=0.0, c_p=0.0,
+                               shared_api_server=True)
+    one = run_virtual(bench.replay(quick, bench.Load("x1", 1), 4.0))
+    # One user: 5 ms preprocessing, then 64 steps of 4 ms, back to back.
+    assert one["ttft_mean"] == pytest.approx(0.009)
+    assert one["tpot_mean"] == pytest.approx(0.004)
+    assert one["rps"] == pytest.approx(1 / (0.005 + 64 * 0.004), rel=0.08)
+    # An API server that spends 3 ms on each step's output slows what users get, not the step.
+    slow = run_virtual(bench.replay(bench.replace(quick, out_step=0.003), bench.Load("x4", 4),
+                                    4.0))
+    fast = run_virtual(bench.replay(quick, bench.Load("x4", 4), 4.0))
+    assert slow["tpot_mean"] == pytest.approx(fast["tpot_mean"], rel=0.05)
+    assert slow["ttft_mean"] > fast["ttft_mean"]
 
 
 def _judged(ratios: list[float]) -> bool:

@@ -7,6 +7,7 @@ import time
 
 from autoglm_runtime.sim.engine import EngineConfig, SimEngine, SimRequest
 from autoglm_runtime.sim.metrics import SimMetrics
+from autoglm_runtime.sim.model import IMAGE_TOKENS
 from autoglm_runtime.sim.prefix_cache import BLOCK_TOKENS, PrefixCache, block_hashes
 from autoglm_runtime.sim.serve.chat import chat_prompt
 
@@ -182,7 +183,9 @@ def test_chat_prompts_share_ids_up_to_the_first_difference() -> None:
     c = prompt("https://x/1.png", "open settings")
     assert a == c
     common = next(i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y)
-    assert common == len(a) - 256  # only the screenshot's tokens differ
+    # Only the screenshot's placeholder tokens differ (its <|begin_of_image|> is common; a remote
+    # URL's size is unknown, so it counts IMAGE_TOKENS), and its <|end_of_image|> follows them.
+    assert common == len(a) - IMAGE_TOKENS - 1
     system_only = chat_prompt({"messages": [{"role": "user", "content": "hi"}]}).token_ids
     assert system_only[:4] != a[:4]  # the role tag is part of the ids
 

@@ -12,6 +12,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from autoglm_runtime.engine_args import DEFAULT_MAX_TOKENS
+from autoglm_runtime.image_budget import RefusedImage, max_pixels_for
 from autoglm_runtime.sim.engine import SimEngine, SimRequest
 from autoglm_runtime.sim.serve.common import (
     Prompt,
@@ -28,24 +30,29 @@ from autoglm_runtime.sim.serve.common import (
 )
 from autoglm_runtime.sim.tokens import (
     generate,
+    image_prompt_tokens,
     image_token_ids,
     message_token_ids,
     text_token_ids,
 )
 
+# The engine's pixel budget per image at the default context, as the operator sets it.
+DEFAULT_IMAGE_MAX_PIXELS = max_pixels_for(2048, DEFAULT_MAX_TOKENS)
 # Share of the answer spent thinking when enable_thinking is on.
 REASONING_SHARE = 0.4
 
 router = APIRouter()
 
 
-def chat_prompt(body: dict[str, Any]) -> Prompt:
-    """The rendered prompt's token ids: messages in order, each role-tagged, images in place."""
+def chat_prompt(body: dict[str, Any], image_max_pixels: int = DEFAULT_IMAGE_MAX_PIXELS) -> Prompt:
+    """The rendered prompt's token ids: messages in order, each role-tagged, images in place,
+    each as many tokens as the engine's processor makes of it at `image_max_pixels`."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise SimError("`messages` must be a non-empty list.", "messages")
     ids: list[int] = []
     image_ends: list[int] = []
+    image_sizes: list[int] = []
     texts: list[str] = []
     for message in messages:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
@@ -64,11 +71,17 @@ def chat_prompt(body: dict[str, Any]) -> Prompt:
                 texts.append(part["text"])
                 ids += text_token_ids(part["text"])
             elif kind == "image_url":
-                ids += image_token_ids(check_image(part.get("image_url")))
+                url = check_image(part.get("image_url"))
+                try:
+                    count = image_prompt_tokens(url, image_max_pixels)
+                except RefusedImage as exc:
+                    raise SimError(str(exc), "messages") from None
+                ids += image_token_ids(url, count)
                 image_ends.append(len(ids))
+                image_sizes.append(count)
             else:
                 raise SimError("Content parts must be `text` or `image_url`.", "messages")
-    return Prompt(ids, len(image_ends), "\n".join(texts), tuple(image_ends))
+    return Prompt(ids, len(image_ends), "\n".join(texts), tuple(image_ends), tuple(image_sizes))
 
 
 def check_image(image: Any) -> str:
@@ -101,7 +114,7 @@ async def chat(request: Request) -> Response:
     engine = engine_of(request)
     served = context_of(request).served
     body = await read_json(request)
-    prompt = chat_prompt(body)
+    prompt = chat_prompt(body, context_of(request).image_max_pixels)
     enabled, include = thinking(body)
     stream, usage = stream_wanted(body)
     sim_request = await run(request, body, prompt)

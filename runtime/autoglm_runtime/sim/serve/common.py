@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +29,7 @@ class SimContext:
     served: str
     max_model_len: int
     settings: SimSettings
+    image_max_pixels: int  # the engine's pixel budget per image (--mm-processor-kwargs)
 
 
 @dataclass
@@ -38,6 +38,7 @@ class Prompt:
     images: int
     seed: str
     image_ends: tuple[int, ...] = ()  # where each image's placeholder tokens end
+    image_tokens: tuple[int, ...] = ()  # each image's placeholder tokens
 
     @property
     def tokens(self) -> int:
@@ -106,18 +107,16 @@ def sampling(body: dict[str, Any], prompt: Prompt, max_model_len: int) -> tuple[
 async def run(request: Request, body: dict[str, Any], prompt: Prompt) -> SimRequest:
     """Admit one request to the engine after its preprocessing time."""
     engine, context = engine_of(request), context_of(request)
-    settings = context.settings
     target, reason = sampling(body, prompt, context.max_model_len)
     priority = body.get("priority") or 0
-    arrival = time.monotonic()
-    seconds = settings.latency.preprocess_seconds(prompt.tokens, prompt.images)
-    await asyncio.sleep(seconds * settings.time_factor)
+    await engine.receive()
     sim_request = SimRequest(
         priority=priority, prompt_tokens=prompt.tokens, images=prompt.images,
-        target_tokens=target, finish_reason=reason, arrival=arrival,
+        target_tokens=target, finish_reason=reason, arrival=engine.clock(),
         token_ids=prompt.token_ids, image_ends=prompt.image_ends,
+        image_tokens=prompt.image_tokens,
     )  # fmt: skip
-    engine.submit(sim_request)
+    await engine.admit(sim_request)
     return sim_request
 
 

@@ -1,8 +1,10 @@
 """An inline image's width and height from the first bytes of its data: URL, without decoding it.
 
-The body scan keeps only the head of each image URL (scan.IMAGE_HEAD_CHARS): enough for a PNG's
-IHDR chunk (bytes 16 to 24) and for a JPEG's frame header unless metadata segments before it
-fill the head (a camera's EXIF thumbnail can); a phone screenshot is a PNG with none."""
+The router prices a request's images by it and the sim counts their prompt tokens by it
+(`image_budget.image_tokens`). The router's body scan keeps only the head of each image URL
+(`autoglm_router.scan.IMAGE_HEAD_CHARS`): enough for a PNG's IHDR chunk (bytes 16 to 24) and for
+a JPEG's frame header unless metadata segments before it fill the head (a camera's EXIF
+thumbnail can); a phone screenshot is a PNG with none."""
 
 from __future__ import annotations
 
