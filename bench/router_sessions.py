@@ -25,7 +25,15 @@ The same trace (same seed) goes through, each time on 4 fresh `autoglm-runtime s
   is perfect and load is as even as whole conversations allow;
 - `vllm-router` (vLLM's Rust router from PyPI, `--policy consistent_hash`, keyed by
   `X-Session-ID`; installed by hack/vllm-router-env.sh): with `--session-ids sent` only, since
-  it has nothing to key a conversation by otherwise.
+  it has nothing to key a conversation by otherwise;
+- `gie-epp`, the Gateway API Inference Extension's own endpoint picker (testkit.gie; built
+  from the Go module proxy by hack/gie-epp.sh) behind real Envoy, as a GIE gateway runs it:
+  the local control plane with the InferencePool CRD, the 4 sims as serving pods at their pod
+  IPs (the pod runner), the pool the operator publishes for them, and the EPP pointed at that
+  pool with its default plugins (its Helm chart's: prefix-cache scorer weight 3, queue and
+  KV-cache utilization scorers 2 each, from the sims' scraped vllm:* metrics). The EPP listens
+  on every interface, so this row runs in a network namespace of its own with only loopback
+  (this script again, `--peer-run`, under `unshare --net`).
 
 Reported per router: prefix-cache hit ratio (the sims' vllm:prefix_cache_hits / _queries, in
 tokens), TTFT p50 of second and later turns (client-measured, in sim seconds: divided by the
@@ -46,10 +54,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import dataclasses
 import json
+import os
 import random
 import re
 import statistics
+import subprocess
 import sys
 import time
 import urllib.request
@@ -65,7 +76,7 @@ from autoglm_runtime.sim.model import IMAGE_TOKENS, LatencyModel
 from autoglm_runtime.sim.prefix_cache import BLOCK_TOKENS, block_hashes
 from autoglm_runtime.sim.process import RouterProcess, ServerProcess, SimProcess
 from autoglm_runtime.sim.serve.chat import chat_prompt
-from testkit import agent
+from testkit import agent, gie
 from testkit.bench import vllm_router
 from testkit.paths import OUT_DIR
 from testkit.plots import pyplot
@@ -74,8 +85,9 @@ from testkit.report import results_page
 MODEL = "autoglm-phone-9b"
 REPLICAS = 4
 ROUTERS = ("autoglm-router", "autoglm-router-lf2", "autoglm-router-2x", "random", "oracle",
-           "vllm-router")
-COLORS = ("tab:blue", "tab:cyan", "tab:purple", "tab:grey", "tab:green", "tab:orange")
+           "vllm-router", "gie-epp")
+COLORS = ("tab:blue", "tab:cyan", "tab:purple", "tab:grey", "tab:green", "tab:orange", "tab:red")
+PEERS = ("vllm-router", "gie-epp")  # judged against the same targets as ours, for comparison
 MAX_TOKENS = 48  # one action: the agent's answers are short
 THINK_SECONDS = 1.0  # the phone acts on the answer before the next turn (sim seconds)
 SESSION_IDS = ("none", "sent")
@@ -249,9 +261,14 @@ class VllmRouter(ServerProcess):
         return vllm_router.argv(self.binary, self.port, list(self.args))
 
 
+SIM_CONFIG = {"initialMode": "streaming"}
+# The GIE peer's whole row (control plane, pods, EPP, Envoy, the trace) in its namespace.
+PEER_RUN_TIMEOUT = 900
+
+
 def start_sims(folder: Path, time_factor: float) -> list[SimProcess]:
     config = folder / "config.json"
-    config.write_text(json.dumps({"initialMode": "streaming"}))
+    config.write_text(json.dumps(SIM_CONFIG))
     sims = [SimProcess("--time-factor", str(time_factor), env={
         "AUTOGLM_CONFIG_FILE": str(config), "AUTOGLM_LABELS_FILE": str(folder / f"labels{i}"),
         "AUTOGLM_ADMIN_TOKEN": "sessions-bench"}, log_path=folder / f"sim{i}.log")
@@ -298,9 +315,61 @@ def router_placements(url: str) -> dict[str, float]:
     return out
 
 
+def measure(name: str, urls: list[str], fronts: list[str], trace: list[Conversation], seed: int,
+            args: argparse.Namespace) -> RunResult:  # fmt: skip
+    """The trace through `fronts` (or straight to the replicas), and what the replicas counted."""
+    for url in urls:
+        warm_up(url)
+    before = [scrape(url) for url in urls]
+    result = asyncio.run(drive(trace, seed, policy(name, urls, fronts, seed), args))
+    result.replicas = [{key: value - old[key] for key, value in scrape(url).items()}
+                       for url, old in zip(urls, before, strict=True)]  # fmt: skip
+    return result
+
+
+def run_gie_epp(seed: int, args: argparse.Namespace, folder: Path) -> RunResult:
+    """The GIE peer's row: this script again with `--peer-run`, in a network namespace of its
+    own (testkit.gie.isolated), with the binaries built beforehand (the namespace has no
+    module proxy). Fresh sims, cold caches, as every row."""
+    out = folder / "gie-epp.json"
+    argv = gie.isolated([sys.executable, __file__, "--peer-run", str(out), "--seeds", str(seed),
+                         "--conversations", str(args.conversations), "--concurrent",
+                         str(args.concurrent), "--time-factor", str(args.time_factor),
+                         "--session-ids", args.session_ids])  # fmt: skip
+    with open(folder / "gie-epp.log", "wb") as log:
+        done = subprocess.run(argv, env={**os.environ, **gie.prepare()}, stdout=log,
+                              stderr=subprocess.STDOUT, timeout=PEER_RUN_TIMEOUT, check=False)
+    if done.returncode != 0 or not out.exists():
+        tail = (folder / "gie-epp.log").read_text(errors="replace")[-4000:]
+        raise RuntimeError(f"the gie-epp row failed ({done.returncode}):\n{tail}")
+    return loaded(json.loads(out.read_text()))
+
+
+def loaded(saved: dict[str, Any]) -> RunResult:
+    """A RunResult from its `dataclasses.asdict` JSON (the peer row's process writes one)."""
+    return RunResult(**{**saved, "turns": [TurnResult(**turn) for turn in saved["turns"]]})
+
+
+def peer_run(args: argparse.Namespace) -> int:
+    """`--peer-run OUT`: the gie-epp row of one seed, in the namespace run_gie_epp made."""
+    import tempfile
+
+    gie.own_network()
+    seed = args.seeds[0]
+    trace = make_trace(seed, args.conversations)
+    with tempfile.TemporaryDirectory() as folder, gie.epp_pool(
+            Path(folder), replicas=REPLICAS, time_factor=args.time_factor,
+            runtime_config=SIM_CONFIG) as pool:  # fmt: skip
+        result = measure("gie-epp", pool.replicas, [pool.base_url], trace, seed, args)
+    Path(args.peer_run).write_text(json.dumps(dataclasses.asdict(result)))
+    return 0
+
+
 def run_one(name: str, trace: list[Conversation], seed: int, args: argparse.Namespace,
             folder: Path) -> RunResult:  # fmt: skip
     """One router on fresh sims (cold caches), the whole trace."""
+    if name == "gie-epp":
+        return run_gie_epp(seed, args, folder)
     sims = start_sims(folder, args.time_factor)
     fronts: list[ServerProcess] = []
     try:
@@ -316,17 +385,11 @@ def run_one(name: str, trace: list[Conversation], seed: int, args: argparse.Name
                                      wait_healthy=False))
             fronts[-1].start(timeout=60)
             time.sleep(2.0)  # its workers' first health check
-        for url in urls:
-            warm_up(url)
-        before = [scrape(url) for url in urls]
-        start = policy(name, urls, [front.base_url for front in fronts], seed)
-        result = asyncio.run(drive(trace, seed, start, args))
+        result = measure(name, urls, [front.base_url for front in fronts], trace, seed, args)
         for front in fronts:
             if isinstance(front, RouterProcess):
                 for key, count in router_placements(front.ops_url).items():
                     result.placements[key] = result.placements.get(key, 0.0) + count
-        result.replicas = [{key: value - old[key] for key, value in scrape(url).items()}
-                           for url, old in zip(urls, before, strict=True)]  # fmt: skip
         return result
     finally:
         for front in fronts:
@@ -536,8 +599,7 @@ def main(args: argparse.Namespace) -> int:
 def judge(per_seed: list[dict[str, dict[str, float]]], args: argparse.Namespace) -> int:
     """Means over seeds, the checks, the report, JSON and PNG; 1 when a target is missed."""
     mean = mean_over_seeds(per_seed)
-    judged: list[str] = ["autoglm-router", "autoglm-router-lf2", "autoglm-router-2x",
-                         "vllm-router"]  # fmt: skip
+    judged: list[str] = ["autoglm-router", "autoglm-router-lf2", "autoglm-router-2x", *PEERS]
     checks = {who: check(mean, who) for who in judged if who in mean}
     ceil = ceiling(make_trace(args.seeds[0], args.conversations), args.seeds[0], args.concurrent)
     with results_page("router_sessions", run=f"session ids {args.session_ids}"):
@@ -574,4 +636,7 @@ if __name__ == "__main__":
                         "session_id in the body and X-Session-ID")
     parser.add_argument("--rejudge", metavar="JSON",
                         help="judge a saved run's per-seed figures again (no run)")
-    sys.exit(main(parser.parse_args()))
+    # The gie-epp row's own process, in its network namespace; not for direct use.
+    parser.add_argument("--peer-run", metavar="OUT", help=argparse.SUPPRESS)
+    parsed = parser.parse_args()
+    sys.exit(peer_run(parsed) if parsed.peer_run else main(parsed))

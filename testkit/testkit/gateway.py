@@ -66,9 +66,11 @@ def gateway_config(
     *, port: int, admin_port: int, picker_port: int, shape: Shape = "original_dst",
     pool: Sequence[str] = (), fail_open: bool = False,
     request_body_mode: str = "BUFFERED", response_header_mode: str = "SKIP",
-    retries: int = 1, limits: GatewayLimits = GatewayLimits(),
+    response_body_mode: str = "NONE", retries: int = 1, limits: GatewayLimits = GatewayLimits(),
 ) -> dict[str, Any]:
-    """The bootstrap; `pool` is the InferencePool's endpoints (`ip:port`) for `override_host`."""
+    """The bootstrap; `pool` is the InferencePool's endpoints (`ip:port`) for `override_host`.
+    The response goes past the picker unless `response_header_mode`/`response_body_mode` send
+    it (GIE's own EPP takes both, in full duplex: testkit.gie)."""
     if shape == "override_host" and not pool:
         raise ValueError("the override_host shape needs the pool's endpoints")
     ext_proc = {
@@ -81,7 +83,8 @@ def gateway_config(
             # Envoy refuses FULL_DUPLEX_STREAMED without it.
             "request_trailer_mode": "SEND" if request_body_mode == "FULL_DUPLEX_STREAMED"
             else "SKIP",
-            "response_header_mode": response_header_mode, "response_body_mode": "NONE",
+            "response_header_mode": response_header_mode,
+            "response_body_mode": response_body_mode,
             # The picker counts a request in flight until its stream closes. In full duplex
             # Envoy closes it once nothing more is to be sent: with trailers to send, at the
             # response's end (an HTTP/1.1 answer has none, so no message is sent for them).

@@ -3,6 +3,9 @@ target when the gains are a few %."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 
 from testkit.paths import load_script
@@ -52,3 +55,16 @@ def test_the_hit_gain_is_judged_over_random_not_the_plain_ratio() -> None:
     measured, status = rows["hit gain / oracle's"]
     assert measured == pytest.approx((0.52 - 0.43) / (0.55 - 0.43))
     assert status == "MISSED"
+
+
+def test_the_peer_rows_result_comes_back_from_its_namespace_whole() -> None:
+    """The gie-epp row runs in a process of its own and hands its RunResult back as JSON."""
+    result = bench.RunResult(turns=[bench.TurnResult(3, 1, 0.31, 620)], errors=1,
+                             wall_seconds=66.5, replicas=[{"hits": 10.0, "queries": 16.0}],
+                             placements={"turns_hit": 2.0})  # fmt: skip
+    assert bench.loaded(json.loads(json.dumps(dataclasses.asdict(result)))) == result
+
+
+def test_every_peer_is_a_row_of_its_own_with_its_own_colour() -> None:
+    assert set(bench.PEERS) <= set(bench.ROUTERS) and "autoglm-router" not in bench.PEERS
+    assert len(bench.COLORS) == len(bench.ROUTERS)
