@@ -16,6 +16,7 @@ from gateway_kit import ADMIN_TOKEN, MODEL, StartGateway, StartSim, address, cli
 from langchain_core.messages import HumanMessage
 from langchain_openai import ChatOpenAI
 
+from autoglm_runtime.profiles import DRAIN_PATH, MODE_PATH
 from autoglm_runtime.sim.process import SimProcess
 from testkit.gateway import Gateway
 from testkit.probe import metric, wait_for
@@ -34,7 +35,7 @@ def inflight(gateway: Gateway) -> float:
 
 
 def set_mode(sim: SimProcess, mode: str) -> None:
-    httpx.put(sim.base_url + "/autoglm/v1/mode", json={"mode": mode}, timeout=5,
+    httpx.put(sim.admin_url + MODE_PATH, json={"mode": mode}, timeout=5,
               headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).raise_for_status()
 
 
@@ -327,7 +328,7 @@ def test_a_draining_replica_fails_no_client_request(
         worker.start()
     try:
         time.sleep(1.0)
-        drained = httpx.post(first.base_url + "/autoglm/v1/drain", timeout=5,
+        drained = httpx.post(first.admin_url + DRAIN_PATH, timeout=5,
                              headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
         assert drained.status_code == 202
         at_drain = admitted(first)
@@ -349,7 +350,7 @@ def test_a_draining_replica_is_avoided_from_the_next_poll(
     drain, and requests go elsewhere from then on."""
     first, second = start_sim("batching"), start_sim("batching")
     gateway = gateways([first, second], shape="original_dst")
-    drained = httpx.post(first.base_url + "/autoglm/v1/drain", timeout=5,
+    drained = httpx.post(first.admin_url + DRAIN_PATH, timeout=5,
                          headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
     assert drained.status_code == 202
     time.sleep(0.5)  # two polls
