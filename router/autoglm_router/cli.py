@@ -21,7 +21,6 @@ from autoglm_router.kube import (
     in_cluster_access,
     kubeconfig_access,
 )
-from autoglm_router.picker import PickerServer
 from autoglm_router.proxy import ProxySettings, RouterApp
 from autoglm_router.routing import RoutingConfig
 from autoglm_runtime.keepalive import SERVER_KEEP_ALIVE_SECONDS
@@ -292,8 +291,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     limits = ConnectionLimits(
         max_connections=args.max_client_connections, max_header_bytes=args.max_header_bytes,
         max_headers=args.max_headers, header_timeout=args.header_timeout)
-    picker = None if args.ext_proc_port is None else PickerServer(
-        app, args.host, args.ext_proc_port, args.ext_proc_fallbacks)
+    picker = None
+    if args.ext_proc_port is not None:
+        # gRPC and Envoy's protos load only for the picker: the HTTP router runs without them.
+        from autoglm_router.picker import PickerServer
+
+        picker = PickerServer(app, args.host, args.ext_proc_port, args.ext_proc_fallbacks)
     server = DrainingServer(app, host=args.host, port=args.port, ops_port=args.metrics_port,
                             picker=picker,
                             lifespan="on", log_level="warning", http=guarded_protocol(limits),

@@ -17,15 +17,17 @@ import contextlib
 import socket
 import time
 from collections.abc import Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from autoglm_router.picker import PickerServer
 from autoglm_router.proxy import Message, Receive, RouterApp, Scope, Send
 from autoglm_runtime.keepalive import DRAINING_IDLE_SECONDS
+
+if TYPE_CHECKING:
+    from autoglm_router.picker import PickerServer
 
 WAIT_STEP_SECONDS = 0.05
 
