@@ -328,7 +328,9 @@ def start_fronts(upstream: str, stack: contextlib.ExitStack, folder: Path) -> li
         process = subprocess.Popen(
             [sys.executable, "-m", "autoglm_router.cli", "--host", "127.0.0.1", "--port",
              str(port), "--metrics-port", str(metrics), "--endpoint", upstream,
-             "--streaming-cap", "1000", "--log-level", "warning", *flags])
+             # No cap in the way: the front's cost is measured, not its shedding.
+             "--streaming-cap", "1000", "--streaming-chat-cap", "1000",
+             "--log-level", "warning", *flags])
         stack.callback(stop, process)
         wait_listening(f"http://127.0.0.1:{metrics}")
         return process, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics}"
