@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from abuse_kit import (
     ADMIN_TOKEN,
+    API_KEY,
     RecordingReplica,
     RouterProcess,
     StartGateway,
@@ -64,6 +65,16 @@ def start_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartSim]:
     yield start
     for sim in started:
         sim.stop()
+
+
+@pytest.fixture(scope="module")
+def sim(start_sim: StartSim) -> SimProcess:
+    return start_sim()
+
+
+@pytest.fixture(scope="module")
+def keyed_sim(start_sim: StartSim) -> SimProcess:
+    return start_sim(env={"VLLM_API_KEY": API_KEY})
 
 
 @pytest.fixture(scope="module")

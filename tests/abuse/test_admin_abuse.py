@@ -14,8 +14,6 @@ import httpx
 import pytest
 from abuse_kit import (
     ADMIN_TOKEN,
-    API_KEY,
-    StartSim,
     closed_within,
     exchange,
     read_reply,
@@ -45,16 +43,6 @@ REFUSED_AUTH = {
     "two-tokens": f"Bearer nope {ADMIN_TOKEN}",
     "lower-case-scheme-wrong-token": "bearer nope",
 }
-
-
-@pytest.fixture(scope="module")
-def sim(start_sim: StartSim) -> SimProcess:
-    return start_sim()
-
-
-@pytest.fixture(scope="module")
-def keyed_sim(start_sim: StartSim) -> SimProcess:
-    return start_sim(env={"VLLM_API_KEY": API_KEY})
 
 
 def state(sim: SimProcess) -> dict[str, object]:

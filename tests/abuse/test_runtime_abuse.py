@@ -8,7 +8,7 @@ import json
 
 import httpx
 import pytest
-from abuse_kit import API_KEY, StartSim, exchange, request
+from abuse_kit import exchange, request
 
 from autoglm_runtime.engine_args import EngineSettings, build_vllm_argv, refused_extra_arg
 from autoglm_runtime.sim.process import SimProcess
@@ -18,16 +18,6 @@ pytestmark = [pytest.mark.abuse, pytest.mark.timeout(60)]
 CHAT = "/v1/chat/completions"
 PNG_1X1 = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4"
            "nGNgYGD4DwABBAEAwS2OUAAAAABJRU5ErkJggg==")
-
-
-@pytest.fixture(scope="module")
-def sim(start_sim: StartSim) -> SimProcess:
-    return start_sim()
-
-
-@pytest.fixture(scope="module")
-def keyed_sim(start_sim: StartSim) -> SimProcess:
-    return start_sim(env={"VLLM_API_KEY": API_KEY})
 
 
 def chat(*parts: dict[str, object], **extra: object) -> dict[str, object]:
