@@ -19,6 +19,8 @@ from autoglm_runtime.profiles import Mode
     (["--endpoint", "http://a:8000/v1"], "not a replica base URL"),
     (["--endpoint", "http://a:8000", "--load-factor", "0.9"], "--load-factor must be at least"),
     (["--endpoint", "http://a:8000", "--streaming-cap", "0"], "must be above 0"),
+    (["--endpoint", "http://a:8000", "--streaming-chat-cap", "0"], "must be above 0"),
+    (["--endpoint", "http://a:8000", "--batching-chat-cap", "-3"], "must be above 0"),
     (["--endpoint", "http://a:8000", "--other-overflow", "-1"], "--other-overflow must be at"),
     (["--endpoint", "http://a:8000", "--fresh-seconds", "0"], "--fresh-seconds must be above"),
     (["--endpoint", "http://a:8000", "--endpoint", "http://a:8000/"], "once"),
