@@ -34,6 +34,13 @@ def inflight(gateway: Gateway) -> float:
     return metric(gateway.picker.ops_url, "autoglm_router_inflight")
 
 
+def healthy(ops_url: str) -> bool:
+    try:
+        return httpx.get(ops_url + "/health", timeout=2).status_code == 200
+    except httpx.TransportError:  # gone altogether
+        return False
+
+
 def set_mode(sim: SimProcess, mode: str) -> None:
     httpx.put(sim.admin_url + MODE_PATH, json={"mode": mode}, timeout=5,
               headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).raise_for_status()
@@ -423,7 +430,9 @@ def test_sigterm_lets_streams_through_the_gateway_finish_and_counts_them_out(
         lines = response.iter_lines()
         assert next(lines).startswith("data:")
         gateway.picker.terminate()
-        # New requests find the picker gone: FailClose.
+        # Once the picker has taken the signal (its /health fails while it drains), new
+        # requests find it gone: FailClose.
+        wait_for(lambda: not healthy(gateway.picker.ops_url), 5)
         late = httpx.post(gateway.base_url + "/v1/chat/completions", timeout=10, json={
             "model": MODEL, "messages": [{"role": "user", "content": "late"}], "max_tokens": 2})
         rest = [line for line in lines if line]
