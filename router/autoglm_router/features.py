@@ -57,6 +57,15 @@ class RequestFeatures:
     new_conversation: bool = False
     # Sequences the request asks for (its `n`): each takes a replica slot, so each counts.
     fanout: int = 1
+    # Prompt tokens the replica that served this conversation's previous turn holds in its
+    # prefix cache: the messages before the previous user message (the phone agent rewrites
+    # that one, stripping its screenshot, so the shared prefix ends there).
+    cached_tokens: float = 0.0
+
+    @property
+    def home_cost(self) -> float:
+        """The cost on the replica holding the conversation's cache: its uncached prefill."""
+        return self.cost - self.fanout * self.cached_tokens / TOKENS_PER_LOAD_UNIT
 
 
 MAX_FANOUT = 1024  # past this the replica answers 400; it is counted as one meanwhile
@@ -77,13 +86,16 @@ def request_features(
     session = session_key(body, headers)
     traffic_class = classify(path, body, headers)
     new = path == CHAT_PATH and not _has_answer(body.get("messages"))
+    cached = cached_tokens(path, body, image_max_pixels)
     if session is not None:
-        return RequestFeatures(traffic_class, session, KeyKind.SESSION, cost, new, fanout)
+        return RequestFeatures(traffic_class, session, KeyKind.SESSION, cost, new, fanout,
+                               cached)
     prefix = prefix_key(path, body, prefix_chars)
     if prefix is None:
         return RequestFeatures(traffic_class, None, KeyKind.NONE, cost, fanout=fanout)
     kind = KeyKind.CONVERSATION if path == CHAT_PATH else KeyKind.PREFIX
-    return RequestFeatures(traffic_class, prefix, kind, cost, new, fanout)
+    return RequestFeatures(traffic_class, prefix, kind, cost, new, fanout,
+                           cached if kind is KeyKind.CONVERSATION else 0.0)
 
 
 def session_key(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | None:
@@ -146,7 +158,22 @@ def _has_answer(messages: Any) -> bool:
 def prefill_tokens(path: str, body: Mapping[str, Any], image_max_pixels: int) -> float:
     """The prompt's estimated tokens: its text at CHARS_PER_TOKEN, its images as the engine
     will count them."""
-    text, images = _prompt_parts(path, body)
+    return _tokens(*_prompt_parts(path, body), image_max_pixels)
+
+
+def cached_tokens(path: str, body: Mapping[str, Any], image_max_pixels: int) -> float:
+    """A chat's estimated tokens before its previous user message (see
+    RequestFeatures.cached_tokens); 0 for a first or second turn's own messages."""
+    messages = body.get("messages")
+    if path != CHAT_PATH or not isinstance(messages, list):
+        return 0.0
+    users = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"]
+    if len(users) < 2:
+        return 0.0
+    return _tokens(*_message_parts(messages[:users[-2]]), image_max_pixels)
+
+
+def _tokens(text: list[str], images: list[Any], image_max_pixels: int) -> float:
     chars = sum(len(part) for part in text)
     return chars / CHARS_PER_TOKEN + sum(_image_tokens(i, image_max_pixels) for i in images)
 
@@ -173,14 +200,17 @@ def _prompt_parts(path: str, body: Mapping[str, Any]) -> tuple[list[str], list[A
             return [p for p in prompt if isinstance(p, str)], []
         return [], []
     messages = body.get("messages")
+    return _message_parts(messages) if isinstance(messages, list) else ([], [])
+
+
+def _message_parts(messages: list[Any]) -> tuple[list[str], list[Any]]:
     text: list[str] = []
     images: list[Any] = []
-    if isinstance(messages, list):
-        for message in messages:
-            if isinstance(message, dict):
-                t, i = _content_parts(message.get("content"))
-                text += t
-                images += i
+    for message in messages:
+        if isinstance(message, dict):
+            t, i = _content_parts(message.get("content"))
+            text += t
+            images += i
     return text, images
 
 

@@ -52,7 +52,7 @@ from autoglm_router.epp import (
 )
 from autoglm_router.features import RequestFeatures
 from autoglm_router.proxy import HOP_BY_HOP, RouterApp, connection_tokens, outcome_of, session_of
-from autoglm_router.routing import Refusal, Route
+from autoglm_router.routing import Refusal, Route, charged_cost
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +200,8 @@ class Exchange:
         self._routes = chosen
         first = chosen[0]
         self._mode_label = app.mode_label(first.replica)
-        self._accounting.enter_context(app.book.open(first.replica, features.cost,
+        self._accounting.enter_context(app.book.open(first.replica,
+                                                     charged_cost(features, first),
                                                      features.fanout))
         app.metrics.decisions.labels(first.reason.value).inc()
         session = session_of(features)
@@ -283,7 +284,7 @@ class Exchange:
             if address_of(route.replica) == served:
                 self._accounting.close()
                 self._accounting.enter_context(self.app.book.open(
-                    route.replica, self._features.cost, self._features.fanout))
+                    route.replica, charged_cost(self._features, route), self._features.fanout))
                 self._mode_label = self.app.mode_label(route.replica)
                 return
 

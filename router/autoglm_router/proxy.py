@@ -46,6 +46,7 @@ from autoglm_router.routing import (
     ReplicaState,
     Route,
     RoutingConfig,
+    charged_cost,
     decide,
     retry_route,
 )
@@ -492,7 +493,7 @@ class RouterApp:
         """Relay one replica's answer, or say why it refused before its first byte."""
         assert self.client is not None
         replica = route.replica
-        with self.book.open(replica, call.features.cost, call.features.fanout):
+        with self.book.open(replica, charged_cost(call.features, route), call.features.fanout):
             sent = time.perf_counter()
             self.metrics.added_latency.labels("request").observe(sent - call.arrival)
             try:

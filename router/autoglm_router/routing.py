@@ -160,8 +160,9 @@ def session_route(
     assert features.key is not None
     slack = features.cost
     home = next((r for r in pool if r.name == placed), None)
-    if home is not None and home.load + features.cost <= load_bound(features.cost, pool,
-                                                                     config) + slack + 1e-9:
+    # At home the turn prefills only what its cache lacks, so it adds less load there.
+    cost = features.home_cost
+    if home is not None and home.load + cost <= load_bound(cost, pool, config) + slack + 1e-9:
         return Route(home.name, Reason.PLACED, in_mode)
     if features.new_conversation and home is None:
         name, bounded = bounded_hash(features.key, features.cost, pool, config,
@@ -169,6 +170,12 @@ def session_route(
     else:
         name, bounded = bounded_hash(features.key, features.cost, pool, config, slack)
     return Route(name, Reason.BOUNDED if bounded else Reason.HASHED, in_mode)
+
+
+def charged_cost(features: RequestFeatures, route: Route) -> float:
+    """The load a routed request adds to its replica: a turn placed at its conversation's home
+    prefills only what the cache there lacks."""
+    return features.home_cost if route.reason is Reason.PLACED else features.cost
 
 
 def has_room(replica: ReplicaState, features: RequestFeatures, config: RoutingConfig,

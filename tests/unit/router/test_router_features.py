@@ -8,6 +8,7 @@ import json
 import struct
 from typing import Any
 
+import pytest
 from PIL import Image
 
 from autoglm_router.features import (
@@ -102,6 +103,31 @@ def test_agent_tasks_sharing_a_long_system_prompt_get_their_own_keys() -> None:
     assert {f.key_kind for f in wifi} == {KeyKind.CONVERSATION}
     assert len({f.key for f in wifi}) == 1  # every step of one task: one key
     assert maps.key != wifi[0].key
+
+
+def test_a_later_turn_costs_its_home_only_what_the_cache_there_lacks() -> None:
+    """The replica that served a conversation's previous turn holds its prompt up to the
+    previous user message (the agent strips that message's screenshot when it sends the next
+    step, so the shared prefix ends there): at home a turn prefills only the rest."""
+    system = {"role": "system", "content": "s" * 4000}  # 1000 tokens
+
+    def step(answers: int) -> dict[str, Any]:
+        history: list[dict[str, Any]] = [system, {"role": "user", "content": "t" * 400}]
+        for _ in range(answers):
+            history += [{"role": "assistant", "content": "a" * 200},
+                        {"role": "user", "content": "** Screen Info **"}]
+        history[-1] = {"role": "user", "content": [{"type": "text", "text": "u" * 40}, IMAGE]}
+        return {"model": "m", "messages": history, "stream": True}
+
+    first, second, third = (features(step(n)) for n in range(3))
+    assert first.cached_tokens == 0 and first.home_cost == first.cost
+    # Second step: the system prompt is all that is surely cached (the task's message changed).
+    assert second.cached_tokens == 1000
+    # Third: system, task and the first answer (1000 + 100 + 50 tokens).
+    assert third.cached_tokens == 1150
+    assert third.home_cost == pytest.approx(third.cost - 1150 / TOKENS_PER_LOAD_UNIT)
+    # A completion or a keyless request has no home to discount.
+    assert features({"prompt": "p" * 4000}, path=COMPLETIONS_PATH).cached_tokens == 0
 
 
 def test_cost_grows_with_prompt_length_and_images() -> None:

@@ -18,6 +18,7 @@ from autoglm_router.routing import (
     ReplicaState,
     Route,
     RoutingConfig,
+    charged_cost,
     decide,
     has_room,
     retry_route,
@@ -269,6 +270,24 @@ def test_a_known_session_stays_where_this_router_last_sent_it() -> None:
     # Its replica left the pool (flipped, drained or gone): the ring, as with no placement.
     flipped = [replace(r, mode=B) if r.name == placed else r for r in replicas]
     assert routed(decide(chat(True, "s:k"), flipped, CONFIG, placed=placed)).replica == home
+
+
+def test_a_placed_turn_weighs_at_home_only_its_uncached_prefill() -> None:
+    """A later turn's home holds most of its prompt in the prefix cache, so the turn adds
+    there only what it must still prefill; it stays home where its full cost would move it."""
+    replicas = pool(*((f"r{i}", S) for i in range(4)))
+    busy = [replace(r, load=6.0 if r.name == "r0" else 1.0) for r in replicas]
+    full = chat(True, "s:h", cost=4.0)
+    # 6 + 4 > 1.25 x (9 + 4) / 4, at least 1 + 4, + 4 of slack = 9: moved off its cache.
+    assert routed(decide(full, busy, CONFIG, placed="r0")).replica != "r0"
+    # 3 of its 4 units cached at home: 6 + 1 <= 1.25 x (9 + 1) / 4 + 4 = 7.125, it stays.
+    cached = replace(full, cached_tokens=3 * 1024)
+    route = routed(decide(cached, busy, CONFIG, placed="r0"))
+    assert (route.replica, route.reason) == ("r0", Reason.PLACED)
+    assert charged_cost(cached, route) == pytest.approx(1.0)
+    # Anywhere else it pays its whole prefill.
+    elsewhere = routed(decide(cached, busy, CONFIG, placed="gone"))
+    assert charged_cost(cached, elsewhere) == 4.0
 
 
 def test_a_new_conversation_is_placed_by_recent_load_under_the_strict_bound() -> None:
