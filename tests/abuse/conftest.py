@@ -3,7 +3,6 @@ replica that records what reached it. Every process a module starts is stopped w
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +19,7 @@ from abuse_kit import (
 
 from autoglm_runtime.sim.process import SimProcess
 from testkit.gateway import Gateway, start_gateway
+from testkit.sims import sim_starter
 
 
 @pytest.fixture(scope="module")
@@ -47,24 +47,9 @@ def start_router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartRout
 
 @pytest.fixture(scope="module")
 def start_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartSim]:
-    started: list[SimProcess] = []
-
-    def start(*args: str, config: dict[str, Any] | None = None,
-              env: dict[str, str] | None = None) -> SimProcess:
-        folder = tmp_path_factory.mktemp("sim")
-        (folder / "config.json").write_text(json.dumps(config or {}))
-        sim = SimProcess("--time-factor", "0.02", *args, env={
-            "AUTOGLM_CONFIG_FILE": str(folder / "config.json"),
-            "AUTOGLM_LABELS_FILE": str(folder / "labels"),
-            "AUTOGLM_ADMIN_TOKEN": ADMIN_TOKEN,
-            **(env or {}),
-        }, log_path=folder / "sim.log")
-        started.append(sim)
-        return sim.start()
-
-    yield start
-    for sim in started:
-        sim.stop()
+    with sim_starter(tmp_path_factory, "--time-factor", "0.02",
+                     env={"AUTOGLM_ADMIN_TOKEN": ADMIN_TOKEN}) as start:
+        yield start
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ ends."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,28 +11,17 @@ from gateway_kit import ADMIN_TOKEN, StartGateway, StartSim
 
 from autoglm_runtime.sim.process import SimProcess
 from testkit.gateway import Gateway, start_gateway
+from testkit.sims import sim_starter
 
 
 @pytest.fixture(scope="module")
 def start_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartSim]:
-    started: list[SimProcess] = []
-
-    def start(mode: str, *args: str, config: dict[str, Any] | None = None) -> SimProcess:
-        folder = tmp_path_factory.mktemp("sim")
-        config_file = folder / "config.json"
-        config_file.write_text(json.dumps({"initialMode": mode, **(config or {})}))
-        sim = SimProcess("--time-factor", "0.05", *args, env={
-            "AUTOGLM_CONFIG_FILE": str(config_file),
-            "AUTOGLM_LABELS_FILE": str(folder / "labels"),
-            "AUTOGLM_ADMIN_TOKEN": ADMIN_TOKEN,
-            "AUTOGLM_DRAIN_GRACE_SECONDS": "20",
-        }, log_path=folder / "sim.log")
-        started.append(sim)
-        return sim.start()
-
-    yield start
-    for sim in started:
-        sim.stop()
+    """start(mode, *args, config=None): a sim at 20x real time in `mode`."""
+    with sim_starter(tmp_path_factory, "--time-factor", "0.05",
+                     env={"AUTOGLM_ADMIN_TOKEN": ADMIN_TOKEN,
+                          "AUTOGLM_DRAIN_GRACE_SECONDS": "20"}) as start:
+        yield lambda mode, *args, config=None: start(
+            *args, config={"initialMode": mode, **(config or {})})
 
 
 @pytest.fixture(scope="module")
