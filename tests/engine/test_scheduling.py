@@ -42,12 +42,18 @@ SERIAL_CONTEXT = 32768
 # tokens/s, where queueing the others takes well under a second when /metrics answers.
 BLOCKER_TOKENS = SERIAL_CONTEXT - 384
 QUEUE_SEEN_SECONDS = 120
+DRAIN_SECONDS = 300
 
 
 @pytest.fixture(scope="module")
 def serial_engine(model_dir: Path,
                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    spec = crd.AutoGLMDeploymentSpec.model_validate({"maxModelLen": SERIAL_CONTEXT})
+    # The drain test's steps after SIGTERM (seeing the drain on /metrics, the refused probe, the
+    # blocker's client leaving, three streams) must fit the drain grace, which follows
+    # shutdownTimeoutSeconds; at the default 30 s, /metrics answering slowly while the engine
+    # decodes once used it up, and vLLM's own shutdown then cut the queued streams.
+    spec = crd.AutoGLMDeploymentSpec.model_validate({
+        "maxModelLen": SERIAL_CONTEXT, "engine": {"shutdownTimeoutSeconds": DRAIN_SECONDS}})
     with running_engine(spec, model_dir, tmp_path_factory.mktemp("serial"),
                         max_num_seqs=1) as started:
         yield started
