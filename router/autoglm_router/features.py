@@ -82,11 +82,11 @@ def request_features(
         return NEUTRAL
     n = body.get("n")
     fanout = n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_FANOUT else 1
-    cost = fanout * (1.0 + prefill_tokens(path, body, image_max_pixels) / TOKENS_PER_LOAD_UNIT)
+    tokens, cached = prompt_tokens(path, body, image_max_pixels)
+    cost = fanout * (1.0 + tokens / TOKENS_PER_LOAD_UNIT)
     session = session_key(body, headers)
     traffic_class = classify(path, body, headers)
     new = path == CHAT_PATH and not _has_answer(body.get("messages"))
-    cached = cached_tokens(path, body, image_max_pixels)
     if session is not None:
         return RequestFeatures(traffic_class, session, KeyKind.SESSION, cost, new, fanout,
                                cached)
@@ -94,8 +94,7 @@ def request_features(
     if prefix is None:
         return RequestFeatures(traffic_class, None, KeyKind.NONE, cost, fanout=fanout)
     kind = KeyKind.CONVERSATION if path == CHAT_PATH else KeyKind.PREFIX
-    return RequestFeatures(traffic_class, prefix, kind, cost, new, fanout,
-                           cached if kind is KeyKind.CONVERSATION else 0.0)
+    return RequestFeatures(traffic_class, prefix, kind, cost, new, fanout, cached)
 
 
 def session_key(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | None:
@@ -158,19 +157,27 @@ def _has_answer(messages: Any) -> bool:
 def prefill_tokens(path: str, body: Mapping[str, Any], image_max_pixels: int) -> float:
     """The prompt's estimated tokens: its text at CHARS_PER_TOKEN, its images as the engine
     will count them."""
-    return _tokens(*_prompt_parts(path, body), image_max_pixels)
+    return prompt_tokens(path, body, image_max_pixels)[0]
 
 
-def cached_tokens(path: str, body: Mapping[str, Any], image_max_pixels: int) -> float:
-    """A chat's estimated tokens before its previous user message (see
-    RequestFeatures.cached_tokens); 0 for a first or second turn's own messages."""
+def prompt_tokens(path: str, body: Mapping[str, Any],
+                  image_max_pixels: int) -> tuple[float, float]:
+    """(prefill_tokens, cached): `cached` is a chat's tokens before its previous user message
+    (RequestFeatures.cached_tokens), 0 for a first or second turn. Each message is priced once:
+    an image's size is read from its data once per request."""
+    if path == COMPLETIONS_PATH:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list):
+            return _tokens([p for p in prompt if isinstance(p, str)], [], image_max_pixels), 0.0
+        return _tokens([prompt] if isinstance(prompt, str) else [], [], image_max_pixels), 0.0
     messages = body.get("messages")
-    if path != CHAT_PATH or not isinstance(messages, list):
-        return 0.0
+    if not isinstance(messages, list):
+        return 0.0, 0.0
+    per_message = [_tokens(*_content_parts(m.get("content")), image_max_pixels)
+                   if isinstance(m, dict) else 0.0 for m in messages]
     users = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"]
-    if len(users) < 2:
-        return 0.0
-    return _tokens(*_message_parts(messages[:users[-2]]), image_max_pixels)
+    cached = sum(per_message[:users[-2]]) if path == CHAT_PATH and len(users) >= 2 else 0.0
+    return sum(per_message), cached
 
 
 def _tokens(text: list[str], images: list[Any], image_max_pixels: int) -> float:
@@ -188,30 +195,6 @@ def _image_tokens(image: Any, max_pixels: int) -> int:
         # the request at millions of tokens while it lasts.
         tokens = tokens_per_max_pixels(max_pixels)
     return tokens + IMAGE_DELIMITER_TOKENS
-
-
-def _prompt_parts(path: str, body: Mapping[str, Any]) -> tuple[list[str], list[Any]]:
-    """The prompt's text parts, and its image parts' `image_url` values."""
-    if path == COMPLETIONS_PATH:
-        prompt = body.get("prompt")
-        if isinstance(prompt, str):
-            return [prompt], []
-        if isinstance(prompt, list):
-            return [p for p in prompt if isinstance(p, str)], []
-        return [], []
-    messages = body.get("messages")
-    return _message_parts(messages) if isinstance(messages, list) else ([], [])
-
-
-def _message_parts(messages: list[Any]) -> tuple[list[str], list[Any]]:
-    text: list[str] = []
-    images: list[Any] = []
-    for message in messages:
-        if isinstance(message, dict):
-            t, i = _content_parts(message.get("content"))
-            text += t
-            images += i
-    return text, images
 
 
 def _content_parts(content: Any) -> tuple[list[str], list[Any]]:

@@ -22,6 +22,7 @@ def sim_starter(tmp_path_factory: pytest.TempPathFactory, *leading_args: str,
     """`start(*args, config=None, env=None, wait_healthy=True)`: a sim with `leading_args` and
     then `args`, its config file holding `config`, its environment `env` over the suite's."""
     started: list[SimProcess] = []
+    suite_env = dict(env)
 
     def start(*args: str, config: dict[str, Any] | None = None,
               env: Mapping[str, str] | None = None, wait_healthy: bool = True) -> SimProcess:
@@ -37,7 +38,6 @@ def sim_starter(tmp_path_factory: pytest.TempPathFactory, *leading_args: str,
         started.append(sim)
         return sim.start()
 
-    suite_env = dict(env)
     try:
         yield start
     finally:
