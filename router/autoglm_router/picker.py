@@ -51,8 +51,9 @@ from autoglm_router.epp import (
     in_subset,
 )
 from autoglm_router.features import RequestFeatures
-from autoglm_router.proxy import HOP_BY_HOP, RouterApp, connection_tokens, outcome_of, session_of
+from autoglm_router.proxy import HOP_BY_HOP, RouterApp, connection_tokens, outcome_of
 from autoglm_router.routing import Refusal, Route, charged_cost
+from autoglm_router.sessions import session_of
 
 log = logging.getLogger(__name__)
 

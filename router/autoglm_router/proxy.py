@@ -14,10 +14,9 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import time
 import uuid
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +32,6 @@ from autoglm_router.discovery import Discovery, StaticDiscovery
 from autoglm_router.features import (
     DEFAULT_IMAGE_MAX_PIXELS,
     NEUTRAL,
-    KeyKind,
     RequestFeatures,
     request_features,
 )
@@ -51,6 +49,13 @@ from autoglm_router.routing import (
     retry_route,
 )
 from autoglm_router.scan import scan_request
+from autoglm_router.sessions import (
+    RECENT_LOAD_SECONDS,
+    SESSION_MEMORY,
+    SessionMemory,
+    session_of,
+    settled,
+)
 from autoglm_runtime.api_key import key_digests, presents_a_key
 from autoglm_runtime.keepalive import UPSTREAM_POOL_IDLE_SECONDS
 
@@ -82,7 +87,7 @@ class ProxySettings:
     idle_timeout: float = 600.0  # between two upstream reads; a batch request may queue long
     stream_timeout: float = 3600.0  # a whole response
     max_connections: int = 1024  # to the replicas
-    session_memory: int = 65536
+    session_memory: int = SESSION_MEMORY
     max_inflight: int = 512  # client requests at once; past it 503 with Retry-After
     # Bodies held in memory at once, all requests together (they are kept for retries): the
     # memory limit's share for bodies (docs/operations/security.md has the arithmetic).
@@ -90,11 +95,7 @@ class ProxySettings:
     body_timeout: float = 30.0  # to receive a whole request body
     send_timeout: float = 30.0  # a client that takes no response bytes this long is cut
     load_poll_interval: float = 1.0  # how often the replicas' own load is read
-    # Rule 2 places a new conversation by each replica's in-flight cost averaged over about
-    # this long: a phone agent's turn cycle (answer, action, next screenshot), so conversations
-    # between two turns still count where they live and finished ones stop counting soon.
-    # 3 s by measurement on seeds 9-10 of bench/router_sessions.py (router/README.md).
-    recent_load_seconds: float = 3.0
+    recent_load_seconds: float = RECENT_LOAD_SECONDS
 
 
 class LoadBook:
@@ -123,8 +124,7 @@ class LoadBook:
         # toward it by the time that passed.
         now, cost = self._clock(), self.cost.get(replica, 0.0)
         average, since = self._average.get(replica, (0.0, now))
-        keep = math.exp(-(now - since) / self._average_seconds)
-        self._average[replica] = (cost + (average - cost) * keep, now)
+        self._average[replica] = (settled(average, cost, now - since, self._average_seconds), now)
 
     def fresh(self, replica: str, seconds: float) -> int:
         """Requests sent to `replica` within the last `seconds`."""
@@ -152,36 +152,6 @@ class LoadBook:
             self.count[replica] -= sequences
             self.cost[replica] = max(0.0, self.cost[replica] - cost)
             gauge.set(self.count[replica])
-
-
-class SessionMemory:
-    """Where this router sent each (class, session) last, bounded (LRU): rule 2 keeps the
-    session there, and the placement metric counts hits and moves."""
-
-    def __init__(self, size: int) -> None:
-        self._last: OrderedDict[tuple[str, str], str] = OrderedDict()
-        self._size = size
-
-    def last(self, features: RequestFeatures) -> str | None:
-        key = session_of(features)
-        return self._last.get(key) if key is not None else None
-
-    def place(self, key: tuple[str, str], replica: str) -> str:
-        """Remember where the session went; "new", "hit" (the same replica) or "moved"."""
-        previous = self._last.pop(key, None)
-        self._last[key] = replica
-        if len(self._last) > self._size:
-            self._last.popitem(last=False)
-        if previous is None:
-            return "new"
-        return "hit" if previous == replica else "moved"
-
-
-def session_of(features: RequestFeatures) -> tuple[str, str] | None:
-    """The (class, key) whose placement rule 2 remembers: a session's or a conversation's."""
-    if features.key_kind not in (KeyKind.SESSION, KeyKind.CONVERSATION) or features.key is None:
-        return None
-    return features.traffic_class.value, features.key
 
 
 class _BodyTooLarge(Exception):
