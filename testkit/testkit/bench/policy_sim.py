@@ -11,7 +11,14 @@ it with the sim's step model (`autoglm_runtime.sim.model.LatencyModel`, the same
     step T = max(floor, t0 + t1 * b + c_p * p + c_img * i / IMAGE_TOKENS)
 
 and its preprocessing runs where the model says (`ApiServer`: in parallel, or in one API-server
-process in arrival order).
+process in arrival order), on the whole prompt, images included.
+
+Prefix caching is vLLM's automatic one as the sim models it (`autoglm_runtime.sim.prefix_cache`,
+16-token blocks, least recently used evicted from the part of `kv_cache_tokens` running
+sequences leave free). Only phone-agent steps share prefixes (policy_traces.AgentPrompt): every
+step's system prompt, and within a conversation the text of the earlier steps; a step's own
+message and screenshot are never sent again. A step starts its prefill past its cached blocks,
+as vLLM's scheduler does (the last prompt token always computed).
 
 Steps that only decode, with nothing new to admit, are identical, so the simulator jumps over a
 run of them at once (to the next completion, or to the end of the step in progress when a new
@@ -21,13 +28,16 @@ seconds to minutes instead of a day.
 Memory is `autoglm_runtime.sim.model.MemoryModel` (what the sim reports as autoglm_gpu_memory_*).
 
 Routing is the router's own `autoglm_router.routing.decide` (`routing="router"`): each request's
-features as `autoglm_router.features` would read them (a streamed chat or other, no session or
-prefix key since the sim models no prefix cache, cost from its prompt), the pool state from the
-replicas (mode, the requests the router has open on each and their summed cost, how many it
-sent each within the last `fresh_seconds` (rule 1d), the modes' caps; no replica is draining,
-flips are in place), and one retry elsewhere on a full queue as the proxy
-does (`routing.retry_route`). `routing="random"` sends each request to a uniformly random replica:
-what clients get from the plain Service with the router off.
+features as `autoglm_router.features` would read them (a streamed chat or other; an agent step
+keyed by its conversation, as the router keys a chat without a session id by its system prompt
+and first user message, or by its session id with `session_ids=True`; its first step new; cost
+from its prompt, and the part its home holds cached), the pool state from the replicas (mode,
+the requests the router has open on each and their summed cost, that cost averaged over
+`RECENT_LOAD_SECONDS` (rule 2), how many it sent each within the last `fresh_seconds` (rule 1d),
+the modes' caps; no replica is draining, flips are in place), where each conversation went last
+(`autoglm_router.sessions.SessionMemory`), and one retry elsewhere on a full queue as the proxy
+does (`routing.retry_route`). `routing="random"` sends each request to a uniformly random
+replica: what clients get from the plain Service with the router off.
 
 Nothing here does I/O; `policy_goodput.py` drives it.
 """
@@ -51,6 +61,13 @@ from autoglm_router.features import (
     RequestFeatures,
     TrafficClass,
 )
+from autoglm_router.sessions import (
+    RECENT_LOAD_SECONDS,
+    SESSION_MEMORY,
+    SessionMemory,
+    session_of,
+    settled,
+)
 from autoglm_runtime.admission import AdmissionQueue, BatchWindow, Woken
 from autoglm_runtime.profiles import Mode, ModeProfile, ModeProfiles
 from autoglm_runtime.requests import DEFAULT_PRIORITY, STREAM_PRIORITY
@@ -61,11 +78,14 @@ from autoglm_runtime.sim.model import (
     MemoryModel,
     fill_step,
 )
+from autoglm_runtime.sim.prefix_cache import BLOCK_TOKENS, PrefixCache
+from testkit.bench.policy_traces import AGENT, AgentPrompt
+from testkit.bench.policy_traces import Arrival as ShapedArrival
 
 CHAT = 0  # interactive, streamed; SLO on time to first visible token
 BATCH = 1  # batch job, not streamed; SLO on completion time
 ROUTINGS = ("router", "random")
-Arrival = tuple[float, int] | tuple[float, int, int]  # (time, kind[, shape])
+Arrival = tuple[float, int] | ShapedArrival  # (time, kind): the calibration shape
 
 
 @dataclass(frozen=True)
@@ -77,8 +97,9 @@ class Workload:
     chat_ttft_slo: float = 0.5
     chat_tpot_slo: float = 0.1
     batch_e2e_slo: float = 30.0
-    # Per-request shapes (text tokens, images), indexed by an arrival's third item.
+    # Per-request shapes (text tokens, images), indexed by an arrival's shape; AGENT: `agent`.
     shapes: tuple[tuple[int, int], ...] = ((60, 1),)
+    agent: AgentPrompt = field(default_factory=AgentPrompt)
 
 
 @dataclass(frozen=True)
@@ -87,6 +108,7 @@ class EngineEnvelope:
 
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
+    kv_cache_tokens: int = 65536  # the sim's default (autoglm-runtime sim --kv-cache-tokens)
     latency: LatencyModel = field(default_factory=LatencyModel)
     memory: MemoryModel = field(default_factory=MemoryModel)
 
@@ -106,10 +128,13 @@ class Req:
     prio: int = 0
     visible: int = 1  # the token whose arrival the client sees first (SSE coalescing)
     prompt: int = 316  # prompt tokens (text + image placeholders)
-    images: int = 1
-    cost: float = 1.0  # the router's load units (RequestFeatures.cost)
+    image_tokens: int = IMAGE_TOKENS
+    cost: float = 1.0  # the router's load units, as charged where it went (charged_cost)
     replica: int = -1  # where it was routed (the router's open-request books)
-    shape: int = 0
+    pre_seconds: float = 0.0  # vLLM's preprocessing of it
+    features: RequestFeatures | None = None  # as the router reads them (router routing only)
+    blocks: tuple[bytes, ...] = ()  # its prompt's full blocks, as the prefix cache keys them
+    held: tuple[bytes, ...] = ()  # the blocks it holds in its replica's cache
     prefilled: int = 0
     first_token: float = -1.0  # client-visible first token
     done: float = -1.0
@@ -157,6 +182,10 @@ class Replica:
         self.decoding: list[tuple[int, int, Req]] = []  # (finish counter, rid, req)
         self.watch: list[tuple[int, int, Req]] = []  # (counter of the visible token, rid, req)
         self.counter = 0  # decode steps done (each gives every decoding sequence one token)
+        self.cache = PrefixCache()
+        self.kv_blocks = 0  # blocks running sequences take (their prompt and output)
+        self.prompt_tokens = 0  # vllm:prefix_cache_queries_total: prompt tokens it admitted
+        self.cached_tokens = 0  # vllm:prefix_cache_hits_total: those found in its cache
         self.busy = False
         self.step_version = 0
         self.step_start = 0.0
@@ -171,26 +200,29 @@ class Replica:
         # the router's books: requests it has open here and their summed cost
         self.open = 0
         self.open_cost = 0.0
+        self.recent = (0.0, 0.0)  # open_cost averaged over RECENT_LOAD_SECONDS, as of when
         self.sent: deque[float] = deque()  # when the router sent requests here, newest last
-        self._state: routing.ReplicaState | None = None  # rebuilt when the books change
 
     def router_state(self, now: float, fresh_seconds: float) -> routing.ReplicaState:
         """What the router knows of this replica (autoglm_router.routing.ReplicaState)."""
         while self.sent and self.sent[0] <= now - fresh_seconds:
             self.sent.popleft()
-            self._state = None
-        if self._state is None:
-            self._state = routing.ReplicaState(
-                self.name, self.mode, inflight=self.open, load=self.open_cost,
-                fresh=len(self.sent),
-            )
-        return self._state
+        return routing.ReplicaState(
+            self.name, self.mode, inflight=self.open, load=self.open_cost,
+            fresh=len(self.sent), recent_load=self._settle(now),
+        )
 
-    def book(self, req: Req, sign: int) -> None:
+    def book(self, req: Req, sign: int, now: float) -> None:
         """The router opens (+1) or closes (-1) a request on this replica."""
+        self._settle(now)
         self.open += sign
         self.open_cost += sign * req.cost
-        self._state = None
+
+    def _settle(self, now: float) -> float:
+        # The cost has stood at its value since the last change (the proxy's LoadBook).
+        average, since = self.recent
+        self.recent = (settled(average, self.open_cost, now - since, RECENT_LOAD_SECONDS), now)
+        return self.recent[0]
 
     @property
     def profile(self) -> ModeProfile:
@@ -210,6 +242,23 @@ class Replica:
 
     def load(self) -> float:
         return (self.inflight + self.queued) / self.profile.max_concurrency
+
+
+def agent_blocks(agent: AgentPrompt, conversation: int, step: int) -> tuple[bytes, ...]:
+    """A phone-agent step's full prompt blocks as the prefix cache keys them: the system
+    prompt's are every conversation's, then the conversation's text the later steps send
+    again, then this step's own (its message and screenshot)."""
+    shared = agent.shared_with_later_steps(step)
+    blocks = []
+    for index in range(agent.prompt(step) // BLOCK_TOKENS):
+        end = (index + 1) * BLOCK_TOKENS
+        if end <= agent.system:
+            blocks.append(b"system:%d" % index)
+        elif end <= shared:
+            blocks.append(b"%d:%d" % (conversation, index))
+        else:
+            blocks.append(b"%d:%d:%d" % (conversation, step, index))
+    return tuple(blocks)
 
 
 def routing_config(profiles: ModeProfiles, engine_max_num_seqs: int) -> routing.RoutingConfig:
@@ -235,6 +284,7 @@ class Pool:
         workload: Workload | None = None,
         track_metrics: bool = True,
         routing: str = "router",
+        session_ids: bool = False,
         seed: int = 1,
     ) -> None:
         if routing not in ROUTINGS:
@@ -254,16 +304,13 @@ class Pool:
         self.track_metrics = track_metrics
         self.completions: deque[float] = deque()  # engine completions (vllm:request_success_total)
         self.ttfts: deque[tuple[float, float]] = deque()  # (time, engine TTFT) for the histogram
-        lat = self.env.latency
-        w = self.workload
         self.routing = routing
         self.rng = random.Random(seed)
         self.route_config = routing_config(self.profiles, self.env.max_num_seqs)
+        self.session_ids = session_ids  # agent steps carry a session id (else: none, as sent)
+        self.sessions = SessionMemory(SESSION_MEMORY)
         self._features: dict[tuple[int, float], RequestFeatures] = {}
-        self.t_pre = [
-            lat.preprocess_seconds(text + IMAGE_TOKENS * images, IMAGE_TOKENS * images)
-            for text, images in w.shapes
-        ]
+        self._pre_seconds: dict[tuple[int, int], float] = {}
 
     def clock(self) -> float:
         return self.now
@@ -286,7 +333,6 @@ class Pool:
         if replica.mode is mode:
             return
         replica.mode = mode
-        replica._state = None
         profile = self.profiles.for_mode(mode)
         self._preprocess(replica, replica.window.on_profile(profile))
         self._settle(replica, replica.admission.set_profile(profile))
@@ -309,8 +355,8 @@ class Pool:
                     break
                 item = arr[self.next_arrival]
                 self.next_arrival += 1
-                self.now = t = item[0]
-                self._arrive(t, item[1], self.next_arrival, item[2] if len(item) > 2 else 0)
+                self.now = item[0]
+                self._arrive(item, self.next_arrival)
                 continue
             if t_ev >= end:
                 break
@@ -335,18 +381,12 @@ class Pool:
     # --- router -------------------------------------------------------------------------------
 
     def route(self, req: Req, tried: Sequence[int] = ()) -> Replica | None:
-        """The router's decision for `req` (see the module docstring); None: refused."""
+        """The router's decision for `req` (see the module docstring), its cost there set;
+        None: refused."""
         if self.routing == "random":
             return None if tried else self.rng.choice(self.replicas)
-        features = self._features.get((req.kind, req.cost))
-        if features is None:
-            features = RequestFeatures(
-                TrafficClass.STREAMED_CHAT if req.kind == CHAT else TrafficClass.OTHER,
-                None,
-                KeyKind.NONE,
-                req.cost,
-            )
-            self._features[(req.kind, req.cost)] = features
+        features = req.features
+        assert features is not None
         fresh = self.route_config.fresh_seconds
         states = [r.router_state(self.now, fresh) for r in self.replicas]
         if tried:
@@ -355,22 +395,57 @@ class Pool:
                 routing.Failure.QUEUE_FULL, features, states, self.route_config, names
             )
         else:
-            decided = routing.decide(features, states, self.route_config)
+            decided = routing.decide(features, states, self.route_config,
+                                     placed=self.sessions.last(features))
             route = decided if isinstance(decided, routing.Route) else None
-        return None if route is None else self.replicas[int(route.replica.rsplit("-", 1)[1])]
+        if route is None:
+            return None
+        req.cost = routing.charged_cost(features, route)
+        return self.replicas[int(route.replica.rsplit("-", 1)[1])]
+
+    def _features_of(self, kind: int, cost: float, arrival: Arrival) -> RequestFeatures:
+        """What autoglm_router.features reads from the request."""
+        traffic_class = TrafficClass.STREAMED_CHAT if kind == CHAT else TrafficClass.OTHER
+        if not isinstance(arrival, ShapedArrival) or arrival.shape != AGENT:
+            features = self._features.get((kind, cost))
+            if features is None:
+                features = RequestFeatures(traffic_class, None, KeyKind.NONE, cost)
+                self._features[(kind, cost)] = features
+            return features
+        step = arrival.step
+        return RequestFeatures(
+            traffic_class, f"conversation-{arrival.conversation}",
+            KeyKind.SESSION if self.session_ids else KeyKind.CONVERSATION, cost,
+            new_conversation=step == 0,
+            cached_tokens=self.workload.agent.shared_with_later_steps(step - 1) if step else 0.0,
+        )
 
     # --- middleware ---------------------------------------------------------------------------
 
-    def _arrive(self, t: float, kind: int, rid: int, shape: int = 0) -> None:
+    def _arrive(self, arrival: Arrival, rid: int) -> None:
         w = self.workload
-        stream = kind == CHAT
-        text, images = w.shapes[shape]
-        prompt = text + IMAGE_TOKENS * images
-        # The router prices an image as the engine counts it (features.prefill_tokens).
-        priced = text + images * (IMAGE_TOKENS + IMAGE_DELIMITER_TOKENS)
+        t, kind = arrival[0], arrival[1]
+        target = w.chat_output_tokens if kind == CHAT else w.batch_output_tokens
+        blocks: tuple[bytes, ...] = ()
+        if isinstance(arrival, ShapedArrival) and arrival.shape == AGENT:
+            prompt, image_tokens = w.agent.prompt(arrival.step), w.agent.image
+            priced = prompt  # its text counts the image's delimiters
+            blocks = agent_blocks(w.agent, arrival.conversation, arrival.step)
+        else:
+            text, images = w.shapes[arrival[2] if isinstance(arrival, ShapedArrival) else 0]
+            prompt = text + IMAGE_TOKENS * images
+            image_tokens = IMAGE_TOKENS * images
+            # The router prices an image as the engine counts it (features.prefill_tokens).
+            priced = text + images * (IMAGE_TOKENS + IMAGE_DELIMITER_TOKENS)
         cost = 1.0 + priced / TOKENS_PER_LOAD_UNIT
-        target = w.chat_output_tokens if stream else w.batch_output_tokens
-        req = Req(kind, t, rid, target, prompt=prompt, images=images, cost=cost, shape=shape)
+        pre = self._pre_seconds.get((prompt, image_tokens))
+        if pre is None:
+            pre = self.env.latency.preprocess_seconds(prompt, image_tokens)
+            self._pre_seconds[prompt, image_tokens] = pre
+        req = Req(kind, t, rid, target, prompt=prompt, image_tokens=image_tokens, cost=cost,
+                  pre_seconds=pre, blocks=blocks)
+        if self.routing == "router":
+            req.features = self._features_of(kind, cost, arrival)
         tried: list[int] = []
         while (replica := self.route(req, tried)) is not None:
             tried.append(replica.index)
@@ -392,9 +467,12 @@ class Pool:
         # `coalesce` events, so the client sees token `coalesce - 1` first (token 1 if off).
         req.visible = max(1, (p.stream_coalesce_chunks if stream else 1) - 1)
         req.replica = replica.index
-        replica.book(req, +1)
-        if self.routing == "router":
+        replica.book(req, +1, t)
+        if req.features is not None:
             replica.sent.append(t)
+            session = session_of(req.features)
+            if session is not None:
+                self.sessions.place(session, replica.name)
         if admission.try_admit(req.prio):
             self._admitted(replica, req)
         else:
@@ -411,7 +489,7 @@ class Pool:
     def _preprocess(self, replica: Replica, reqs: list[Req]) -> None:
         for req in reqs:
             # Nothing streams out through it here, so requests are served in arrival order.
-            done = replica.api_server.reserve(self.now, self.t_pre[req.shape])
+            done = replica.api_server.reserve(self.now, req.pre_seconds)
             self._push(done, _PRE_DONE, (req, replica))
 
     def _settle(self, replica: Replica, woken: Woken[Req]) -> None:
@@ -434,7 +512,7 @@ class Pool:
     def _close(self, req: Req) -> None:
         """The response ended: off the router's books."""
         if req.replica >= 0:
-            self.replicas[req.replica].book(req, -1)
+            self.replicas[req.replica].book(req, -1, self.now)
             req.replica = -1
 
     # --- engine -------------------------------------------------------------------------------
@@ -464,8 +542,9 @@ class Pool:
                 return None
             _, _, req = heapq.heappop(replica.waiting)
             replica.prefilling.append(req)
-            image_tokens += req.images * IMAGE_TOKENS
-            return req, req.prompt
+            image_tokens += req.image_tokens  # a screenshot is never among the cached blocks
+            self._start_prefill(replica, req)
+            return req, req.prompt - req.prefilled
 
         started = [(req, req.prompt - req.prefilled) for req in replica.prefilling]
         plan = fill_step(env.max_num_batched_tokens - b, started, admit_next)
@@ -490,6 +569,23 @@ class Pool:
         end = t + replica.step_count * replica.step_len
         self._push(end, _STEP_END, replica, replica.step_version)
 
+    def _start_prefill(self, replica: Replica, req: Req) -> None:
+        """The engine schedules `req`: its cached leading blocks are not prefilled again."""
+        cached = replica.cache.cached_tokens(req.blocks, req.prompt)
+        req.held = req.blocks[: cached // BLOCK_TOKENS]
+        replica.cache.hold(req.held)
+        req.prefilled = cached
+        replica.kv_blocks += -(-(req.prompt + req.target) // BLOCK_TOKENS)
+        replica.prompt_tokens += req.prompt
+        replica.cached_tokens += cached
+
+    def _end_sequence(self, replica: Replica, req: Req) -> None:
+        """Its blocks stay cached, unreferenced, until the KV budget needs room."""
+        replica.cache.release(req.held)
+        req.held = ()
+        replica.kv_blocks -= -(-(req.prompt + req.target) // BLOCK_TOKENS)
+        replica.cache.evict_to(self.env.kv_cache_tokens // BLOCK_TOKENS - replica.kv_blocks)
+
     def _step_end(self, replica: Replica, t: float) -> None:
         start, length, k = replica.step_start, replica.step_len, replica.step_count
         c0 = replica.counter
@@ -507,6 +603,9 @@ class Pool:
             req.prefilled += chunk
             if req.prefilled >= req.prompt:
                 replica.prefilling.remove(req)
+                computed = req.blocks[len(req.held):]
+                replica.cache.hold(computed)
+                req.held += computed
                 # First token at the end of the step that finished its prefill.
                 if self.track_metrics:
                     self.ttfts.append((t, t - req.arrival))
@@ -534,6 +633,7 @@ class Pool:
             ttft = -1.0
             met = t - req.arrival <= w.batch_e2e_slo
         self._close(req)
+        self._end_sequence(replica, req)
         replica.completed += 1
         self.outcomes.append(Outcome(req.kind, req.arrival, ttft, t - req.arrival, met, tpot))
         if self.track_metrics:
@@ -542,6 +642,11 @@ class Pool:
         saved, self.now = self.now, t
         self._settle(replica, replica.admission.release())
         self.now = saved
+
+    def prefix_cache_hit_ratio(self) -> float | None:
+        """Cached over admitted prompt tokens, the pool's (vllm:prefix_cache_hits / _queries)."""
+        queries = sum(r.prompt_tokens for r in self.replicas)
+        return sum(r.cached_tokens for r in self.replicas) / queries if queries else None
 
     # --- what Prometheus would see ------------------------------------------------------------
 

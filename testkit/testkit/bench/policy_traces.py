@@ -7,10 +7,25 @@ Poisson. Rates are written per replica of the default 4-replica pool, so the fig
 against the policy's thresholds (default high 3 req/s per replica, low 1.5) and the published
 capacity (streaming 4.1 req/s per replica, batching 7.2).
 
-Shapes (`SHAPES`, prompt text tokens + images; output is the workload's 64 tokens per chat,
-40 per batch job): `screenshot` 60 text tokens + 1 screenshot (the calibration workload, the
-default for every request), `text` 200 text tokens and no image (a chat without a screenshot),
-`long` 3000 text tokens + 1 screenshot (a batch job with a long instruction and history).
+Shapes (output is the workload's 64 tokens per chat, 40 per batch job):
+
+- `agent`, every chat unless a trace says otherwise: a step of AutoGLM-Phone-9B's own phone
+  agent (`AgentPrompt`, the request testkit.agent sends): its system prompt, the task and the
+  earlier steps as text with their answers kept, and this step's 1080x2400 screenshot at the
+  default pixel budget. The trace's chat arrivals are numbered into conversations by
+  `agent_steps` (below), so the arrivals, and each class's demand, are the trace's own.
+- `SHAPES`, fixed (prompt text tokens, images of the calibration's 256 tokens): `screenshot`
+  60 text tokens + 1 screenshot (the calibration workload: every batch job), `text` 200 text
+  tokens and no image (a chat that is not the agent's), `long` 3000 text tokens + 1 screenshot
+  (a batch job with a long instruction and history).
+
+How chat arrivals become agent steps (`agent_steps`, open loop: no arrival moves): each chat
+continues the conversation whose last step is the oldest, once that step is at least
+`STEP_CYCLE_SECONDS` old (the agent's cycle: the answer, the phone's action, the next
+screenshot); when no conversation is that far along, the chat is the first step of a new one,
+of 2 to `AgentPrompt.steps_that_fit(2048)` steps (6: every step fits the default context,
+uniformly drawn). So the number of conversations open follows the chat rate (about rate x
+cycle), and a burst of chats is a burst of new conversations.
 
 The traces (rates per replica; chat share 0.5 unless written):
 
@@ -36,20 +51,67 @@ from __future__ import annotations
 
 import csv
 import sys
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
+from autoglm_router.features import DEFAULT_IMAGE_MAX_PIXELS
+from autoglm_runtime.image_budget import AGENT_TEXT_TOKENS, image_tokens
 from testkit.paths import OUT_DIR
 
 CHAT, BATCH = 0, 1
 BATCH_GROUP = 8
 CHAT_SHARE = 0.5
-# Request shapes: (text tokens, images); the index is the third item of a shaped arrival.
-SCREENSHOT, TEXT, LONG = 0, 1, 2
+# Request shapes, the index is an arrival's `shape`: SHAPES holds the fixed ones as (text
+# tokens, images); an AGENT step's prompt depends on its step (AgentPrompt).
+SCREENSHOT, TEXT, LONG, AGENT = 0, 1, 2, 3
 SHAPES: tuple[tuple[int, int], ...] = ((60, 1), (200, 0), (3000, 1))
 DUMP_JOBS = 2000
+STEP_CYCLE_SECONDS = 3.0
+DEFAULT_MAX_MODEL_LEN = 2048
+
+
+class Arrival(NamedTuple):
+    time: float
+    kind: int
+    shape: int = SCREENSHOT
+    conversation: int = -1  # an agent step's task, numbered in the order they start
+    step: int = 0
+
+
+@dataclass(frozen=True)
+class AgentPrompt:
+    """One phone-agent step's prompt in tokens, by the arithmetic of
+    docs/reference/resource-notes.md ("The phone agent's loop"): step k carries the system
+    prompt, the first step's text (the task), k earlier steps as text with their answers kept,
+    and its own screenshot; the agent strips the screenshots of earlier steps."""
+
+    system: int = 650  # the English system prompt (~2.6 KB): the same for every task
+    # The task and first screen info, the chat template, the image's delimiters (766 in all
+    # with the system prompt).
+    first_text: int = AGENT_TEXT_TOKENS - 650
+    step_text: int = 20  # a later step's screen info and turn markers
+    answer: int = 64  # what the model writes a step (50-80 tokens): the chat's output
+    # A native 1080x2400 screenshot, scaled to the default budget (738 tokens).
+    image: int = image_tokens(1080, 2400, DEFAULT_IMAGE_MAX_PIXELS)
+
+    def prompt(self, step: int) -> int:
+        return self.system + self.first_text + self.image + step * (self.step_text + self.answer)
+
+    def shared_with_later_steps(self, step: int) -> int:
+        """The leading tokens of this step's prompt that the conversation's later steps send
+        again: everything before its user message, whose screenshot they strip."""
+        if step == 0:
+            return self.system
+        return (self.system + self.first_text + self.answer
+                + (step - 1) * (self.step_text + self.answer))  # fmt: skip
+
+    def steps_that_fit(self, max_model_len: int) -> int:
+        """Steps whose prompt and answer fit in `max_model_len`."""
+        return 1 + (max_model_len - self.prompt(0) - self.answer) // (self.step_text + self.answer)
 
 
 Curve = Callable[[np.ndarray], np.ndarray]
@@ -213,8 +275,9 @@ def rates(trace: Trace, replicas: int) -> np.ndarray:
     return trace.per_replica(t) * replicas
 
 
-def shaped_arrivals(trace: Trace, replicas: int, seed: int = 1) -> list[tuple[float, int, int]]:
-    """Sorted (time, kind, shape) arrivals: chats Poisson, batch jobs in Poisson groups."""
+def shaped_arrivals(trace: Trace, replicas: int, seed: int = 1) -> list[Arrival]:
+    """Sorted arrivals: chats Poisson (agent steps, numbered into conversations, unless the
+    trace makes them text chats), batch jobs in Poisson groups."""
     rng = np.random.default_rng(seed)
     t = np.arange(trace.seconds, dtype=float)
     lam = rates(trace, replicas)
@@ -222,23 +285,47 @@ def shaped_arrivals(trace: Trace, replicas: int, seed: int = 1) -> list[tuple[fl
     text = trace.text_chats(t)
     chats = rng.poisson(lam * share)
     groups = rng.poisson(lam * (1.0 - share) / BATCH_GROUP)
-    out: list[tuple[float, int, int]] = []
+    out: list[Arrival] = []
     for second in range(trace.seconds):
         for x, y in zip(rng.random(chats[second]), rng.random(chats[second]), strict=True):
-            out.append((second + float(x), CHAT, TEXT if y < text[second] else SCREENSHOT))
+            out.append(Arrival(second + float(x), CHAT, TEXT if y < text[second] else AGENT))
         for x in rng.random(groups[second]):
             at = second + float(x)
-            out.extend((at, BATCH, SCREENSHOT) for _ in range(BATCH_GROUP))
+            out.extend(Arrival(at, BATCH, SCREENSHOT) for _ in range(BATCH_GROUP))
     if trace.dump is not None:
         start, jobs, spread = trace.dump
-        out.extend((start + float(x) * spread, BATCH, LONG) for x in rng.random(jobs))
-    out.sort(key=lambda item: item[0])
+        out.extend(Arrival(start + float(x) * spread, BATCH, LONG) for x in rng.random(jobs))
+    out.sort(key=lambda item: item.time)
+    return agent_steps(out, rng)
+
+
+def agent_steps(arrivals: Sequence[Arrival], rng: np.random.Generator,
+                longest: int = AgentPrompt().steps_that_fit(DEFAULT_MAX_MODEL_LEN),
+                cycle: float = STEP_CYCLE_SECONDS) -> list[Arrival]:  # fmt: skip
+    """The AGENT arrivals numbered into conversations and steps (the module docstring's rule);
+    the others as they are."""
+    waiting: deque[tuple[float, int, int, int]] = deque()  # (last step, conversation, step, of)
+    started = 0
+    out: list[Arrival] = []
+    for arrival in arrivals:
+        if arrival.shape != AGENT:
+            out.append(arrival)
+            continue
+        if waiting and waiting[0][0] + cycle <= arrival.time:
+            _, conversation, step, steps = waiting.popleft()
+            step += 1
+        else:
+            conversation, step, steps = started, 0, int(rng.integers(2, longest + 1))
+            started += 1
+        out.append(arrival._replace(conversation=conversation, step=step))
+        if step + 1 < steps:
+            waiting.append((arrival.time, conversation, step, steps))  # the newest: last
     return out
 
 
 def arrivals(trace: Trace, replicas: int, seed: int = 1) -> list[tuple[float, int]]:
     """Sorted (time, kind) arrivals, shapes dropped (for engines that take one shape)."""
-    return [(at, kind) for at, kind, _ in shaped_arrivals(trace, replicas, seed)]
+    return [(a.time, a.kind) for a in shaped_arrivals(trace, replicas, seed)]
 
 
 def main() -> int:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 
 from testkit.bench import policy_sim
@@ -108,7 +110,7 @@ def test_adaptive_runs_the_operator_policy_and_flips_under_overload() -> None:
 def test_demand_meter_reads_what_the_default_promql_would() -> None:
     # rate(autoglm_requests_received_total{traffic_class}[1m]): arrivals per class in the last
     # minute; completions per mode over the same window, in flight plus queued per mode now.
-    arrivals = [(float(t), CHAT if t % 3 else BATCH, 0) for t in range(120)]
+    arrivals = [traces.Arrival(float(t), CHAT if t % 3 else BATCH) for t in range(120)]
     pool = Pool([Mode.STREAMING, Mode.BATCHING], arrivals, workload=bench.WORKLOAD)
     meter = bench.DemandMeter(arrivals)
     meter.read(pool, 60.0)
@@ -128,7 +130,7 @@ def test_demand_meter_reads_what_the_default_promql_would() -> None:
 def test_demand_meter_shares_show_a_mode_serving_the_other_class() -> None:
     # No batching replica: batch jobs go to the streaming replicas, whose received requests
     # are then a third batch jobs; the batching mode received nothing (NaN in Prometheus).
-    arrivals = [(float(t), CHAT if t % 3 else BATCH, 0) for t in range(120)]
+    arrivals = [traces.Arrival(float(t), CHAT if t % 3 else BATCH) for t in range(120)]
     pool = Pool([Mode.STREAMING, Mode.STREAMING], arrivals, workload=bench.WORKLOAD)
     meter = bench.DemandMeter(arrivals)
     meter.read(pool, 60.0)
@@ -150,8 +152,8 @@ def test_routing_is_the_routers_own_decide(monkeypatch: pytest.MonkeyPatch) -> N
     decided: list[str] = []
     real_decide = routing.decide
 
-    def spy(features, replicas, config, exclude=()):
-        route = real_decide(features, replicas, config, exclude)
+    def spy(features, replicas, config, exclude=(), placed=None):
+        route = real_decide(features, replicas, config, exclude, placed)
         decided.append(route.replica)
         return route
 
@@ -263,16 +265,110 @@ def test_ties_are_printed_as_ties_and_never_pass_a_beats_target(capsys) -> None:
 
 def test_new_traces_change_mix_and_shapes() -> None:
     dump = traces.shaped_arrivals(traces.TRACES["batch-dump"], 4, seed=1)
-    long_jobs = [t for t, kind, shape in dump if shape == traces.LONG]
+    long_jobs = [a.time for a in dump if a.shape == traces.LONG]
     assert len(long_jobs) == traces.DUMP_JOBS and all(600 <= t < 610 for t in long_jobs)
     mixed = traces.shaped_arrivals(traces.TRACES["text-vs-screenshot"], 4, seed=1)
-    first = {shape for t, kind, shape in mixed if kind == CHAT and t < 600}
-    second = {shape for t, kind, shape in mixed if kind == CHAT and 600 <= t < 1200}
-    assert (first, second) == ({traces.TEXT}, {traces.SCREENSHOT})
+    first = {a.shape for a in mixed if a.kind == CHAT and a.time < 600}
+    second = {a.shape for a in mixed if a.kind == CHAT and 600 <= a.time < 1200}
+    assert (first, second) == ({traces.TEXT}, {traces.AGENT})
     day_night = traces.shaped_arrivals(traces.TRACES["day-night"], 4, seed=1)
 
     def chat_share(lo: float, hi: float) -> float:
-        kinds = [kind for t, kind, _ in day_night if lo <= t < hi]
+        kinds = [a.kind for a in day_night if lo <= a.time < hi]
         return kinds.count(CHAT) / len(kinds)
 
     assert chat_share(1800, 5400) > 0.7 > 0.3 > chat_share(9000, 12600)
+
+
+def test_agent_steps_fit_the_default_context() -> None:
+    # The phone agent at maxModelLen 2048: six steps' history, screenshot and answer fit.
+    agent = traces.AgentPrompt()
+    assert agent.steps_that_fit(2048) == 6
+    assert agent.prompt(5) + agent.answer <= 2048 < agent.prompt(6) + agent.answer
+    # A later step sends again what came before the previous step's screenshot, never more.
+    for step in range(1, 6):
+        assert agent.shared_with_later_steps(step - 1) < agent.prompt(step) - agent.image
+
+
+def test_chat_arrivals_become_agent_conversations_in_place() -> None:
+    trace = traces.TRACES["noise"]
+    shaped = traces.shaped_arrivals(trace, 4, seed=5)
+    assert [(a.time, a.kind) for a in shaped] == traces.arrivals(trace, 4, seed=5)
+    steps: dict[int, list[traces.Arrival]] = {}
+    for a in shaped:
+        if a.shape == traces.AGENT:
+            steps.setdefault(a.conversation, []).append(a)
+    assert len(steps) > 100
+    longest = traces.AgentPrompt().steps_that_fit(traces.DEFAULT_MAX_MODEL_LEN)
+    for conversation in steps.values():
+        assert [a.step for a in conversation] == list(range(len(conversation)))
+        assert len(conversation) <= longest
+        gaps = [b.time - a.time for a, b in itertools.pairwise(conversation)]
+        assert all(gap >= traces.STEP_CYCLE_SECONDS for gap in gaps)
+    # Conversations run their course (2-6 steps) but the trace's last ones are cut short.
+    assert sum(len(c) >= 2 for c in steps.values()) > 0.9 * len(steps)
+
+
+def _agent_conversation(conversation: int, start: float, steps: int) -> list[traces.Arrival]:
+    return [traces.Arrival(start + 5.0 * k, CHAT, traces.AGENT, conversation, k)
+            for k in range(steps)]
+
+
+def test_a_later_step_prefills_only_what_its_replica_lacks() -> None:
+    agent = traces.AgentPrompt()
+    arrivals = sorted(_agent_conversation(0, 0.0, 3) + _agent_conversation(1, 2.0, 1))
+    pool, r = _run([Mode.STREAMING], arrivals, 20, workload=bench.WORKLOAD)
+    assert r["slo_attainment"] == 1.0
+    replica = pool.replicas[0]
+
+    def blocks(tokens: int) -> int:
+        return tokens // 16 * 16
+
+    # Conversation 0: nothing cached, then the system prompt, then the first step's text and
+    # answer; conversation 1's first step finds only the system prompt.
+    cached = [0, blocks(agent.system), blocks(agent.system),
+              blocks(agent.shared_with_later_steps(1))]
+    assert replica.cached_tokens == sum(cached)
+    assert replica.prompt_tokens == sum(a.prompt(k) for a, k in ((agent, 0), (agent, 0),
+                                                                  (agent, 1), (agent, 2)))
+
+
+def _hit_ratios(session_ids: bool) -> dict[str, float]:
+    """Prefix-cache hit ratios on 4 streaming replicas at light load: the router's, random
+    routing's, and what only the system prompt or every later step at home would give."""
+    chats = [traces.Arrival(t, CHAT, traces.AGENT) for t, _ in _poisson(3.0, 240, seed=8)]
+    arrivals = traces.agent_steps(chats, np.random.default_rng(8))
+    agent = traces.AgentPrompt()
+
+    def share(cached: Callable[[int], int]) -> float:
+        prompts = sum(agent.prompt(a.step) for a in arrivals)
+        return sum(cached(a.step) // 16 * 16 for a in arrivals) / prompts
+
+    out = {
+        "system only": share(lambda step: agent.system),
+        "at home": share(lambda step: agent.shared_with_later_steps(step - 1) if step
+                         else agent.system),
+    }
+    for routing_name in policy_sim.ROUTINGS:
+        pool, r = _run([Mode.STREAMING] * 4, arrivals, 240, workload=bench.WORKLOAD,
+                       routing=routing_name, session_ids=session_ids)
+        assert r["rejected"] == 0
+        ratio = pool.prefix_cache_hit_ratio()
+        assert ratio is not None
+        out[routing_name] = ratio
+    return out
+
+
+@pytest.mark.parametrize("session_ids", [False, True], ids=["no-session-id", "session-id"])
+def test_the_router_keeps_an_agent_task_where_its_history_is_cached(session_ids: bool) -> None:
+    # Every replica caches the shared system prompt; only the replica a task's earlier steps
+    # ran on holds its text. Random routing finds it there one time in four (and
+    # part of it where an earlier step of the same task went).
+    ratios = _hit_ratios(session_ids)
+    floor, ceiling = ratios["system only"], ratios["at home"]
+
+    def gained(ratio: float) -> float:
+        return (ratio - floor) / (ceiling - floor)
+
+    assert gained(ratios["random"]) < 0.5, ratios
+    assert gained(ratios["router"]) > 0.8, ratios  # the sessions benchmark's target
