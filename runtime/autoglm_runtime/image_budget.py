@@ -30,6 +30,7 @@ OFFICIAL_MAX_PIXELS = 5_000_000
 # text, the chat template and the image's delimiters. An estimate from the prompt's size: the
 # model's own tokenizer cannot be fetched here, and the tiny test model's is not the real one.
 AGENT_TEXT_TOKENS = 766
+AGENT_SYSTEM_TOKENS = 650  # of which the system prompt, the same for every task
 
 
 class RefusedImage(ValueError):

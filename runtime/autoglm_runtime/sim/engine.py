@@ -28,7 +28,7 @@ from autoglm_runtime.sim.model import (
     MemoryModel,
     fill_step,
 )
-from autoglm_runtime.sim.prefix_cache import BLOCK_TOKENS, PrefixCache, block_hashes
+from autoglm_runtime.sim.prefix_cache import BLOCK_TOKENS, PrefixCache, block_hashes, blocks_for
 
 
 @dataclass(frozen=True)
@@ -246,9 +246,8 @@ class SimEngine:
         not for a preempted sequence coming back)."""
         if not self.prefix_cache.enabled:
             return
-        cached = self.prefix_cache.cached_tokens(request.block_hashes, request.prompt_total)
-        request.held_blocks = request.block_hashes[: cached // BLOCK_TOKENS]
-        self.prefix_cache.hold(request.held_blocks)
+        request.held_blocks, cached = self.prefix_cache.admit(request.block_hashes,
+                                                              request.prompt_total)
         request.prefilled = cached
         uncached = [size for end, size in zip(request.image_ends, request.sizes(), strict=False)
                     if end > cached]
@@ -260,9 +259,7 @@ class SimEngine:
 
     def _cache_prompt_blocks(self, request: SimRequest) -> None:
         """The prefill is done: its full prompt blocks are now cached and held."""
-        computed = request.block_hashes[len(request.held_blocks) :]
-        self.prefix_cache.hold(computed)
-        request.held_blocks = [*request.held_blocks, *computed]
+        request.held_blocks = self.prefix_cache.fill(request.block_hashes, request.held_blocks)
 
     def _release_blocks(self, request: SimRequest) -> None:
         self.prefix_cache.release(request.held_blocks)
@@ -271,8 +268,8 @@ class SimEngine:
     def _evict(self) -> None:
         """Unreferenced cached blocks live in the part of the KV budget running sequences
         leave free."""
-        used_blocks = -(-self.kv_used // BLOCK_TOKENS)
-        self.prefix_cache.evict_to(self.config.kv_cache_tokens // BLOCK_TOKENS - used_blocks)
+        self.prefix_cache.evict_to(self.config.kv_cache_tokens // BLOCK_TOKENS
+                                   - blocks_for(self.kv_used))
 
     def _apply(
         self, decoding: list[SimRequest], plan: list[tuple[SimRequest, int]], prefilled: int

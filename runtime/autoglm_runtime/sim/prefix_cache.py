@@ -20,6 +20,11 @@ _ROOT = b"\0" * 16  # vLLM's NONE_HASH: the parent of the first block
 _ID_MASK = 2**64 - 1  # /v1/completions accepts any integer as a token id
 
 
+def blocks_for(tokens: int) -> int:
+    """KV blocks `tokens` take (a partly filled last block counts whole)."""
+    return -(-tokens // BLOCK_TOKENS)
+
+
 def block_hashes(token_ids: Sequence[int]) -> list[bytes]:
     """The chained hash of every full block of `token_ids`."""
     hashes: list[bytes] = []
@@ -53,6 +58,21 @@ class PrefixCache:
                 break
             hits += 1
         return min(hits, max(0, prompt_total - 1) // BLOCK_TOKENS) * BLOCK_TOKENS
+
+    def admit(self, hashes: Sequence[bytes], prompt_total: int) -> tuple[list[bytes], int]:
+        """A sequence is scheduled: it holds its cached leading blocks. Returns them and the
+        prompt tokens they cover, which it does not prefill again."""
+        cached = self.cached_tokens(hashes, prompt_total)
+        held = list(hashes[: cached // BLOCK_TOKENS])
+        self.hold(held)
+        return held, cached
+
+    def fill(self, hashes: Sequence[bytes], held: Sequence[bytes]) -> list[bytes]:
+        """Its prefill is done: the rest of its full prompt blocks are cached and held too.
+        Returns every block it holds."""
+        computed = hashes[len(held) :]
+        self.hold(computed)
+        return [*held, *computed]
 
     def hold(self, hashes: Sequence[bytes]) -> None:
         """A running sequence uses these blocks (cache hits, or blocks it just computed)."""

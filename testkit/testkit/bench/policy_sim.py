@@ -78,7 +78,7 @@ from autoglm_runtime.sim.model import (
     MemoryModel,
     fill_step,
 )
-from autoglm_runtime.sim.prefix_cache import BLOCK_TOKENS, PrefixCache
+from autoglm_runtime.sim.prefix_cache import BLOCK_TOKENS, PrefixCache, blocks_for
 from testkit.bench.policy_traces import AGENT, AgentPrompt
 from testkit.bench.policy_traces import Arrival as ShapedArrival
 
@@ -134,7 +134,7 @@ class Req:
     pre_seconds: float = 0.0  # vLLM's preprocessing of it
     features: RequestFeatures | None = None  # as the router reads them (router routing only)
     blocks: tuple[bytes, ...] = ()  # its prompt's full blocks, as the prefix cache keys them
-    held: tuple[bytes, ...] = ()  # the blocks it holds in its replica's cache
+    held: list[bytes] = field(default_factory=list)  # the blocks it holds in its replica's cache
     prefilled: int = 0
     first_token: float = -1.0  # client-visible first token
     done: float = -1.0
@@ -571,19 +571,17 @@ class Pool:
 
     def _start_prefill(self, replica: Replica, req: Req) -> None:
         """The engine schedules `req`: its cached leading blocks are not prefilled again."""
-        cached = replica.cache.cached_tokens(req.blocks, req.prompt)
-        req.held = req.blocks[: cached // BLOCK_TOKENS]
-        replica.cache.hold(req.held)
+        req.held, cached = replica.cache.admit(req.blocks, req.prompt)
         req.prefilled = cached
-        replica.kv_blocks += -(-(req.prompt + req.target) // BLOCK_TOKENS)
+        replica.kv_blocks += blocks_for(req.prompt + req.target)
         replica.prompt_tokens += req.prompt
         replica.cached_tokens += cached
 
     def _end_sequence(self, replica: Replica, req: Req) -> None:
         """Its blocks stay cached, unreferenced, until the KV budget needs room."""
         replica.cache.release(req.held)
-        req.held = ()
-        replica.kv_blocks -= -(-(req.prompt + req.target) // BLOCK_TOKENS)
+        req.held = []
+        replica.kv_blocks -= blocks_for(req.prompt + req.target)
         replica.cache.evict_to(self.env.kv_cache_tokens // BLOCK_TOKENS - replica.kv_blocks)
 
     def _step_end(self, replica: Replica, t: float) -> None:
@@ -603,9 +601,7 @@ class Pool:
             req.prefilled += chunk
             if req.prefilled >= req.prompt:
                 replica.prefilling.remove(req)
-                computed = req.blocks[len(req.held):]
-                replica.cache.hold(computed)
-                req.held += computed
+                req.held = replica.cache.fill(req.blocks, req.held)
                 # First token at the end of the step that finished its prefill.
                 if self.track_metrics:
                     self.ttfts.append((t, t - req.arrival))

@@ -59,7 +59,7 @@ from typing import NamedTuple
 import numpy as np
 
 from autoglm_router.features import DEFAULT_IMAGE_MAX_PIXELS
-from autoglm_runtime.image_budget import AGENT_TEXT_TOKENS, image_tokens
+from autoglm_runtime.image_budget import AGENT_SYSTEM_TOKENS, AGENT_TEXT_TOKENS, image_tokens
 from testkit.paths import OUT_DIR
 
 CHAT, BATCH = 0, 1
@@ -89,10 +89,10 @@ class AgentPrompt:
     prompt, the first step's text (the task), k earlier steps as text with their answers kept,
     and its own screenshot; the agent strips the screenshots of earlier steps."""
 
-    system: int = 650  # the English system prompt (~2.6 KB): the same for every task
+    system: int = AGENT_SYSTEM_TOKENS  # the English system prompt (~2.6 KB)
     # The task and first screen info, the chat template, the image's delimiters (766 in all
     # with the system prompt).
-    first_text: int = AGENT_TEXT_TOKENS - 650
+    first_text: int = AGENT_TEXT_TOKENS - AGENT_SYSTEM_TOKENS
     step_text: int = 20  # a later step's screen info and turn markers
     answer: int = 64  # what the model writes a step (50-80 tokens): the chat's output
     # A native 1080x2400 screenshot, scaled to the default budget (738 tokens).
