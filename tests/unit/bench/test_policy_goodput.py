@@ -291,9 +291,13 @@ def test_agent_steps_fit_the_default_context() -> None:
 
 
 def test_chat_arrivals_become_agent_conversations_in_place() -> None:
-    trace = traces.TRACES["noise"]
-    shaped = traces.shaped_arrivals(trace, 4, seed=5)
-    assert [(a.time, a.kind) for a in shaped] == traces.arrivals(trace, 4, seed=5)
+    # Numbering moves no arrival and changes no class or shape: each trace's demand stays its own.
+    raw = [traces.Arrival(t / 4, BATCH if t % 3 == 0 else CHAT,
+                          traces.SCREENSHOT if t % 3 == 0 else traces.AGENT) for t in range(400)]
+    numbered = traces.agent_steps(raw, np.random.default_rng(5))
+    assert [a._replace(conversation=-1, step=0) for a in numbered] == raw
+    assert {a.conversation for a in numbered if a.kind == BATCH} == {-1}
+    shaped = traces.shaped_arrivals(traces.TRACES["noise"], 4, seed=5)
     steps: dict[int, list[traces.Arrival]] = {}
     for a in shaped:
         if a.shape == traces.AGENT:
