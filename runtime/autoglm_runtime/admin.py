@@ -12,8 +12,9 @@ Relay: one JSON line each way per connection. `{"op": "state"}`, `{"op": "mode",
 and `{"op": "drain"}` answer the middleware's state (`ModeMiddleware.state`), or
 `{"error": "..."}`.
 
-HTTP: one request per connection (`Connection: close`), read within `REQUEST_SECONDS`, its head
-within `MAX_HEAD_BYTES`; the token is checked before a body is read; at most
+HTTP: one request per connection (`Connection: close`), read within `REQUEST_SECONDS` (408
+past it), its head within `MAX_HEAD_BYTES`; the token is checked before a body is read; a relay
+that fails or takes longer than `RELAY_SECONDS` a step is a 503 with Retry-After; at most
 `MAX_CONNECTIONS` at once (503 past it). The operator and the pod's own preStop hook call it;
 the launcher drains through the relay itself.
 """
@@ -222,10 +223,7 @@ class AdminServer:
                 answer = Answer(503, error_body("Too many admin connections.", 503),
                                 {"retry-after": "1"})
             else:
-                try:
-                    answer = await asyncio.wait_for(self._answer(reader), REQUEST_SECONDS)
-                except TimeoutError:
-                    answer = Answer(408, error_body("The request took too long.", 408))
+                answer = await self._answer(reader)
             await _write(writer, answer)
         except OSError:
             pass
@@ -237,30 +235,39 @@ class AdminServer:
 
     async def _answer(self, reader: asyncio.StreamReader) -> Answer:
         try:
-            try:
-                raw = await reader.readuntil(b"\r\n\r\n")
-            except asyncio.LimitOverrunError:
-                raise _Refused(431, "The request head is too large.") from None
-            except asyncio.IncompleteReadError:
-                raise _Refused(400, "The request ended before its head did.") from None
-            head = parse_head(raw[:-4])
-            if head.method == "HEAD":
-                answer = _Refused(405, "Use GET, PUT or POST.").answer
-                answer.head_only = True
-                return answer
-            route(head)
-            authorize(head, self.token())
-            body = await _read_body(reader, head)
-            call = relay_request(head, body)
+            # The deadline is the client's: its head and body. The relay has bounds of its
+            # own, and an engine slow to answer is a 503 to retry, not the client's fault.
+            async with asyncio.timeout(REQUEST_SECONDS):
+                head, call = await self._read_call(reader)
+        except TimeoutError:
+            return Answer(408, error_body("The request took too long.", 408))
         except _Refused as refused:
             return refused.answer
         try:
             state = await self.relay(call)
         except RelayError as exc:
             log.warning("Admin call %s %s not relayed: %s", head.method, head.path, exc)
-            return Answer(503, error_body(f"The engine is not serving yet: {exc}", 503),
-                          {"retry-after": "1"})
+            return Answer(503, error_body(f"The engine's API server did not take the call: "
+                                          f"{exc}", 503), {"retry-after": "1"})
         return Answer(202 if head.path == DRAIN_PATH else 200, json.dumps(state).encode())
+
+    async def _read_call(self, reader: asyncio.StreamReader) -> tuple[Head, State]:
+        """The request's head and the relay call it asks for; _Refused for anything else."""
+        try:
+            raw = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.LimitOverrunError:
+            raise _Refused(431, "The request head is too large.") from None
+        except asyncio.IncompleteReadError:
+            raise _Refused(400, "The request ended before its head did.") from None
+        head = parse_head(raw[:-4])
+        if head.method == "HEAD":
+            refused = _Refused(405, "Use GET, PUT or POST.")
+            refused.answer.head_only = True
+            raise refused
+        route(head)
+        authorize(head, self.token())
+        body = await _read_body(reader, head)
+        return head, relay_request(head, body)
 
 
 async def _read_body(reader: asyncio.StreamReader, head: Head) -> bytes:

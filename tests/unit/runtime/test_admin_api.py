@@ -137,6 +137,53 @@ async def test_an_engine_not_serving_yet_is_a_503_to_retry() -> None:
     assert reply.status == 503 and reply.headers["retry-after"] == "1"
 
 
+class SlowRelay(FakeRelay):
+    """Answers after `seconds`: an engine's API server busy with what it serves."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    async def __call__(self, call: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.sleep(self.seconds)
+        return await super().__call__(call)
+
+
+async def test_the_client_deadline_covers_its_request_not_the_engines_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(admin, "REQUEST_SECONDS", 0.2)
+    # A busy engine answers the relay late: the call goes through, no 408 blames the client.
+    late = await answer(raw("PUT", MODE_PATH, b'{"mode": "batching"}', BEARER), SlowRelay(0.5))
+    assert late.status == 200 and json.loads(late.body)["mode"] == "batching"
+    # A client that never finishes its head is the one the deadline is for.
+    slow_client = await answer(b"GET " + MODE_PATH.encode() + b" HTTP/1.1\r\n", FakeRelay(),
+                               eof=False)
+    assert slow_client.status == 408
+
+
+async def test_an_engine_that_does_not_answer_the_relay_is_a_503_to_retry(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(admin, "RELAY_SECONDS", 0.2)
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # reads the call, never answers
+
+    socket_path = tmp_path / "relay.sock"
+    server = await asyncio.start_unix_server(silent, path=str(socket_path))
+    try:
+        reply = await answer(raw("GET", MODE_PATH, authorization=BEARER),
+                             relay_to(socket_path))  # type: ignore[arg-type]
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+    assert reply.status == 503 and reply.headers["retry-after"] == "1"
+    assert "did not take the call" in error(reply)["message"]
+
+
 @pytest.mark.parametrize(("request_bytes", "status", "says"), [
     (raw("DELETE", MODE_PATH, authorization=BEARER), 405, "GET or PUT"),
     (raw("GET", DRAIN_PATH, authorization=BEARER), 405, "POST"),
