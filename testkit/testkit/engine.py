@@ -235,11 +235,14 @@ async def poll_until(read: Callable[[], Awaitable[T]], done: Callable[[T], bool]
                      seconds: float) -> T:
     """`read()` again until `done` holds or `seconds` pass; the last reading either way. On 2
     shared cores the engine's server can take seconds to answer while it decodes, so the wait
-    is by the clock, not by a count of polls."""
+    is by the clock, not by a count of polls. The clock is checked before a read, never after:
+    a read that outlasts the wait (CI saw this machine hold a test's process still for over a
+    minute) is followed by one more, so what is returned is never older than the deadline."""
     deadline = time.monotonic() + seconds
-    value = await read()
-    while not done(value) and time.monotonic() < deadline:
+    while True:
+        last_chance = time.monotonic() >= deadline
+        value = await read()
+        if done(value) or last_chance:
+            return value
         # Not faster: each read costs the server CPU the engine's loop is short of.
         await asyncio.sleep(0.25)
-        value = await read()
-    return value
