@@ -184,6 +184,18 @@ class PodRunner:
                     totals[key] = totals.get(key, 0.0) + float(value)
         return totals
 
+    def router_requests_once(
+        self, namespace: str, total: int, timeout: float = 10
+    ) -> dict[tuple[str, str, str], float]:
+        """router_requests once they add up to `total`. A router counts a request after its
+        response's last byte, so a client done with the answer can read the count before it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            counts = self.router_requests(namespace)
+            if sum(counts.values()) >= total or time.monotonic() > deadline:
+                return counts
+            time.sleep(0.2)
+
     def _urls(self, namespace: str, *, router: bool) -> dict[str, str]:
         with self._lock:
             return {

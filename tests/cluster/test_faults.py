@@ -108,6 +108,8 @@ def test_watches_resume_after_etcd_and_apiserver_crashes_and_nothing_is_duplicat
     pods = live_pods(cluster, namespace)
     old_left = sum(p["metadata"]["annotations"][HASH_ANNOTATION] == old_hash for p in pods)
     assert old_left, "the rollout was over before the crash: nothing was in flight"
+    # The new template's token is in the Secret before the template reaches the Deployment.
+    tokens_mid_rollout = admin_tokens(cluster, namespace)
     figures["etcd+apiserver restart mid-rollout"] = cluster.restart("etcd", "kube-apiserver")
 
     def rolled_out() -> bool:
@@ -137,11 +139,13 @@ def test_watches_resume_after_etcd_and_apiserver_crashes_and_nothing_is_duplicat
         assert refs == [(owner, True)], (kind, name, refs)
         if (kind, name) != ("services", NAME):
             assert obj["metadata"]["uid"] == before[kind, name]["metadata"]["uid"], (kind, name)
-    # The new template's token was written once and kept.
+    # The new template's token was written once and kept. (Its Event may be lost: kopf posts
+    # Events asynchronously and drops one the crashing apiserver refuses.)
     assert tokens.keys() == {old_hash}
+    assert admin_tokens(cluster, namespace)[new_hash] == tokens_mid_rollout[new_hash]
     written = [e for e in events(cluster, namespace)
                if f"a new admin token for pod template {new_hash}" in e.get("message", "")]
-    assert sum(e.get("count") or 1 for e in written) == 1, "the admin token was regenerated"
+    assert sum(e.get("count") or 1 for e in written) <= 1, "the admin token was regenerated"
     replica_sets = get(cluster, namespace, "replicasets", "-l", INSTANCE)["items"]
     active = [rs for rs in replica_sets if rs["spec"]["replicas"] > 0]
     assert len(active) == 1, [rs["metadata"]["name"] for rs in active]

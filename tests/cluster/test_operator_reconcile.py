@@ -132,19 +132,25 @@ def test_insufficient_gpu_is_reported_and_heals_when_a_node_is_added(
         cluster.add_gpu_node(nodes[0], gpus=4, labels=pool)
         cluster.apply(obj, namespace=namespace)
 
+        # The scheduler marks the second pod unschedulable before kwok reports the first one
+        # Ready, so a pass can see Degraded at 0/2 first: wait for both.
         def degraded() -> dict[str, Any] | None:
-            cond = condition(status(cluster, namespace), "Degraded")
-            return cond if cond.get("reason") == "InsufficientGPU" else None
+            st = status(cluster, namespace)
+            cond = condition(st, "Degraded")
+            return st if cond.get("reason") == "InsufficientGPU" and st["ready"] == "1/2" else None
 
-        cond = wait_for("Degraded/InsufficientGPU", degraded)
+        st = wait_for("Degraded/InsufficientGPU at 1/2 ready", degraded)
+        cond = condition(st, "Degraded")
         print(cond["message"])
         assert cond["status"] == "True"
         assert "Insufficient nvidia.com/gpu" in cond["message"]
-        st = status(cluster, namespace)
-        assert st["ready"] == "1/2"
         assert condition(st, "Ready")["status"] == "False"
-        warnings = [e for e in events(cluster, namespace) if e["type"] == "Warning"]
-        assert any(e["reason"] == "InsufficientGPU" for e in warnings)
+
+        def warned() -> bool:  # the Event is posted after the status write, asynchronously
+            return any(e["type"] == "Warning" and e["reason"] == "InsufficientGPU"
+                       for e in events(cluster, namespace))
+
+        wait_for("an InsufficientGPU Warning event", warned, timeout=15)
 
         cluster.add_gpu_node(nodes[1], gpus=4, labels=pool)
         st = wait_for("healed to 2/2", ready_as(cluster, namespace, "2/2"))
@@ -413,9 +419,10 @@ def test_two_replicas_never_fight_and_a_standby_takes_over(
     standby = Operator(cluster, namespace, standby_dir).start("--liveness", health)
     try:
         deploy(cluster, namespace, EXAMPLE, "2/2")
+        # A cold start (kopf, kubernetes, pydantic imported) can take seconds on 2 busy cores.
+        wait_for("the standby waiting", lambda: "Waiting for Lease" in standby.logs(), timeout=30)
         time.sleep(2)
         assert "Acquired leadership" not in standby.logs()
-        assert "Waiting for Lease" in standby.logs()
         assert not [c for c in standby.calls(0, time.time()) if "/leases/" not in c["url"]]
         # A waiting replica is alive: its liveness endpoint answers before kopf runs.
         assert wait_for("standby liveness", lambda: http_ok(health), timeout=10)
@@ -454,10 +461,15 @@ def test_an_object_the_apiserver_rejects_is_reported_until_the_spec_changes(
     cond = wait_for("Degraded/ReconcileRejected", rejected)
     print(cond["message"])
     assert "422" in cond["message"] and "nodeSelector" in cond["message"]
-    calls_before = len(operator.calls(0, time.time()))
+    # Permanent: no retry loop against the apiserver while the spec stays as it is. Lease
+    # renewals and watch re-opens go on, and the rejection's Events may still be posting; a
+    # pass may read back the admin Secret it wrote just before the rejection.
+    since = time.time()
     time.sleep(5)
-    # Permanent: no retry loop against the apiserver while the spec stays as it is.
-    assert len(operator.calls(0, time.time())) - calls_before <= 2  # a Lease renewal at most
+    calls = [c for c in operator.calls(since, time.time())
+             if not any(part in c["url"] for part in ("/leases/", "/events", "watch=true"))]
+    assert not [c for c in calls if "/deployments" in c["url"]], "the rejected object re-sent"
+    assert len(calls) <= 2, calls
     patch_agd(cluster, namespace, {"spec": {"scheduling": {"nodeSelector": None}}})
     wait_for("2/2 after the fix", ready_as(cluster, namespace, "2/2"))
 

@@ -91,6 +91,12 @@ class PodWatch:
                 out.append((row["t"], sum(state.values())))
         return out
 
+    def seen(self, name: str, **match: Any) -> bool:
+        """Whether the watch has delivered an event of `name` matching every field given (it
+        may lag the test's own reads)."""
+        return any(r["name"] == name and all(r[k] == v for k, v in match.items())
+                   for r in list(self.rows))  # fmt: skip
+
     def first(self, name: str, **match: Any) -> int:
         """Index of the first event of `name` matching every field given."""
         return next(
@@ -130,6 +136,8 @@ def switch(
                 and last.get("applied") is True
                 and last.get("toBatching") == (2 if to == "batching" else 0)
                 and condition(st, "ModeTransitioning").get("status") == "False"
+                and all(pods.seen(name, terminating=True) for name in old)
+                and all(pods.seen(p["metadata"]["name"], ready=True) for p in live)
             )
             return st if done else None
 
@@ -177,8 +185,11 @@ def test_rolling_switch_replaces_pods_make_before_break(
         args = args_of(pod)
         assert flag(args, "--max-num-seqs") == "64" and flag(args, "--stream-interval") == "4"
     assert st["streamingReplicas"] == 0 and st["batchingReplicas"] == 2
-    reasons = [e["reason"] for e in events(cluster, namespace)]
-    assert reasons.count("PodReplaced") >= 2 and "ModeReplaced" in reasons
+    def replaced_reported() -> bool:  # ModeReplaced is posted after the status write
+        reasons = [e["reason"] for e in events(cluster, namespace)]
+        return reasons.count("PodReplaced") >= 2 and "ModeReplaced" in reasons
+
+    wait_for("PodReplaced and ModeReplaced events", replaced_reported, timeout=15)
     deployments = get(cluster, namespace, "deployments", "-l", INSTANCE)["items"]
     assert {d["metadata"]["name"]: d["spec"]["replicas"] for d in deployments} == {
         NAME: 0,

@@ -169,7 +169,7 @@ def test_service_reaches_replicas_of_the_right_mode_through_the_router_and_off_a
         assert set(proxy.stats.connections) <= set(routers)
 
     # Each class reached its mode's replica: the routers' counts and the sims' own.
-    counted = pod_runner.router_requests(ns)
+    counted = pod_runner.router_requests_once(ns, 2 * REQUESTS)
     assert counted == {
         ("streamed_chat", "streaming", "ok"): REQUESTS, ("other", "batching", "ok"): REQUESTS,
     }  # fmt: skip

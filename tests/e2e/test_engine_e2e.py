@@ -97,8 +97,10 @@ def test_the_operator_flips_a_real_engine_and_the_router_routes_to_it(
             patch_agd(cluster, ns, {"spec": {"modePolicy": policy}})
             wait_for(f"the pod labelled {mode}", lambda m=mode: pod_modes(cluster, ns) == {pod: m},
                      timeout=60)
-            # The engine's own middleware says so: the flip reached the pod, not only its label.
-            assert runtime_state(admin_url, token)["mode"] == mode
+            # The engine's own middleware says so: the flip reached the pod, not only its label
+            # (the operator labels first, then sets the runtime's mode).
+            wait_for(f"the runtime in {mode}",
+                     lambda m=mode: runtime_state(admin_url, token)["mode"] == m, timeout=15)
             # One replica, in `mode`: the router still finds it for either class.
             done = client.chat.completions.create(
                 model="autoglm-phone-9b", max_tokens=128, temperature=0, messages=MESSAGES)

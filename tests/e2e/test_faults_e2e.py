@@ -329,12 +329,18 @@ def test_operator_killed_mid_flip_finishes_it_once_and_keeps_the_cooldown(
     assert len(get(cluster, namespace, "deployments", "-l", INSTANCE)["items"]) == 1
 
     # Load is gone, so the loop wants the replica back, but only once its cooldown is over.
-    def returned() -> bool:
-        return pod_modes(cluster, namespace)[pod] == "streaming"
+    # A flip is label, then the runtime's PUT, then the status write that records it: wait
+    # for the record, so the runtime has taken the mode too.
+    def returned() -> dict[str, Any] | None:
+        st = status(cluster, namespace)
+        history = st.get("decisionHistory", [])
+        back = [d for d in history if d["fromBatching"] == 1 and d["toBatching"] == 0]
+        done = condition(st, "ModeTransitioning").get("status") == "False"
+        return back[-1] if back and done else None
 
-    wait_for("the replica's return to streaming", returned, timeout=COOLDOWN + 45, every=0.5)
+    back = wait_for("the replica's return to streaming", returned, timeout=COOLDOWN + 45, every=0.5)
+    assert pod_modes(cluster, namespace)[pod] == "streaming"
     history = status(cluster, namespace).get("decisionHistory", [])
-    back = next(d for d in reversed(history) if d["fromBatching"] == 1 and d["toBatching"] == 0)
     back_at = parse_iso(back["time"])
     assert back_at is not None, back
     held = [d["reason"] for d in history if (parse_iso(d["time"]) or back_at) < back_at]

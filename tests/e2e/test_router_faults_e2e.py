@@ -74,7 +74,7 @@ def test_serving_pod_deleted_under_load_through_the_router_fails_no_request(
     with ServiceProxy(cluster, ns, NAME, kubelet=pod_runner) as proxy:
         wait_for("2 ready router endpoints", lambda: len(proxy.endpoints()) == 2, timeout=30)
         report, _ = _load_with_deletion(cluster, ns, proxy, victim)
-        counts = pod_runner.router_requests(ns)
+        counts = pod_runner.router_requests_once(ns, len(report.results))
     print(f"serving pod {victim} deleted: {len(report.results)} requests, "
           f"{len(report.failures)} failed; router counts {counts}")  # fmt: skip
     assert len(report.results) >= QPS * LOAD_SECONDS * 0.8
