@@ -46,6 +46,7 @@ from typing import Any
 import aiohttp
 import httpx
 
+from autoglm_runtime.sim.process import free_port
 from testkit.bench import vllm_router
 from testkit.gateway import EnvoyProcess
 from testkit.paths import OUT_DIR
@@ -94,13 +95,6 @@ def run_upstream(port: int) -> None:
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
 
 def wait_listening(url: str, seconds: float = 20) -> None:
     deadline = time.monotonic() + seconds

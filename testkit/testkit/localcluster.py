@@ -18,7 +18,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autoglm_runtime.sim.process import free_port
 from testkit.paths import HACK
 
 STATE_DIR = Path(os.environ.get("AUTOGLM_CLUSTER_DIR", "/tmp/autoglm-cluster"))
@@ -76,12 +76,6 @@ def ensure_binaries() -> Path:
         ["bash", str(HACK / "k8s-bin.sh")], check=True, stdout=subprocess.PIPE, text=True
     )
     return Path(result.stdout.strip().splitlines()[-1])
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _openssl(*args: str) -> None:

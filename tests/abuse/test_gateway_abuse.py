@@ -204,7 +204,7 @@ def test_requests_past_the_pickers_cap_get_the_routers_503(strict: Gateway) -> N
     threads = [threading.Thread(target=send) for _ in range(2)]
     for thread in threads:
         thread.start()
-    time.sleep(0.5)
+    wait_for(lambda: picker_inflight(strict) == 2, 5)  # both held by the replica for 2 s
     third = exchange(strict.envoy.port, request("POST", CHAT, slow), timeout=10)
     for thread in threads:
         thread.join(10)
@@ -220,17 +220,16 @@ def test_requests_past_the_pickers_cap_get_the_routers_503(strict: Gateway) -> N
 def test_a_client_that_stops_reading_is_cut_and_its_slot_freed(
     gateways: StartGateway, recorder: RecordingReplica
 ) -> None:
-    """Envoy has no timeout for a stalled client alone: its stream idle timeout (1 s here, the
+    """Envoy has no timeout for a stalled client alone: its stream idle timeout (3 s here, the
     router's --idle-timeout by default) cuts a stream that moves no bytes either way."""
-    gateway = gateways([recorder.base_url], limits=GatewayLimits(stream_idle=1))
+    gateway = gateways([recorder.base_url], limits=GatewayLimits(stream_idle=3))
     flood = json.dumps({"messages": [{"role": "user", "content": "flood"}],
                         "stream": True}).encode()
     with socket.create_connection(("127.0.0.1", gateway.envoy.port), timeout=5) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.sendall(request("POST", CHAT, flood))
-        time.sleep(0.5)  # the stream started; this client reads nothing more
-        assert picker_inflight(gateway) == 1
-        wait_for(lambda: picker_inflight(gateway) == 0, 6, interval=0.2)
+        wait_for(lambda: picker_inflight(gateway) == 1, 3)  # started; the client reads no more
+        wait_for(lambda: picker_inflight(gateway) == 0, 10, interval=0.2)
 
 
 # --- hole 11: headers ----------------------------------------------------------------------------
@@ -263,9 +262,8 @@ def test_each_sequence_of_a_fanned_out_request_is_counted(gateway: Gateway) -> N
         done.set()
 
     threading.Thread(target=send).start()
-    time.sleep(0.5)
     try:
-        assert picker_inflight(gateway) == 3
+        wait_for(lambda: picker_inflight(gateway) == 3, 3)  # the replica holds it for 2 s
     finally:
         done.wait(10)
     wait_for(lambda: picker_inflight(gateway) == 0, 3)

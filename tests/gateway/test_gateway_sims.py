@@ -191,7 +191,9 @@ async def test_concurrent_mixed_traffic_all_succeeds_and_leaves_nothing_in_fligh
     assert all(texts)
     await c.close()
     wait_for(lambda: inflight(gateway) == 0, 3)
-    assert all(metric(sim.base_url, "autoglm_requests_inflight") == 0 for sim in replicas)
+    # A sim frees its slot a few loop turns after its last byte, which ends the picker's count.
+    wait_for(lambda: all(metric(sim.base_url, "autoglm_requests_inflight") == 0
+                         for sim in replicas), 3)
 
 
 def test_a_full_streaming_replica_spills_streamed_chats_to_batching(
@@ -200,9 +202,10 @@ def test_a_full_streaming_replica_spills_streamed_chats_to_batching(
 ) -> None:
     batching = replicas[1]
     gateway = gateways([slow, batching], "--streaming-chat-cap", "1")
-    # Long enough (about 6 s) that the first stream holds the cap however slow the machine.
+    # Long enough (1500 tokens, about 27 s; the sim would end this prompt at 151 without
+    # ignore_eos) that the first stream holds the cap however slow the machine.
     body = {"model": MODEL, "messages": [{"role": "user", "content": "long"}], "stream": True,
-            "max_tokens": 1500}
+            "max_tokens": 1500, "ignore_eos": True}
     with httpx.Client(timeout=30) as http, http.stream(
         "POST", gateway.base_url + "/v1/chat/completions", json=body
     ) as response:
@@ -220,9 +223,10 @@ def test_every_replica_at_its_cap_sheds_with_the_routers_429(
     gateways: StartGateway, slow: SimProcess
 ) -> None:
     gateway = gateways([slow], "--streaming-chat-cap", "1")
-    # Long enough (about 6 s) that the first stream holds the cap however slow the machine.
+    # Long enough (1500 tokens, about 27 s; the sim would end this prompt at 151 without
+    # ignore_eos) that the first stream holds the cap however slow the machine.
     body = {"model": MODEL, "messages": [{"role": "user", "content": "long"}], "stream": True,
-            "max_tokens": 1500}
+            "max_tokens": 1500, "ignore_eos": True}
     with httpx.Client(timeout=30) as http, http.stream(
         "POST", gateway.base_url + "/v1/chat/completions", json=body
     ) as response:
@@ -264,7 +268,7 @@ def test_in_flight_returns_to_zero_after_a_client_leaves_mid_stream(
 ) -> None:
     gateway = gateways([slow], request_body_mode=mode)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "long"}], "stream": True,
-            "max_tokens": 1500}
+            "max_tokens": 1500, "ignore_eos": True}
     with httpx.Client(timeout=30) as http, http.stream(
         "POST", gateway.base_url + "/v1/chat/completions", json=body
     ) as response:
@@ -288,7 +292,7 @@ def test_a_replica_dying_mid_stream_is_not_retried_and_its_request_ends(
                             shape="override_host")
     before = admitted(dying), admitted(other)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "long"}], "stream": True,
-            "max_tokens": 1500}
+            "max_tokens": 1500, "ignore_eos": True}
     with httpx.Client(timeout=30) as http, http.stream(
         "POST", gateway.base_url + "/v1/chat/completions", json=body
     ) as response:

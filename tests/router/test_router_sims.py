@@ -156,7 +156,6 @@ def test_a_flip_is_seen_within_two_seconds_and_routing_follows(
         set_mode(streaming, "batching")
         set_mode(batching, "streaming")
         took = wait_for(lambda: _streaming_is(router, batching), timeout=2.5)
-        assert took < 2.5
         print(f"flip seen by the router and routed on after {took:.2f} s")
         before = admitted(batching), admitted(streaming) + admitted(other)
         c = client(router)
@@ -190,7 +189,7 @@ def test_a_full_streaming_replica_spills_streamed_chats_to_batching(
     batching = replicas[1]
     router = start_router([slow.base_url, batching.base_url], "--streaming-chat-cap", "1")
     body = {"model": MODEL, "messages": [{"role": "user", "content": "long"}], "stream": True,
-            "max_tokens": 300}
+            "max_tokens": 1500, "ignore_eos": True}
     with httpx.Client(timeout=30) as http, http.stream(
         "POST", router.base_url + "/v1/chat/completions", json=body
     ) as response:
@@ -209,7 +208,7 @@ def test_every_replica_at_its_cap_sheds_with_429(
 ) -> None:
     router = start_router([slow.base_url], "--streaming-chat-cap", "1")
     body = {"model": MODEL, "messages": [{"role": "user", "content": "long"}], "stream": True,
-            "max_tokens": 300}
+            "max_tokens": 1500, "ignore_eos": True}
     with httpx.Client(timeout=30) as http, http.stream(
         "POST", router.base_url + "/v1/chat/completions", json=body
     ) as response:
@@ -228,7 +227,7 @@ def test_client_disconnect_cancels_the_upstream_request(
 ) -> None:
     router = start_router([slow.base_url])
     body = {"model": MODEL, "messages": [{"role": "user", "content": "long"}], "stream": True,
-            "max_tokens": 1500}
+            "max_tokens": 1500, "ignore_eos": True}
     with httpx.Client(timeout=30) as http, http.stream(
         "POST", router.base_url + "/v1/chat/completions", json=body
     ) as response:
@@ -361,7 +360,9 @@ async def test_concurrent_mixed_traffic_all_succeeds_and_leaves_nothing_open(
     assert all(texts)
     await c.close()
     wait_for(lambda: metric(router.ops_url, "autoglm_router_inflight") == 0, 2)
-    assert all(metric(sim.base_url, "autoglm_requests_inflight") == 0 for sim in replicas)
+    # A sim frees its slot a few loop turns after its last byte, which ends the router's count.
+    wait_for(lambda: all(metric(sim.base_url, "autoglm_requests_inflight") == 0
+                         for sim in replicas), 2)
     # Clients that hang up after `data: [DONE]` finished their request: none counts as gone.
     assert metric(router.ops_url, "autoglm_router_requests_total",
                   outcome="client_gone") == gone_before

@@ -98,7 +98,10 @@ async def test_the_launcher_serves_the_admin_api_and_drains_before_forwarding(
             body = {"model": "autoglm-phone-9b", "max_tokens": 150, "ignore_eos": True,
                     "messages": [{"role": "user", "content": "long task"}]}
             running = asyncio.create_task(http.post("/v1/chat/completions", json=body))
-            await asyncio.sleep(0.5)
+            deadline = time.monotonic() + 10  # admitted before the signal, or it is refused
+            while (await http.get(admin_url, headers=rotated)).json()["inflight"] < 1:
+                assert time.monotonic() < deadline, "the request was never admitted"
+                await asyncio.sleep(0.05)
             launcher.send_signal(signal.SIGTERM)
             deadline = time.monotonic() + 5
             while (await http.get("/health")).status_code != 503:

@@ -92,8 +92,10 @@ async def test_sigterm_drains_then_exits(start_sim: StartSim) -> None:
         async with httpx.AsyncClient(headers=admin_headers()) as admin:
             await all_arrived(admin, sim.admin_url + MODE_PATH, 8)
         sim.process.send_signal(signal.SIGTERM)
-        await asyncio.sleep(0.1)
-        assert (await http.get("/health")).status_code == 503
+        deadline = time.monotonic() + 5  # the signal's handler runs on the sim's next loop turn
+        while (await http.get("/health")).status_code != 503:
+            assert time.monotonic() < deadline, "health never went 503"
+            await asyncio.sleep(0.05)
         refused = await http.post("/v1/chat/completions", json={
             "model": MODEL, "messages": [{"role": "user", "content": "late"}]})
         assert refused.status_code == 503

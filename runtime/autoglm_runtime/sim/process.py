@@ -15,11 +15,20 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+_handed_out: set[int] = set()
+
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback port nothing listens on now, never one this process handed out before: the
+    port is free again once the probe's socket closes, so two calls in a row (before either
+    server binds) could otherwise return the same one."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 class ServerProcess:

@@ -7,9 +7,9 @@ the command line both benchmarks run it with: `--policy consistent_hash` (keyed 
 
 from __future__ import annotations
 
-import socket
 import subprocess
 
+from autoglm_runtime.sim.process import free_port
 from testkit.paths import REPO
 
 
@@ -23,9 +23,3 @@ def argv(binary: str, port: int, workers: list[str]) -> list[str]:
     return [binary, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
             "--policy", "consistent_hash", "--prometheus-port", str(free_port()),
             "--log-level", "warning"]  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
