@@ -96,21 +96,30 @@ def test_watches_resume_after_etcd_and_apiserver_crashes_and_nothing_is_duplicat
 
     figures["then deleted Service recreated"] = timed("Service recreated", service_recreated)
 
-    # 3. Both crash while a rollout is in flight: the template changed, old pods still run.
-    old_hash = live_pods(cluster, namespace)[0]["metadata"]["annotations"][HASH_ANNOTATION]
-    patch_agd(cluster, namespace, {"spec": {"engine": {"gpuMemoryUtilizationPercent": 85}}})
+    # 3. Both crash while a rollout is in flight: the template changed, old pods still run. The
+    # nodes are cordoned first, so the rollout's first new pod stays Pending, and maxUnavailable 0
+    # keeps every old pod, until the control plane is back (CI once saw the whole rollout finish
+    # between the test seeing it start and reading the pods).
+    nodes = cluster.kubectl("get", "nodes", "-o", "jsonpath={.items[*].metadata.name}").stdout
+    cluster.kubectl("cordon", *nodes.split())
+    try:
+        old_hash = live_pods(cluster, namespace)[0]["metadata"]["annotations"][HASH_ANNOTATION]
+        patch_agd(cluster, namespace, {"spec": {"engine": {"gpuMemoryUtilizationPercent": 85}}})
 
-    def rollout_started() -> bool:
-        dep = get(cluster, namespace, "deployment", NAME)
-        return bool(dep["spec"]["template"]["metadata"]["annotations"][HASH_ANNOTATION] != old_hash)
+        def rollout_started() -> bool:
+            dep = get(cluster, namespace, "deployment", NAME)
+            template = dep["spec"]["template"]["metadata"]["annotations"]
+            return bool(template[HASH_ANNOTATION] != old_hash)
 
-    wait_for("the operator started the rollout", rollout_started, timeout=30, every=0.1)
-    pods = live_pods(cluster, namespace)
-    old_left = sum(p["metadata"]["annotations"][HASH_ANNOTATION] == old_hash for p in pods)
-    assert old_left, "the rollout was over before the crash: nothing was in flight"
-    # The new template's token is in the Secret before the template reaches the Deployment.
-    tokens_mid_rollout = admin_tokens(cluster, namespace)
-    figures["etcd+apiserver restart mid-rollout"] = cluster.restart("etcd", "kube-apiserver")
+        wait_for("the operator started the rollout", rollout_started, timeout=30, every=0.1)
+        pods = live_pods(cluster, namespace)
+        old_left = sum(p["metadata"]["annotations"][HASH_ANNOTATION] == old_hash for p in pods)
+        assert old_left == 3, f"{old_left} of 3 pods on the old template with the nodes cordoned"
+        # The new template's token is in the Secret before the template reaches the Deployment.
+        tokens_mid_rollout = admin_tokens(cluster, namespace)
+        figures["etcd+apiserver restart mid-rollout"] = cluster.restart("etcd", "kube-apiserver")
+    finally:
+        cluster.kubectl("uncordon", *nodes.split())
 
     def rolled_out() -> bool:
         pods = live_pods(cluster, namespace)
@@ -165,5 +174,4 @@ def test_watches_resume_after_etcd_and_apiserver_crashes_and_nothing_is_duplicat
     print(
         "\nFAULTS control plane: "
         + "; ".join(f"{k} {v:.1f}s" for k, v in figures.items())
-        + f"; {old_left} of 3 pods still on the old template at the crash"
     )
