@@ -5,7 +5,7 @@
 
 The window (`batchWindowMillis`, `batchSize`) holds admitted requests until `batchSize` wait or
 the window ends, then releases them together: the article's 100 ms x 4, which pays on servers
-that batch statically. vLLM 0.33 batches continuously: every engine step, its scheduler
+that batch statically. vLLM 0.32 batches continuously: every engine step, its scheduler
 (`vllm/v1/core/sched/scheduler.py`, `Scheduler.schedule`) admits waiting requests into the
 running batch while the token budget and `max_num_seqs` allow, with no delay of its own (the
 v0 `scheduler_delay_factor` is gone), so a request that arrives mid-step joins the next step

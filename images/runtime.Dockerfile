@@ -5,8 +5,8 @@
 #   docker build -f images/runtime.Dockerfile -t ghcr.io/autoglm/autoglm-runtime:0.1.0 .
 # `make images REGISTRY=...` (hack/images.sh) builds and pushes both, tagged with the version.
 # The tag must match PINNED_VLLM_VERSION in runtime/autoglm_runtime/engine_args.py; a unit test
-# keeps them equal. Pin by digest for releases: --build-arg VLLM_IMAGE=vllm/vllm-openai:v0.33.0@sha256:...
-ARG VLLM_IMAGE=vllm/vllm-openai:v0.33.0
+# keeps them equal. Pin by digest for releases: --build-arg VLLM_IMAGE=vllm/vllm-openai:v0.32.0@sha256:...
+ARG VLLM_IMAGE=vllm/vllm-openai:v0.32.0
 FROM ${VLLM_IMAGE}
 
 COPY pyproject.toml README.md /tmp/autoglm/

@@ -1,4 +1,4 @@
-"""The API key check, done as vLLM 0.33's AuthenticationMiddleware does it, before admission.
+"""The API key check, done as vLLM 0.32's AuthenticationMiddleware does it, before admission.
 
 vLLM checks the key inside our middleware (it adds `--middleware` classes last, so ours is
 outermost): without this, a request with no key would queue and hold a slot before vLLM

@@ -17,7 +17,7 @@ from pydantic import Field
 from autoglm_runtime.image_budget import MAX_PIXELS_CEILING, MIN_PIXELS, max_pixels_for
 from autoglm_runtime.profiles import CamelModel
 
-PINNED_VLLM_VERSION = "0.33.0"
+PINNED_VLLM_VERSION = "0.32.0"
 MIDDLEWARE_IMPORT_PATH = "autoglm_runtime.middleware.ModeMiddleware"
 DEFAULT_SERVED_MODEL_NAME = "autoglm-phone-9b"
 # vLLM names its FP16 dtype "half"; the CRD speaks the clearer "float16".
@@ -63,7 +63,7 @@ NEVER_SET = {
 ENGINE_ENV = {"VLLM_MEDIA_URL_ALLOW_REDIRECTS": "0"}
 
 class ManagedSpelling(NamedTuple):
-    """One managed setting as vLLM 0.33's parser reads it."""
+    """One managed setting as the pinned vLLM's parser reads it."""
 
     # The EngineSettings field that sets it; None: the builder always writes the same value.
     setting: str | None
@@ -87,7 +87,7 @@ MANAGED_SPELLINGS: dict[str, ManagedSpelling] = {
     "--max-model-len": ManagedSpelling("maxModelLen", {"--max-model-len": "--max-m"}),
     "--max-num-seqs": ManagedSpelling("maxNumSeqs", {"--max-num-seqs": "--max-num-se"}),
     "--enable-chunked-prefill": ManagedSpelling(None, {
-        "--enable-chunked-prefill": "--enable-chunked-p",
+        "--enable-chunked-prefill": "--enable-ch",
         "--no-enable-chunked-prefill": "--no-enable-ch",
         "--disable-chunked-prefill": "--disable-chunked-p",
     }),

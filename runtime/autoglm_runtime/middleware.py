@@ -1,6 +1,6 @@
 """ModeMiddleware: the live mode of a replica, as pure ASGI inside vLLM's own API server.
 
-vLLM 0.33 loads it with `app.add_middleware(ModeMiddleware)` (no arguments), so it configures
+vLLM 0.32 loads it with `app.add_middleware(ModeMiddleware)` (no arguments), so it configures
 itself from the environment when no settings are passed. It adds no network hop: admission,
 priority, the batch window and SSE coalescing all happen in the server's event loop. The admin
 API is not served here: the launcher serves it on its own port and relays each call to the

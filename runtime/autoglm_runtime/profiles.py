@@ -124,7 +124,7 @@ class BatchingProfile(ModeProfile):
     max_concurrency: MaxConcurrency = 64
     max_queue: MaxQueue = 512
     queue_timeout_seconds: QueueTimeoutSeconds = 60
-    # Off by measurement (bench/batching_window.py; runtime/README.md, "Profiles"). vLLM 0.33
+    # Off by measurement (bench/batching_window.py; runtime/README.md, "Profiles"). vLLM 0.32
     # batches continuously: each engine step admits every waiting request the token budget
     # allows, so holding requests only delays them. Off beats every window (25-100 ms, x2-x8)
     # on goodput in the pool model on all 6 traces x 2 pools (seeds 2-6 and seed 1), e.g.

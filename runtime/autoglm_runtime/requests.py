@@ -25,9 +25,9 @@ from autoglm_runtime.traffic import (
 
 # The project's session header: read from requests, echoed on responses.
 SESSION_HEADER = "x-autoglm-session-id"
-# vLLM 0.33's own session header (GenerateBaseServing.SESSION_ID_HEADER).
+# vLLM 0.32's own session header (GenerateBaseServing.SESSION_ID_HEADER).
 VLLM_SESSION_HEADER = "x-session-id"
-# vLLM 0.33 takes this header's priority over the body's (GenerateBaseServing._get_priority),
+# vLLM 0.32 takes this header's priority over the body's (GenerateBaseServing._get_priority),
 # so the middleware removes it: the mode, not the client, sets the order.
 VLLM_PRIORITY_HEADER = "x-vllm-priority"
 _MAX_SESSION_CHARS = 256
@@ -184,7 +184,7 @@ def prepare(
     session_headers: SessionHeaders = SessionHeaders(),
     declared_class: str | None = None,
 ) -> PreparedRequest:
-    """Validate a request to an admitted path and rewrite it into what vLLM 0.33 reads.
+    """Validate a request to an admitted path and rewrite it into what vLLM 0.32 reads.
     `declared_class` is the request's TRAFFIC_CLASS_HEADER."""
     _check_model(body, rules)
     stream = _stream_of(body)
@@ -431,7 +431,7 @@ def _move_langchain_extras(body: dict[str, Any]) -> None:
 
 
 def resolve_session(body: dict[str, Any], headers: SessionHeaders) -> str | None:
-    """The session vLLM 0.33 will use (body `session_id`, else `X-Session-ID`), or the
+    """The session vLLM 0.32 will use (body `session_id`, else `X-Session-ID`), or the
     project's header, which is written into the body so that vLLM sees it too."""
     from_body = body.get("session_id")
     if from_body is not None and not isinstance(from_body, str):

@@ -1,4 +1,4 @@
-"""Which of vLLM 0.33's routes the mode admits, which it refuses, and why.
+"""Which of vLLM 0.32's routes the mode admits, which it refuses, and why.
 
 Every route that makes the engine generate either goes through admission with the mode's
 priority or is refused here: a route that reached the engine past the middleware would take
@@ -74,7 +74,7 @@ REFUSED_ROUTES: dict[str, Refusal] = {
     "/rerank": _POOLING,
     "/v1/rerank": _POOLING,
     "/v2/rerank": _POOLING,
-    # vLLM 0.33's tokenizer and render routes (vllm/entrypoints/serve/tokenize,
+    # vLLM 0.32's tokenizer and render routes (vllm/entrypoints/serve/tokenize,
     # vllm/entrypoints/scale_out/render and derender).
     "/tokenize": _RENDERS,
     "/detokenize": _RENDERS,

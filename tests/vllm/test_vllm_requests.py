@@ -20,7 +20,7 @@ MODEL = "autoglm-phone-9b"
 ANSWER = "Tap the search box and type."
 SCREENSHOT = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAQAAAC1HAwCAAAAC0lEQVR42mNk+A8AAQUBAScY42YAAAAASUVORK5CYII="  # noqa: E501
 THINKING = {"enable_thinking": True, "return_reasoning": True}
-# A client trying to jump the queue: vLLM 0.33 takes this header over the body's priority.
+# A client trying to jump the queue: vLLM 0.32 takes this header over the body's priority.
 JUMP = {"X-Vllm-Priority": "-100"}
 
 

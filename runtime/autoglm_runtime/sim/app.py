@@ -2,7 +2,7 @@
 
 create_app builds the engine's settings and lifespan and mounts one router per feature
 (`sim/serve/`: health, models, metrics, chat, completions). It loads `ModeMiddleware` exactly as
-vLLM 0.33 does (`app.add_middleware`), so the middleware under test is the one that runs in
+vLLM 0.32 does (`app.add_middleware`), so the middleware under test is the one that runs in
 production.
 """
 

@@ -1,4 +1,4 @@
-"""The vllm:* metrics of vLLM 0.33 (vllm/v1/metrics/loggers.py): same names, labels and buckets.
+"""The vllm:* metrics of vLLM 0.32 (vllm/v1/metrics/loggers.py): same names, labels and buckets.
 
 Each sim has its own registry so several sims in one test process do not share counters;
 labels are `model_name` (the served name) and `engine` ("0"), as vLLM sets them.

@@ -35,7 +35,7 @@ def test_langchain_extra_body_maps_onto_vllm() -> None:
     assert body.body["chat_template_kwargs"] == {"enable_thinking": True}
     assert body.body["include_reasoning"] is True
     assert "enable_thinking" not in body.body and "return_reasoning" not in body.body
-    assert body.body["session_id"] == "abc"  # vLLM 0.33 reads it from the body
+    assert body.body["session_id"] == "abc"  # vLLM 0.32 reads it from the body
     assert body.session_id == "abc"
 
 
@@ -58,7 +58,7 @@ def test_max_completion_tokens_means_no_default() -> None:
 
 
 @pytest.mark.parametrize("body, headers, session, in_body", [
-    # vLLM 0.33: body `session_id` first, then `X-Session-ID`; the project's header after both.
+    # vLLM 0.32: body `session_id` first, then `X-Session-ID`; the project's header after both.
     (chat(session_id="b"), SessionHeaders("v", "p"), "b", "b"),
     (chat(), SessionHeaders("v", "p"), "v", None),
     (chat(session_id=""), SessionHeaders("v", None), "v", ""),

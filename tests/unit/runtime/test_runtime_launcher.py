@@ -56,7 +56,7 @@ def _config_argv(tmp_path: Path, extra_args: list[str]) -> list[str]:
     return launcher.serve_argv(RuntimeSettings(config_file=config, labels_file=tmp_path / "x"), [])
 
 
-# Spellings vLLM 0.33's parser reads as a managed flag (checked against the real parser by
+# Spellings vLLM 0.32's parser reads as a managed flag (checked against the real parser by
 # tests/vllm/test_vllm_managed_flags.py): `_` for `-`, unique abbreviations, aliases, `.key`.
 @pytest.mark.parametrize("extra_args, flag, instead", [
     (["--max_model_len", "4096"], "--max-model-len", "engine.maxModelLen"),

@@ -46,7 +46,7 @@ ADMIN_DIR = crd.ADMIN_MOUNT_PATH
 ADMIN_TOKEN_FILE = "token"
 ADMIN_TOKEN_KEY_PREFIX = "token-"
 PODINFO_DIR = crd.PODINFO_MOUNT_PATH
-# The root filesystem is read-only; what vLLM 0.33 and its libraries write goes to emptyDirs:
+# The root filesystem is read-only; what vLLM 0.32 and its libraries write goes to emptyDirs:
 # $HOME holds their caches (vLLM's ~/.cache/vllm with the torch.compile cache and
 # ~/.config/vllm, triton's ~/.triton, flashinfer's ~/.cache/flashinfer, tilelang's
 # ~/.tilelang), /tmp torch inductor's cache and vLLM's IPC sockets (VLLM_RPC_BASE_PATH).
