@@ -9,11 +9,13 @@ sim-fidelity fit and the unit tests drive `autoglm_runtime.sim.engine.SimEngine`
 from __future__ import annotations
 
 import asyncio
+import functools
 import selectors
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class _JumpingSelector(selectors.DefaultSelector):
@@ -41,3 +43,17 @@ def run_virtual(coroutine: Coroutine[Any, Any, T]) -> T:
     """`asyncio.run` on a VirtualClockLoop."""
     with asyncio.Runner(loop_factory=VirtualClockLoop) as runner:
         return runner.run(coroutine)
+
+
+def on_virtual_clock(test: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
+    """Run an async test with `run_virtual` instead of on pytest-asyncio's loop. Its sleeps and
+    timeouts take no real time, and the clock moves only when no task can run: a sleep returns
+    once all that could happen before it has, so what the test asserts next does not depend on
+    the machine's speed. For code that does no real I/O; pytest still passes the test its
+    fixtures (synchronous ones: an async fixture would run on another loop)."""
+
+    @functools.wraps(test)
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        return run_virtual(test(*args, **kwargs))
+
+    return run

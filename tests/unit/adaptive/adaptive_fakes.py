@@ -32,15 +32,16 @@ class FakeRuntime:
     switches: int = 0
     fail_next: list[int] = field(default_factory=list)  # status codes for the next requests
     ignore_puts: bool = False  # answers 200 but keeps its mode (a broken runtime)
-    delay_seconds: float = 0.0
+    hangs: bool = False  # answers only once `serving` ends: later than any client waits
     garbage: bool = False
     requests: list[tuple[str, str | None]] = field(default_factory=list)
+    released: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.text()
         self.requests.append((request.method, body or None))
-        if self.delay_seconds:
-            await asyncio.sleep(self.delay_seconds)
+        if self.hangs:
+            await self.released.wait()
         if request.headers.get("Authorization") != f"Bearer {self.token}":
             return web.json_response({"error": "unauthorized"}, status=401)
         if self.fail_next:
@@ -73,6 +74,7 @@ async def serving(runtime: FakeRuntime) -> AsyncIterator[int]:
     try:
         yield port
     finally:
+        runtime.released.set()  # cleanup waits for the handlers still running
         await runner.cleanup()
 
 

@@ -90,7 +90,7 @@ async def test_an_answer_that_is_not_a_mode_document_is_rejected() -> None:
 
 
 async def test_a_slow_runtime_times_out() -> None:
-    runtime = FakeRuntime(delay_seconds=1.0)
+    runtime = FakeRuntime(hangs=True)
     async with serving(runtime) as port, aiohttp.ClientSession() as session:
         admin, _ = client(session, port, timeout_seconds=0.2, attempts=2)
         with pytest.raises(RuntimeUnreachable, match="Timeout"):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import threading
 
 import pytest
 
@@ -120,18 +120,20 @@ def test_a_poller_polls_until_left_and_goes_on_after_a_failed_poll() -> None:
     class Counting(Poller):
         def __init__(self) -> None:
             self.polls = 0
+            self.third = threading.Event()
             super().__init__("counting", 0.01)
 
         def poll(self) -> None:
             self.polls += 1
+            if self.polls == 3:
+                self.third.set()
             if self.polls == 1:
                 raise RuntimeError("the apiserver is restarting")
 
     with Counting() as poller:
-        deadline = time.monotonic() + 5
-        while poller.polls < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        poller.third.wait(5)
     left_at = poller.polls
-    time.sleep(0.05)
+    # Its thread is gone once the context is left: no poll can come after.
+    assert "counting" not in {thread.name for thread in threading.enumerate()}
     assert left_at >= 3
     assert poller.polls == left_at

@@ -9,22 +9,26 @@ import pytest
 from testkit import loadgen
 
 
-async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    await reader.read(65536)
-    await asyncio.sleep(30)
+class Silent:
+    """A server that reads each request and never answers it (its handlers wait until the loop
+    ends); `asked` is set once a request has arrived."""
+
+    def __init__(self) -> None:
+        self.received: list[bytes] = []
+        self.asked = asyncio.Event()
+
+    async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.received.append(await reader.read(65536))
+        self.asked.set()
+        await asyncio.Event().wait()
 
 
 async def test_a_request_still_open_when_the_wait_ends_is_a_failure_not_dropped(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    received: list[bytes] = []
-
-    async def count_and_never_answer(reader: asyncio.StreamReader,
-                                     writer: asyncio.StreamWriter) -> None:
-        received.append(await reader.read(65536))
-        await asyncio.sleep(30)
-
-    server = await asyncio.start_server(count_and_never_answer, "127.0.0.1", 0)
+    silent = Silent()
+    received = silent.received
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     monkeypatch.setattr(loadgen, "WAIT_SECONDS", 0.5)
     async with server:
@@ -42,12 +46,13 @@ def test_requests_the_caller_cuts_by_cancelling_the_load_are_not_failures() -> N
     report = loadgen.LoadReport()
 
     async def scenario() -> None:
-        server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+        silent = Silent()
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         async with server:
             url = f"http://127.0.0.1:{port}/v1"
             load = asyncio.create_task(loadgen.run_load([url], lambda _: 10, 5.0, report=report))
-            await asyncio.sleep(0.5)
+            await asyncio.wait_for(silent.asked.wait(), 10)  # a request is in flight: cut it
             load.cancel()
             await asyncio.gather(load, return_exceptions=True)
 

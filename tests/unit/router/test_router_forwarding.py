@@ -50,9 +50,13 @@ class RecordingClient:
 
 
 class HangingClient:
-    """An upstream that never answers."""
+    """An upstream that never answers; `asked` is set once a request has gone to it."""
+
+    def __init__(self) -> None:
+        self.asked = asyncio.Event()
 
     async def request(self, *args: Any, **kwargs: Any) -> None:
+        self.asked.set()
         await asyncio.Event().wait()
 
 
@@ -93,10 +97,10 @@ async def test_the_upstream_request_goes_out_before_other_pending_work() -> None
 
 async def test_a_client_that_leaves_ends_its_request_and_is_counted() -> None:
     app = RouterApp(OneReplica(), RoutingConfig())
-    app.client = HangingClient()  # type: ignore[assignment]
+    app.client = upstream = HangingClient()  # type: ignore[assignment]
     leaves = asyncio.Event()
     task = asyncio.ensure_future(app(SCOPE, client_messages(leaves), _ignore))
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(upstream.asked.wait(), 5)
     assert app.book.count[REPLICA] == 1
     leaves.set()
     await asyncio.wait_for(task, 2)  # ends without an error: the client is gone
@@ -108,9 +112,10 @@ async def test_a_client_that_leaves_ends_its_request_and_is_counted() -> None:
 
 async def test_a_cancel_from_outside_still_cancels_the_request() -> None:
     app = RouterApp(OneReplica(), RoutingConfig())
-    app.client = HangingClient()  # type: ignore[assignment]
+    app.client = upstream = HangingClient()  # type: ignore[assignment]
     task = asyncio.ensure_future(app(SCOPE, client_messages(), _ignore))
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(upstream.asked.wait(), 5)
+    assert app.book.count[REPLICA] == 1  # the request is out: the cancel must undo that
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -93,18 +93,21 @@ def body_messages(body: bytes, chunk: int = 1 << 20) -> list[Any]:
 
 
 class Stream:
-    """One ext_proc stream: the messages Envoy sends, then (unless `hold`) its close."""
+    """One ext_proc stream: the messages Envoy sends, then (unless `hold`) its close.
+    `handled` is set once the picker asks for a message after the last: it has handled all."""
 
     def __init__(self, picker: Picker, messages: list[Any], hold: asyncio.Event | None = None
                  ) -> None:  # fmt: skip
         self.picker = picker
         self.messages = messages
         self.hold = hold
+        self.handled = asyncio.Event()
         self.responses: list[Any] = []
 
     async def _requests(self) -> AsyncIterator[Any]:
         for message in self.messages:
             yield message
+        self.handled.set()
         if self.hold is not None:
             await self.hold.wait()
 
@@ -356,7 +359,7 @@ async def test_the_request_cap_counts_the_pickers_requests_with_the_http_routers
     done = asyncio.Event()
     held = Stream(Picker(app), [headers_message(), *body_messages(STREAMED_CHAT)], hold=done)
     task = asyncio.ensure_future(held.run())
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(held.handled.wait(), 5)
     status, _, http_body = await http_answer(app, "POST", CHAT, {}, STREAMED_CHAT)
     (refused,) = await exchange(app, headers_message(), *body_messages(STREAMED_CHAT))
     assert status == immediate(refused)[0] == 503 and immediate(refused)[2] == http_body
@@ -380,7 +383,7 @@ async def test_a_request_holds_its_replica_until_the_gateway_closes_the_stream()
     done = asyncio.Event()
     stream = Stream(Picker(app), [headers_message(), *body_messages(STREAMED_CHAT)], hold=done)
     task = asyncio.ensure_future(stream.run())
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(stream.handled.wait(), 5)
     assert app.book.count[STREAMING] == 1 and app.inflight == 1
     assert app.buffered_body_bytes == 0  # the body is handed back: not held for the request
     done.set()
@@ -395,7 +398,8 @@ async def test_a_cancelled_stream_releases_its_request() -> None:
     stream = Stream(Picker(app), [headers_message(), *body_messages(STREAMED_CHAT)],
                     hold=asyncio.Event())
     task = asyncio.ensure_future(stream.run())
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(stream.handled.wait(), 5)
+    assert app.book.count[STREAMING] == 1  # routed: the cancel must undo that
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -418,7 +422,7 @@ async def test_response_headers_give_the_outcome_and_the_served_fallback_takes_t
     second = Stream(picker, [headers_message(body=body), *body_messages(body), response_headers],
                     hold=done)
     task = asyncio.ensure_future(second.run())
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(second.handled.wait(), 5)
     by_address = {address_of(name): count for name, count in app.book.count.items()}
     assert by_address[fallback] == 1 and by_address[primary] == 0
     done.set()

@@ -15,6 +15,7 @@ from autoglm_runtime.admission import (
 )
 from autoglm_runtime.profiles import ModeProfile
 from autoglm_runtime.requests import DEFAULT_PRIORITY, STREAM_PRIORITY
+from testkit.virtual_time import on_virtual_clock
 
 ENGINE_MAX_SEQS = 16  # the engine's --max-num-seqs
 
@@ -78,6 +79,7 @@ async def test_lower_priority_value_goes_first() -> None:
     assert order == [0, 1, 1]
 
 
+@on_virtual_clock  # the wait is timed exactly, not by a busy machine's clock
 async def test_queue_timeout_is_503_and_frees_the_place() -> None:
     ctrl = controller(max_concurrency=1, queue_timeout_seconds=1)
     held = await ctrl.acquire()
@@ -150,6 +152,7 @@ async def test_batch_window_releases_when_full() -> None:
     assert len(tickets) == 3
 
 
+@on_virtual_clock  # the wait is timed exactly, not by a busy machine's clock
 async def test_batch_window_releases_on_time() -> None:
     ctrl = controller(max_concurrency=8, batch_window_millis=100, batch_size=4)
     loop = asyncio.get_running_loop()
@@ -167,6 +170,7 @@ async def test_switching_off_the_window_releases_the_group() -> None:
     assert isinstance(await asyncio.wait_for(task, 1), Ticket)
 
 
+@on_virtual_clock  # the waits are timed exactly, not by a busy machine's clock
 async def test_draining_refuses_new_and_waits_for_admitted() -> None:
     ctrl = controller()
     ticket = await ctrl.acquire()

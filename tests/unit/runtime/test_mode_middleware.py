@@ -8,6 +8,8 @@ import httpx
 import pytest
 from asgi_kit import FakeEngine, MakeClient
 
+from testkit.virtual_time import on_virtual_clock
+
 CHAT = "/v1/chat/completions"
 
 
@@ -93,6 +95,7 @@ async def test_the_engines_context_full_answer_says_what_to_do(
     assert other.json()["error"]["message"] == "`top_p` must be in (0, 1]"
 
 
+@on_virtual_clock  # the sleeps let the requests settle; the queue timeout is the clock's
 async def test_queue_full_is_429_then_timeout_503(make_client: MakeClient,
                                                   engine: FakeEngine) -> None:
     profiles = {"streaming": {"maxConcurrency": 1, "maxQueue": 1, "queueTimeoutSeconds": 1}}
@@ -165,6 +168,7 @@ async def test_batching_coalesces_sse(make_client: MakeClient, engine: FakeEngin
     assert len([s for s in sent if s]) == 2  # 6 events + DONE in groups of 4
 
 
+@on_virtual_clock  # each sleep returns once the requests have gone as far as they can
 async def test_drain_gates_health_and_new_requests(make_client: MakeClient,
                                                    engine: FakeEngine) -> None:
     middleware, client = make_client()
@@ -189,6 +193,7 @@ async def test_non_admitted_paths_pass_through(make_client: MakeClient) -> None:
     assert response.status_code == 200
 
 
+@on_virtual_clock  # each sleep returns once the requests have gone as far as they can
 async def test_streamed_chats_run_past_the_streaming_cap_up_to_the_engine_limit(
     make_client: MakeClient, engine: FakeEngine
 ) -> None:
@@ -217,6 +222,7 @@ async def test_completions_are_admitted(make_client: MakeClient, engine: FakeEng
     assert engine.bodies[-1]["max_tokens"] == 512
 
 
+@on_virtual_clock  # each sleep returns once the requests have gone as far as they can
 async def test_a_client_leaving_the_queue_frees_its_place(make_client: MakeClient,
                                                           engine: FakeEngine) -> None:
     profiles = {"streaming": {"maxConcurrency": 1, "maxQueue": 4, "queueTimeoutSeconds": 30}}

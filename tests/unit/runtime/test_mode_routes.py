@@ -12,6 +12,7 @@ import pytest
 from asgi_kit import FakeEngine, MakeClient
 
 from autoglm_runtime.routes import ADMITTED_PATHS, REFUSED_PREFIXES, REFUSED_ROUTES
+from testkit.virtual_time import on_virtual_clock
 
 ROUTES_PAGE = Path(__file__).resolve().parents[3] / "docs" / "runtime" / "requests.md"
 _ROW = re.compile(r"^\| `(?P<method>[A-Z]+) (?P<path>/[^`]*)` \| (?P<action>[a-z ]+) \|")
@@ -85,7 +86,7 @@ async def test_route_table_row(make_client: MakeClient, engine: FakeEngine,
 async def test_no_client_priority_header_reaches_vllm(
     make_client: MakeClient, engine: FakeEngine, spelling: str
 ) -> None:
-    """vLLM 0.33 reads `X-Vllm-Priority` before the body: the mode's body value must stand."""
+    """vLLM 0.32 reads `X-Vllm-Priority` before the body: the mode's body value must stand."""
     _, client = make_client()
     headers = [(spelling, "-100"), ("x-vllm-priority", "-7"), ("x-other", "kept")]
     await client.post("/v1/chat/completions", headers=headers,
@@ -180,7 +181,7 @@ async def test_without_the_key_vllms_401_comes_before_admission(
     response = await client.request(method, path, headers=headers,
                                     json=BODIES.get(path, {}) if method == "POST" else None)
     assert response.status_code == 401
-    # vLLM 0.33's AuthenticationMiddleware: JSONResponse({"error": "Unauthorized"}, 401).
+    # vLLM 0.32's AuthenticationMiddleware: JSONResponse({"error": "Unauthorized"}, 401).
     assert response.content == b'{"error":"Unauthorized"}'
     assert response.headers["content-type"] == "application/json"
     assert set(response.headers) == {"content-type", "content-length"}
@@ -189,6 +190,7 @@ async def test_without_the_key_vllms_401_comes_before_admission(
     assert sample(middleware, "autoglm_requests_admitted_total") == 0
 
 
+@on_virtual_clock  # each sleep returns once the requests have gone as far as they can
 async def test_unauthenticated_requests_take_no_slot(make_client: MakeClient,
                                                      engine: FakeEngine) -> None:
     profiles = {"streaming": {"maxConcurrency": 1, "maxQueue": 0, "queueTimeoutSeconds": 1}}
@@ -198,6 +200,7 @@ async def test_unauthenticated_requests_take_no_slot(make_client: MakeClient,
     running = asyncio.create_task(client.post("/v1/chat/completions", json=chat,
                                               headers=bearer(KEY)))
     await asyncio.sleep(0.05)
+    assert middleware.controller.inflight == 1  # the one slot is taken
     refused = await client.post("/v1/chat/completions", json=chat)
     assert refused.status_code == 401  # not 429: it never reached admission
     engine.release.set()

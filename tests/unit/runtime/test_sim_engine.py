@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -10,13 +11,14 @@ from autoglm_runtime.sim.app import SimSettings
 from autoglm_runtime.sim.engine import EngineConfig, SimEngine, SimRequest
 from autoglm_runtime.sim.metrics import SimMetrics
 from autoglm_runtime.sim.model import CPU_TINY_LATENCY, LatencyModel, MemoryModel, fill_step
+from testkit.virtual_time import on_virtual_clock
 
 FAST = 0.01  # 100x real time
 
 
-def make(**kwargs: object) -> SimEngine:
+def make(clock: Callable[[], float] = time.monotonic, **kwargs: object) -> SimEngine:
     config = EngineConfig(time_factor=FAST, **kwargs)  # type: ignore[arg-type]
-    return SimEngine(config, SimMetrics.create("m", 2048))
+    return SimEngine(config, SimMetrics.create("m", 2048), clock=clock)
 
 
 def request(target: int = 5, prompt: int = 10, priority: int = 0) -> SimRequest:
@@ -50,8 +52,9 @@ async def test_one_step_per_token_after_prefill() -> None:
     await engine.stop()
 
 
+@on_virtual_clock  # the sleep below is some 100 steps, however busy the machine is
 async def test_max_num_seqs_limits_running() -> None:
-    engine = make(max_num_seqs=2)
+    engine = make(asyncio.get_running_loop().time, max_num_seqs=2)
     requests = [request(target=10**6) for _ in range(4)]
     for r in requests:
         engine.submit(r)
@@ -93,13 +96,15 @@ async def test_kv_budget_preempts_and_recomputes() -> None:
     await engine.stop()
 
 
+@on_virtual_clock  # the sleep below is some 100 steps, however busy the machine is
 async def test_abort_frees_the_slot() -> None:
-    engine = make(max_num_seqs=1)
+    engine = make(asyncio.get_running_loop().time, max_num_seqs=1)
     stuck, next_one = request(target=10**6), request(target=2)
     engine.submit(stuck)
     engine.submit(next_one)
     engine.start()
     await asyncio.sleep(0.02)
+    assert engine.running == [stuck] and stuck.generated > 0  # it holds the slot
     engine.abort(stuck)
     assert await asyncio.wait_for(collect(next_one), 2) == [1, 2]
     assert metric(engine, "vllm:request_success_total", finished_reason="abort") == 1

@@ -3,6 +3,7 @@ vllm:prefix_cache_* counters, and cached tokens skipping prefill time."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from autoglm_runtime.sim.engine import EngineConfig, SimEngine, SimRequest
@@ -10,6 +11,7 @@ from autoglm_runtime.sim.metrics import SimMetrics
 from autoglm_runtime.sim.model import IMAGE_TOKENS
 from autoglm_runtime.sim.prefix_cache import BLOCK_TOKENS, PrefixCache, block_hashes
 from autoglm_runtime.sim.serve.chat import chat_prompt
+from testkit.virtual_time import on_virtual_clock
 
 FAST = 0.01
 
@@ -89,14 +91,16 @@ async def test_an_empty_prompt_is_served() -> None:
     await engine.stop()
 
 
+@on_virtual_clock  # TTFTs timed exactly: no busy machine stretches the warm one
 async def test_cached_tokens_make_the_step_shorter() -> None:
-    engine = SimEngine(EngineConfig(time_factor=1.0), SimMetrics.create("m", 2048))
+    clock = asyncio.get_running_loop().time
+    engine = SimEngine(EngineConfig(time_factor=1.0), SimMetrics.create("m", 2048), clock=clock)
     engine.start()
     prompt = list(range(2000))
 
     async def ttft() -> float:
         r = request(prompt)
-        r.arrival = time.monotonic()
+        r.arrival = clock()
         await serve(engine, r)
         assert r.first_token_at is not None
         return r.first_token_at - r.arrival
