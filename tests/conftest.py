@@ -1,4 +1,9 @@
-"""Fixtures shared by every tier.
+"""Fixtures shared by every tier, and the one rule that assigns tiers: a test's tier is its folder.
+
+tests/<tier>/ holds the tests of one tier (unit, servers, gateway, helm, prometheus, abuse,
+images, cluster, e2e, vllm, engine); each test is marked with its tier's name, so `make
+test-<tier>` runs `pytest tests/<tier>` and `-m <tier>` picks the same tests. Helpers shared
+across tiers live in testkit/, never in another tier's folder.
 
 The `cluster` fixture starts a real control plane (testkit.localcluster) once per session;
 tests that use it are marked `cluster` (or `e2e`) and skipped only when that marker is
@@ -7,6 +12,7 @@ deselected, never because the binaries are missing: then the fixture builds them
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import secrets
 import subprocess
@@ -18,8 +24,14 @@ from _pytest.terminal import TerminalReporter
 
 from autoglm_operator.reconcile.children import gateway
 from testkit.localcluster import LocalCluster, loopback_pod_cidr, running_cluster
+from testkit.waiting import TIME_SCALE
 
-REPO = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+TIERS = (
+    "unit", "servers", "gateway", "helm", "prometheus", "abuse", "images", "cluster", "e2e",
+    "vllm", "engine",
+)  # fmt: skip
 CRD_FILE = REPO / "crds" / "autoglm.io_autoglmdeployments.yaml"
 VLLM_TESTS = REPO / "tests" / "vllm"
 ENGINE_TESTS = REPO / "tests" / "engine"
@@ -41,6 +53,30 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("the engine tier needs vLLM on the CPU: run `make test-engine`")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = Path(str(item.path)).relative_to(TESTS).parts[0]
+        if tier not in TIERS:
+            raise pytest.UsageError(f"{item.nodeid}: tests/{tier}/ is not a tier ({TIERS})")
+        item.add_marker(tier)
+        _scale_timeout(item)
+
+
+def _scale_timeout(item: pytest.Item) -> None:
+    """A slow machine's AUTOGLM_TEST_TIME_SCALE stretches pytest-timeout's limits as it does
+    every wait (testkit.waiting): the closest `timeout` marker, times the scale, put first on
+    the item itself, where pytest-timeout looks first."""
+    marker = item.get_closest_marker("timeout")
+    if TIME_SCALE == 1 or marker is None:
+        return
+    args, kwargs = list(marker.args), dict(marker.kwargs)
+    if args:
+        args[0] = args[0] * TIME_SCALE
+    elif "timeout" in kwargs:
+        kwargs["timeout"] = kwargs["timeout"] * TIME_SCALE
+    item.add_marker(pytest.mark.timeout(*args, **kwargs), append=False)
+
+
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     """tests/vllm and tests/engine import vLLM, which only their tiers' environments have."""
     vllm_only = collection_path in (VLLM_TESTS, ENGINE_TESTS)
@@ -60,8 +96,8 @@ def crd(cluster: LocalCluster) -> str:
     return cluster.install_crd(CRD_FILE)
 
 
-@pytest.fixture
-def namespace(cluster: LocalCluster) -> Iterator[str]:
+@contextlib.contextmanager
+def _new_namespace(cluster: LocalCluster) -> Iterator[str]:
     name = f"t-{secrets.token_hex(4)}"
     cluster.kubectl("create", "namespace", name)
     # Pods must pass the `restricted` Pod Security Standard everywhere the tests run.
@@ -70,6 +106,21 @@ def namespace(cluster: LocalCluster) -> Iterator[str]:
     )
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def namespace(cluster: LocalCluster) -> Iterator[str]:
+    """A namespace of the test's own."""
+    with _new_namespace(cluster) as name:
+        yield name
+
+
+@pytest.fixture(scope="module")
+def module_namespace(cluster: LocalCluster) -> Iterator[str]:
+    """One namespace for a module's tests that leave nothing in it (requests the apiserver
+    refuses, server-side dry runs)."""
+    with _new_namespace(cluster) as name:
+        yield name
 
 
 @pytest.fixture(scope="session")

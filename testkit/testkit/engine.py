@@ -9,18 +9,17 @@ each with why; the model is hack/tiny_glm4v.py's, the environment hack/vllm-cpu-
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import openai
@@ -31,8 +30,6 @@ from autoglm_runtime.engine_args import EngineSettings
 from autoglm_runtime.sim.process import free_port
 from testkit.paths import HACK, REPO
 
-T = TypeVar("T")
-
 ADMIN_TOKEN = "engine-tier-admin-token"
 MODEL = "autoglm-phone-9b"
 STARTUP_SECONDS = 600  # model load, CPU kernel warm-up and the first compile on 2 shared cores
@@ -41,6 +38,9 @@ STARTUP_SECONDS = 600  # model load, CPU kernel warm-up and the first compile on
 # on both cores a connection now and then takes longer (a chat was lost to it in CI).
 CLIENT_TIMEOUT = httpx.Timeout(300, connect=60)
 OPENAI_TIMEOUT = openai.Timeout(300, connect=60)  # the same for the openai client's own httpx
+# Between the reads of a wait on the engine (testkit.waiting's `every`). Not faster: each read
+# costs the server CPU the engine's loop is short of.
+POLL_SECONDS = 0.25
 
 # What the CPU needs in the engine's environment, and why.
 CPU_ENV = {
@@ -244,19 +244,3 @@ def metric_samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
     return [(s.labels, s.value) for family in text_string_to_metric_families(text)
             for s in family.samples if s.name == name]
 
-
-async def poll_until(read: Callable[[], Awaitable[T]], done: Callable[[T], bool],
-                     seconds: float) -> T:
-    """`read()` again until `done` holds or `seconds` pass; the last reading either way. On 2
-    shared cores the engine's server can take seconds to answer while it decodes, so the wait
-    is by the clock, not by a count of polls. The clock is checked before a read, never after:
-    a read that outlasts the wait (CI saw this machine hold a test's process still for over a
-    minute) is followed by one more, so what is returned is never older than the deadline."""
-    deadline = time.monotonic() + seconds
-    while True:
-        last_chance = time.monotonic() >= deadline
-        value = await read()
-        if done(value) or last_chance:
-            return value
-        # Not faster: each read costs the server CPU the engine's loop is short of.
-        await asyncio.sleep(0.25)

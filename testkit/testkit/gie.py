@@ -48,6 +48,7 @@ from testkit.gateway import EXT_PROC_SERVICE, EnvoyProcess
 from testkit.localcluster import LocalCluster, ensure_binaries, loopback_pod_cidr, running_cluster
 from testkit.paths import HACK
 from testkit.podrunner import PodRunner
+from testkit.waiting import eventually
 
 EPP_ENV = "AUTOGLM_GIE_EPP"  # the EPP binary, built beforehand (no module proxy in the namespace)
 CRD_ENV = "AUTOGLM_GIE_CRD"  # the InferencePool CRD file, likewise
@@ -222,17 +223,6 @@ class EppPool:
         return self.envoy.base_url
 
 
-def _wait(what: str, ready: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError):
-            value = ready()
-            if value:
-                return value
-        time.sleep(0.2)
-    raise TimeoutError(f"{what} within {timeout} s")
-
-
 def _healthy(url: str) -> bool:
     with urllib.request.urlopen(url + "/health", timeout=2) as response:
         return bool(response.status == 200)
@@ -258,16 +248,17 @@ def epp_pool(folder: Path, *, replicas: int, time_factor: float = 1.0,
         runner = stack.enter_context(PodRunner(cluster, folder / "pods", time_factor=time_factor))
         for manifest in serving_manifests(replicas, config):
             cluster.apply(manifest)
-        urls = _wait(f"{replicas} serving pods answering", lambda: (
+        urls = eventually(lambda: (
             found if len(found := list(runner.runtime_urls(NAMESPACE).values())) == replicas
-            and all(_healthy(url) for url in found) else None), timeout=120)  # fmt: skip
+            and all(_healthy(url) for url in found) else None), 120, every=0.2,
+            what=f"{replicas} serving pods answering", ignoring=(OSError,))  # fmt: skip
         epp = EppProcess(binary, pool=gateway_children.pool_name(POOL), namespace=NAMESPACE,
                          kubeconfig=cluster.kubeconfig, config_text=config_text,
                          log_path=folder / "epp.log")  # fmt: skip
         stack.callback(epp.stop)
         epp.start()
-        _wait(f"the EPP holding the {replicas} pods", lambda: epp.ready_pods() == replicas,
-              timeout=60)  # fmt: skip
+        eventually(lambda: epp.ready_pods() == replicas, 60, every=0.2,
+                   what=f"the EPP holding the {replicas} pods", ignoring=(OSError,))
         envoy = EnvoyProcess(picker_port=epp.port, config_dir=folder,
                              log_path=folder / "envoy.log", **EPP_PROCESSING)  # fmt: skip
         stack.callback(envoy.stop)

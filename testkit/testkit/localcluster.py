@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -23,7 +25,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +33,7 @@ from typing import Any
 
 from autoglm_runtime.sim.process import free_port
 from testkit.paths import HACK
+from testkit.waiting import eventually
 
 STATE_DIR = Path(os.environ.get("AUTOGLM_CLUSTER_DIR", "/tmp/autoglm-cluster"))
 SERVICE_CIDR = "10.96.0.0/16"
@@ -39,9 +42,24 @@ SERVICE_CIDR = "10.96.0.0/16"
 DEFAULT_POD_CIDR = "10.244.0.1/16"
 
 
+# Lock files of the loopback ranges this process holds; the kernel drops the locks at its exit.
+_held_ranges: list[int] = []
+
+
 def loopback_pod_cidr() -> str:
-    """A loopback /16 of its own, so two clusters on one machine never share pod addresses."""
-    return f"127.{secrets.randbelow(200) + 40}.0.1/16"
+    """A loopback /16 no other process on this machine holds (a lock file for each range), so
+    two clusters running side by side (make test's lanes) never share pod addresses."""
+    for second in random.sample(range(40, 240), 200):
+        lock = os.open(Path(tempfile.gettempdir()) / f"autoglm-pods-127.{second}.lock",
+                       os.O_CREAT | os.O_RDWR)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock)
+            continue
+        _held_ranges.append(lock)
+        return f"127.{second}.0.1/16"
+    raise RuntimeError("every loopback pod range is held by another process")
 
 GPU_RESOURCE = "nvidia.com/gpu"
 # The apiserver's audit log records requests made with ServiceAccount tokens (the operator run
@@ -197,7 +215,8 @@ class LocalCluster:
         for name, start in starters.items():
             if name in names:
                 start()
-        self._wait("kube-apiserver", self._apiserver_ready, timeout=90)
+        eventually(self._while_running("kube-apiserver", self._apiserver_ready), 90, every=0.2,
+                   what=self._readiness("kube-apiserver"))
         return time.monotonic() - started
 
     def __enter__(self) -> LocalCluster:
@@ -215,19 +234,24 @@ class LocalCluster:
         self.processes[name] = proc
         return proc
 
-    def _wait(self, name: str, ready: callable, timeout: float = 60) -> None:  # type: ignore[valid-type]
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+    def _while_running(self, name: str, ready: Callable[[], object]) -> Callable[[], object]:
+        """A predicate for eventually(): `ready()`, an error of it a "not yet"; process `name`
+        having exited is an error at once, with its log's tail."""
+
+        def check() -> object:
             proc = self.processes[name]
             if proc.poll() is not None:
                 tail = (self.workdir / f"{name}.log").read_text(errors="replace")[-3000:]
                 raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
             with contextlib.suppress(Exception):
-                if ready():
-                    return
-            time.sleep(0.2)
-        tail = (self.workdir / f"{name}.log").read_text(errors="replace")[-3000:]
-        raise TimeoutError(f"{name} not ready after {timeout}s:\n{tail}")
+                return ready()
+            return False
+
+        return check
+
+    def _readiness(self, name: str) -> str:
+        """eventually()'s `what` for process `name`."""
+        return f"{name} ready (its log: {self.workdir / name}.log)"
 
     def _start_etcd(self) -> None:
         peer = free_port()
@@ -240,7 +264,9 @@ class LocalCluster:
             "--initial-cluster", f"local=http://127.0.0.1:{peer}",
             "--unsafe-no-fsync", "--log-level", "warn",
         ])  # fmt: skip
-        self._wait("etcd", lambda: http_ok(f"http://127.0.0.1:{self.etcd_port}/health"))
+        etcd_health = f"http://127.0.0.1:{self.etcd_port}/health"
+        eventually(self._while_running("etcd", lambda: http_ok(etcd_health)), 60, every=0.2,
+                   what=self._readiness("etcd"))
 
     def _start_apiserver(self) -> None:
         pki = self.workdir / "pki"
@@ -262,7 +288,8 @@ class LocalCluster:
             *self._audit_args(),
             "--profiling=false", "--v", "1",
         ])  # fmt: skip
-        self._wait("kube-apiserver", self._apiserver_ready, timeout=90)
+        eventually(self._while_running("kube-apiserver", self._apiserver_ready), 90, every=0.2,
+                   what=self._readiness("kube-apiserver"))
 
     def _audit_args(self) -> list[str]:
         if not self.audit:
@@ -293,10 +320,10 @@ class LocalCluster:
             "--secure-port", str(free_port()), "--leader-elect=false", "--v", "1",
         ])  # fmt: skip
         # The ServiceAccount controller creating "default" proves the controller-manager works.
-        self._wait(
+        eventually(self._while_running(
             "kube-controller-manager",
             lambda: self.kubectl("get", "serviceaccount", "default", check=False).returncode == 0,
-        )
+        ), 60, every=0.2, what=self._readiness("kube-controller-manager"))
 
     def _start_kwok(self) -> None:
         self._spawn("kwok", [

@@ -9,12 +9,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlparse
 
 import yaml
@@ -23,6 +22,7 @@ from autoglm_operator.reconcile.children import serving
 from autoglm_runtime.profiles import MODE_PATH
 from testkit.localcluster import LocalCluster, free_port
 from testkit.paths import REPO
+from testkit.waiting import eventually
 
 EXAMPLE = yaml.safe_load((REPO / "examples" / "autoglm.yaml").read_text())
 NAME = EXAMPLE["metadata"]["name"]
@@ -68,23 +68,10 @@ from autoglm_operator.cli import main
 main(sys.argv[2:])
 """
 
-T = TypeVar("T")
-
-
-def wait_for(
-    what: str, probe: Callable[[], T | None], timeout: float = 60, every: float = 0.5
-) -> T:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = probe()
-        except subprocess.CalledProcessError as err:
-            last = err.stderr
-        if last:
-            return last  # type: ignore[no-any-return]
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+# For eventually(..., ignoring=KUBECTL_FAILED): a probe's kubectl failing (the object not there
+# yet, the apiserver restarting) is a "not yet"; the last failure, its stderr included, is what a
+# timeout reports.
+KUBECTL_FAILED = (subprocess.CalledProcessError,)
 
 
 @dataclass
@@ -143,9 +130,10 @@ class Operator:
         )
 
     def calls(self, since: float, until: float) -> list[dict[str, Any]]:
-        """Requests the operator sent to the apiserver in [since, until)."""
+        """Requests the operator sent to the apiserver in [since, until). A missing log is an
+        error, not an empty list: a test that asserts no calls must not pass on no record."""
         if not self.calls_file.exists():
-            return []
+            raise AssertionError(f"no API call log at {self.calls_file}: did the operator start?")
         api = urlparse(self.cluster.server).netloc
         rows = [json.loads(line) for line in self.calls_file.read_text().splitlines() if line]
         return [r for r in rows if since <= r["t"] < until and api in r["url"]]
@@ -205,7 +193,8 @@ def ready_as(cluster: LocalCluster, ns: str, ready: str) -> Callable[[], dict[st
 
 def deploy(cluster: LocalCluster, ns: str, obj: dict[str, Any], ready: str) -> dict[str, Any]:
     cluster.apply(obj, namespace=ns)
-    return wait_for(f"status {ready} Ready", ready_as(cluster, ns, ready), timeout=60)
+    return eventually(ready_as(cluster, ns, ready), 60, every=0.5, what=f"status {ready} Ready",
+                      ignoring=KUBECTL_FAILED)
 
 
 def patch_agd(cluster: LocalCluster, ns: str, patch: dict[str, Any]) -> None:

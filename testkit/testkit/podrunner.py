@@ -41,7 +41,7 @@ from kubernetes import client, config, watch  # type: ignore[import-untyped]
 from autoglm_operator.reconcile.children import router as router_children
 from autoglm_operator.reconcile.children import serving as serving_children
 from autoglm_operator.resource.names import TEMPLATE_HASH_ANNOTATION
-from testkit.engine import cpu_argv, cpu_engine_env
+from testkit.engine import cpu_argv, cpu_engine_env, yield_to_other_sessions
 from testkit.localcluster import LocalCluster, log
 
 SELECTOR = "app.kubernetes.io/name in (autoglm,autoglm-router)"
@@ -419,6 +419,8 @@ class PodRunner:
             argv, env=env, stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True
         )
         logfile.close()
+        if engine:  # vLLM's CPU engine spins while it serves: as in the engine tier
+            yield_to_other_sessions(process.pid)
         log(f"podrunner: started {'a vLLM engine' if engine else 'sim'} for "
             f"{pod.metadata.namespace}/{pod.metadata.name} at {pod.status.pod_ip}:{RUNTIME_PORT}")
         instance = (pod.metadata.labels or {}).get("app.kubernetes.io/instance", "")

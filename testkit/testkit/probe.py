@@ -1,10 +1,9 @@
-"""Reading a server's state from outside, as the loopback tests do: a /metrics sample, a wait."""
+"""Reading a server's state from outside, as the loopback tests do: a /metrics sample (wait for
+one with testkit.waiting.eventually)."""
 
 from __future__ import annotations
 
 import re
-import time
-from collections.abc import Callable
 
 import httpx
 
@@ -22,11 +21,3 @@ def metric(base_url: str, name: str, **labels: str) -> float:
             total += float(line.rsplit(" ", 1)[1])
     return total
 
-
-def wait_for(check: Callable[[], bool], timeout: float, interval: float = 0.05) -> float:
-    """Seconds until check() is true; fails the test after `timeout`."""
-    start = time.monotonic()
-    while not check():
-        assert time.monotonic() - start < timeout, f"not true within {timeout} s"
-        time.sleep(interval)
-    return time.monotonic() - start

@@ -15,8 +15,9 @@ from typing import Self
 from autoglm_operator.resource import spec as crd
 from testkit.localcluster import LocalCluster, loopback_pod_cidr, running_cluster
 from testkit.localprom import LocalPrometheus
-from testkit.operator_kit import Operator, wait_for
+from testkit.operator_kit import KUBECTL_FAILED, Operator
 from testkit.paths import CRD_FILE
+from testkit.waiting import eventually
 
 
 def progress(message: str, started: float = 0.0) -> None:
@@ -27,12 +28,11 @@ def progress(message: str, started: float = 0.0) -> None:
 def install_crd(cluster: LocalCluster) -> None:
     cluster.kubectl("apply", "--server-side", "-f", str(CRD_FILE))
     jsonpath = '{.status.conditions[?(@.type=="Established")].status}'
-    wait_for(
-        "the CRD to be Established",
+    eventually(
         lambda: cluster.kubectl(
             "get", "crd", f"{crd.PLURAL}.{crd.GROUP}", "-o", f"jsonpath={jsonpath}"
         ).stdout == "True",
-        timeout=60,
+        60, every=0.5, what="the CRD to be Established", ignoring=KUBECTL_FAILED,
     )  # fmt: skip
 
 
@@ -45,10 +45,9 @@ def delete_and_wait(cluster: LocalCluster, namespace: str, name: str) -> None:
     """Delete while the operator runs (its finalizer comes off), then wait for the pods to go,
     so the next phase's pod runner starts no runtime for them."""
     cluster.kubectl("delete", "agd", name, "-n", namespace, "--timeout=60s", check=False)
-    wait_for(
-        f"the pods of {name} to go",
+    eventually(
         lambda: not cluster.get_json("pods", "-n", namespace)["items"],
-        timeout=60,
+        60, every=0.5, what=f"the pods of {name} to go", ignoring=KUBECTL_FAILED,
     )
 
 

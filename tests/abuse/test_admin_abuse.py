@@ -1,9 +1,9 @@
 """Issue 22's hole 6 at the serving pod: the admin API is off the engine. It is served on a
 port of its own (as the launcher serves it; here the sim, which serves it the same way), never
 on the API port, and it refuses every call without the token before anything changes. The
-engine's environment holding no token: tests/runtime/test_launcher_process.py (sim) and
+engine's environment holding no token: tests/servers/runtime/test_launcher_process.py (sim) and
 tests/engine/test_modes.py (vLLM). Reachable only from the operator: the chart's NetworkPolicy,
-checked rendered in tests/unit/chart/test_chart_networkpolicy.py."""
+checked rendered in tests/helm/test_chart_networkpolicy.py."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from autoglm_runtime import admin
 from autoglm_runtime.profiles import DRAIN_PATH, MODE_PATH
 from autoglm_runtime.sim.process import SimProcess
 
-pytestmark = [pytest.mark.abuse, pytest.mark.timeout(60)]
+pytestmark = pytest.mark.timeout(60)
 
 BEARER = f"Bearer {ADMIN_TOKEN}"
 CALLS = [("PUT", MODE_PATH, b'{"mode": "batching"}'), ("GET", MODE_PATH, b""),

@@ -38,9 +38,10 @@ from abuse_kit import (
 
 from autoglm_runtime.sim.process import SimProcess
 from testkit.gateway import Gateway, GatewayLimits
-from testkit.probe import metric, wait_for
+from testkit.probe import metric
+from testkit.waiting import eventually
 
-pytestmark = [pytest.mark.abuse, pytest.mark.timeout(90)]
+pytestmark = pytest.mark.timeout(90)
 
 STRICT = GatewayLimits(header_timeout=1, body_timeout=1, keep_alive=1, max_connections=16,
                        max_header_bytes=16384, max_headers=64)
@@ -125,12 +126,15 @@ def test_the_picker_speaks_only_the_api(gateway: Gateway, recorder: RecordingRep
 
 def test_only_allow_listed_paths_reached_a_replica(gateway: Gateway,
                                                    recorder: RecordingReplica) -> None:
+    before = len(recorder.forwarded())
     for method, target in sorted(ALLOWED):
         reply = exchange(gateway.envoy.port,
                          request(method, target, b"{}" if method == "POST" else b""))
         assert reply.status == 200, (method, target, reply)
     arrived = {(s.method, s.raw_path) for s in recorder.forwarded()}
     assert arrived <= ALLOWED, arrived - ALLOWED
+    # Each request this test sent arrived: the record above is not empty by accident.
+    assert {(s.method, s.raw_path) for s in recorder.forwarded()[before:]} == ALLOWED
 
 
 def test_a_query_string_travels_encoded_as_sent(gateway: Gateway,
@@ -191,7 +195,8 @@ def test_connections_past_the_cap_are_not_served(strict: Gateway) -> None:
     finally:
         for sock in idle:
             sock.close()
-    wait_for(lambda: exchange(strict.envoy.port, request("GET", "/v1/models")).status == 200, 5)
+    eventually(lambda: exchange(strict.envoy.port, request("GET", "/v1/models")).status == 200, 5,
+               every=0.05, what="Envoy answering GET /v1/models")
 
 
 def test_requests_past_the_pickers_cap_get_the_routers_503(strict: Gateway) -> None:
@@ -204,7 +209,9 @@ def test_requests_past_the_pickers_cap_get_the_routers_503(strict: Gateway) -> N
     threads = [threading.Thread(target=send) for _ in range(2)]
     for thread in threads:
         thread.start()
-    wait_for(lambda: picker_inflight(strict) == 2, 5)  # both held by the replica for 2 s
+    # Both held by the replica for 2 s.
+    eventually(lambda: picker_inflight(strict) == 2, 5, every=0.05,
+               what="2 requests in flight at the picker")
     third = exchange(strict.envoy.port, request("POST", CHAT, slow), timeout=10)
     for thread in threads:
         thread.join(10)
@@ -228,8 +235,11 @@ def test_a_client_that_stops_reading_is_cut_and_its_slot_freed(
     with socket.create_connection(("127.0.0.1", gateway.envoy.port), timeout=5) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.sendall(request("POST", CHAT, flood))
-        wait_for(lambda: picker_inflight(gateway) == 1, 3)  # started; the client reads no more
-        wait_for(lambda: picker_inflight(gateway) == 0, 10, interval=0.2)
+        # Started; the client reads no more.
+        eventually(lambda: picker_inflight(gateway) == 1, 3, every=0.05,
+                   what="the request in flight at the picker")
+        eventually(lambda: picker_inflight(gateway) == 0, 10, every=0.2,
+                   what="nothing in flight at the picker")
 
 
 # --- hole 11: headers ----------------------------------------------------------------------------
@@ -263,10 +273,12 @@ def test_each_sequence_of_a_fanned_out_request_is_counted(gateway: Gateway) -> N
 
     threading.Thread(target=send).start()
     try:
-        wait_for(lambda: picker_inflight(gateway) == 3, 3)  # the replica holds it for 2 s
+        eventually(lambda: picker_inflight(gateway) == 3, 3, every=0.05,
+                   what="3 requests in flight at the picker")  # the replica holds it for 2 s
     finally:
         done.wait(10)
-    wait_for(lambda: picker_inflight(gateway) == 0, 3)
+    eventually(lambda: picker_inflight(gateway) == 0, 3, every=0.05,
+               what="nothing in flight at the picker")
 
 
 # --- what held up: keep it that way --------------------------------------------------------------

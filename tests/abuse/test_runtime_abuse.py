@@ -13,7 +13,7 @@ from abuse_kit import exchange, request
 from autoglm_runtime.engine_args import EngineSettings, build_vllm_argv, refused_extra_arg
 from autoglm_runtime.sim.process import SimProcess
 
-pytestmark = [pytest.mark.abuse, pytest.mark.timeout(60)]
+pytestmark = pytest.mark.timeout(60)
 
 CHAT = "/v1/chat/completions"
 PNG_1X1 = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4"

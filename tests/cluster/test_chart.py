@@ -33,12 +33,9 @@ from typing import Any
 import pytest
 import yaml
 
+from autoglm_operator.resource import spec as crd_spec
 from testkit import operator_kit as kit
-from testkit.localcluster import LocalCluster
-from testkit.operator_kit import wait_for
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "chart"))
-from chartkit import (
+from testkit.chart import (
     CHART,
     CRD_SOURCE,
     KUBE_VERSION,
@@ -49,10 +46,11 @@ from chartkit import (
     run_helm,
     set_args,
 )
+from testkit.localcluster import LocalCluster
+from testkit.operator_kit import KUBECTL_FAILED
+from testkit.waiting import eventually
 
-from autoglm_operator.resource import spec as crd_spec
-
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 CRD_NAME = "autoglmdeployments.autoglm.io"
 # Kinds from the Prometheus Operator; this control plane has no such CRDs.
@@ -262,7 +260,8 @@ def test_install_upgrade_uninstall(
             ("clusterrolebinding", fullname),
             ("role", f"{fullname}-leader-election", "-n", namespace),
         ):
-            wait_for(f"{args} to go", lambda a=args: not _exists(cluster, *a))  # type: ignore[misc]
+            eventually(lambda a=args: not _exists(cluster, *a),  # type: ignore[misc]
+                       60, every=0.5, what=f"{args} to go", ignoring=KUBECTL_FAILED)
         # Helm never deletes what crds/ installed: other releases' objects depend on it.
         assert _exists(cluster, "crd", CRD_NAME)
     finally:
@@ -320,14 +319,15 @@ def test_cluster_scope_permissions_are_the_listed_ones(
                 f"--user={user}", "-n", namespace,
             )  # fmt: skip
         agd = "autoglmdeployments.autoglm.io"
-        wait_for(
-            "edit to aggregate AutoGLMDeployments",
+        eventually(
             lambda: _can(cluster, "jane", "create", agd, *here),
+            60, every=0.5, what="edit to aggregate AutoGLMDeployments", ignoring=KUBECTL_FAILED,
         )
         assert _can(cluster, "jane", "update", agd, "--subresource=scale", *here)
         assert not _can(cluster, "jane", "patch", agd, "--subresource=status", *here)
-        wait_for(
-            "view to aggregate AutoGLMDeployments", lambda: _can(cluster, "vic", "list", agd, *here)
+        eventually(
+            lambda: _can(cluster, "vic", "list", agd, *here),
+            60, every=0.5, what="view to aggregate AutoGLMDeployments", ignoring=KUBECTL_FAILED,
         )
         assert not _can(cluster, "vic", "create", agd, *here)
         assert not _can(cluster, "jane", "create", agd, *elsewhere)
@@ -488,7 +488,8 @@ def test_operator_reconciles_with_exactly_the_charts_permissions(
 
     # kopf spends about a minute retrying namespace listing in scope Namespace before it falls
     # back to the named namespaces (see the report: settings.scanning.disabled avoids it).
-    status = wait_for("the AutoGLMDeployment to be ready", ready, timeout=180)
+    status = eventually(ready, 180, every=0.5, what="the AutoGLMDeployment to be ready",
+                        ignoring=KUBECTL_FAILED)
     assert status["endpoint"] == f"http://phone.{namespace}.svc:8000/v1"
     for kind, name in [
         ("deployment", "phone"), ("service", "phone"), ("service", "phone-streaming"),
@@ -504,6 +505,7 @@ def test_operator_reconciles_with_exactly_the_charts_permissions(
     lease = cluster.get_json("lease", "live-autoglm-leader", "-n", namespace)
     assert lease["spec"]["holderIdentity"] == "live-autoglm-local"
     text = log.read_text(errors="replace")
+    assert "Acquired leadership" in text, text[-2000:]  # the log below is the operator's own
     # kopf's fallbacks without cluster-wide rights (namespace and CRD watching) are expected in
     # scope Namespace and logged as such; any other refusal is a missing rule.
     # A whole-word 403: the operator's random metrics port (":34403") is no refusal.
@@ -619,10 +621,10 @@ def test_a_whole_lifecycle_uses_every_permission_the_chart_grants(
 
         # Create (kopf's CRD scan and namespace fallback take about a minute in front of it).
         cluster.apply(obj, namespace=ns)
-        wait_for("1/1", settled("1/1"), timeout=180)
+        eventually(settled("1/1"), 180, every=0.5, what="1/1", ignoring=KUBECTL_FAILED)
         # Scale.
         cluster.kubectl("scale", "agd", kit.NAME, "-n", ns, "--replicas=2")
-        wait_for("2/2", settled("2/2"), timeout=90)
+        eventually(settled("2/2"), 90, every=0.5, what="2/2", ignoring=KUBECTL_FAILED)
         # A mode flip by pinning the policy; under Rolling it replaces the pods.
         kit.patch_agd(cluster, ns, {"spec": {"modePolicy": "Batching"}})
 
@@ -632,7 +634,8 @@ def test_a_whole_lifecycle_uses_every_permission_the_chart_grants(
                 p["metadata"]["labels"].get(kit.MODE_LABEL) == "batching" for p in pods
             ) and kit.status(cluster, ns).get("batchingReplicas") == 2
 
-        wait_for("both replicas batching", all_batching, timeout=180)
+        eventually(all_batching, 180, every=0.5, what="both replicas batching",
+                   ignoring=KUBECTL_FAILED)
         # An engine change: the pods roll.
         kit.patch_agd(cluster, ns, {"spec": {"maxModelLen": 4096}})
 
@@ -641,13 +644,16 @@ def test_a_whole_lifecycle_uses_every_permission_the_chart_grants(
             args = [p["spec"]["containers"][0]["args"] for p in pods]
             return len(pods) == 2 and all(a[a.index("--max-model-len") + 1] == "4096" for a in args)
 
-        wait_for("the engine change rolled out", rolled, timeout=180)
-        wait_for("2/2 after the roll", settled("2/2"), timeout=90)
+        eventually(rolled, 180, every=0.5, what="the engine change rolled out",
+                   ignoring=KUBECTL_FAILED)
+        eventually(settled("2/2"), 90, every=0.5, what="2/2 after the roll",
+                   ignoring=KUBECTL_FAILED)
         # Back to streaming, InPlace: `<name>-batching` is deleted once `<name>` serves.
         back = {"spec": {"modePolicy": "Streaming", "switchStrategy": "InPlace"}}
         kit.patch_agd(cluster, ns, back)
-        wait_for("one Deployment again", lambda: deployments() == {kit.NAME}, timeout=180)
-        wait_for("2/2 in place", settled("2/2"), timeout=90)
+        eventually(lambda: deployments() == {kit.NAME}, 180, every=0.5, what="one Deployment again",
+                   ignoring=KUBECTL_FAILED)
+        eventually(settled("2/2"), 90, every=0.5, what="2/2 in place", ignoring=KUBECTL_FAILED)
         # Children deleted or emptied by hand, and repaired. The operator watches no Secret:
         # the admin Secret is read by name when a serving pod appears (it mounts it), so a
         # replaced pod brings it back.
@@ -660,23 +666,25 @@ def test_a_whole_lifecycle_uses_every_permission_the_chart_grants(
         cluster.kubectl("delete", "service", f"{kit.NAME}-streaming", "-n", ns)
         cluster.kubectl("delete", "secret", admin, "-n", ns)
         replace_a_pod()
-        wait_for(
-            "the Service and the admin Secret back",
+        eventually(
             lambda: cluster.kubectl("get", "service", f"{kit.NAME}-streaming", "-n", ns,
                                     check=False).returncode == 0
             and cluster.kubectl("get", "secret", admin, "-n", ns, check=False).returncode == 0,
+            60, every=0.5, what="the Service and the admin Secret back", ignoring=KUBECTL_FAILED,
         )  # fmt: skip
-        wait_for("2/2 after the pod was replaced", settled("2/2"), timeout=90)
+        eventually(settled("2/2"), 90, every=0.5, what="2/2 after the pod was replaced",
+                   ignoring=KUBECTL_FAILED)
         template = kit.get(cluster, ns, "deployment", kit.NAME)["spec"]["template"]
         key = f"token-{template['metadata']['annotations'][kit.HASH_ANNOTATION]}"
         emptied = json.dumps([{"op": "replace", "path": f"/data/{key}", "value": ""}])
         cluster.kubectl("patch", "secret", admin, "-n", ns, "--type=json", "-p", emptied)
         replace_a_pod()
-        wait_for(
-            "a new admin token",
+        eventually(
             lambda: kit.get(cluster, ns, "secret", admin).get("data", {}).get(key),
+            60, every=0.5, what="a new admin token", ignoring=KUBECTL_FAILED,
         )
-        wait_for("2/2 after the second pod was replaced", settled("2/2"), timeout=90)
+        eventually(settled("2/2"), 90, every=0.5, what="2/2 after the second pod was replaced",
+                   ignoring=KUBECTL_FAILED)
         # The gateway on: InferencePool <name> and Service <name>-epp published, a changed
         # failure mode applied to the pool, then both deleted when it is off again.
         def failure_mode() -> str:
@@ -685,16 +693,17 @@ def test_a_whole_lifecycle_uses_every_permission_the_chart_grants(
             return out.stdout if out.returncode == 0 else ""  # fmt: skip
 
         kit.patch_agd(cluster, ns, {"spec": {"gateway": {"enabled": True}}})
-        wait_for("the InferencePool", lambda: failure_mode() == "FailClose", timeout=60)
+        eventually(lambda: failure_mode() == "FailClose", 60, every=0.5, what="the InferencePool",
+                   ignoring=KUBECTL_FAILED)
         kit.patch_agd(cluster, ns, {"spec": {"gateway": {"failureMode": "FailOpen"}}})
-        wait_for("the pool to fail open", lambda: failure_mode() == "FailOpen", timeout=60)
+        eventually(lambda: failure_mode() == "FailOpen", 60, every=0.5,
+                   what="the pool to fail open", ignoring=KUBECTL_FAILED)
         kit.patch_agd(cluster, ns, {"spec": {"gateway": {"enabled": False}}})
         picker = (f"inferencepool/{kit.NAME}", f"service/{kit.NAME}-epp")
-        wait_for(
-            "the pool and the picker deleted",
+        eventually(
             lambda: cluster.kubectl("get", *picker, "-n", ns, "-o", "name",
                                     "--ignore-not-found").stdout.strip() == "",
-            timeout=60,
+            60, every=0.5, what="the pool and the picker deleted", ignoring=KUBECTL_FAILED,
         )  # fmt: skip
         # The router off: Service <name> back on the serving pods, the router's children gone.
         router = [f"{kind}/{kit.NAME}-router" for kind in
@@ -706,7 +715,8 @@ def test_a_whole_lifecycle_uses_every_permission_the_chart_grants(
 
         assert not router_gone()
         kit.patch_agd(cluster, ns, {"spec": {"router": {"enabled": False}}})
-        wait_for("the router's children deleted", router_gone, timeout=60)
+        eventually(router_gone, 60, every=0.5, what="the router's children deleted",
+                   ignoring=KUBECTL_FAILED)
         # Delete: the operator takes its finalizer off.
         cluster.kubectl("delete", "agd", kit.NAME, "-n", ns, "--timeout=60s")
         _stop(proc)  # hands the Lease back: an update
@@ -764,7 +774,7 @@ def test_helm_test_runs_the_hook_and_reports_its_result(
             )
             return json.loads(out.stdout) if out.returncode == 0 else None
 
-        pod = wait_for("the test hook pod", created, timeout=60)
+        pod = eventually(created, 60, every=0.5, what="the test hook pod", ignoring=KUBECTL_FAILED)
         container = pod["spec"]["containers"][0]
         env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
         result = subprocess.run(

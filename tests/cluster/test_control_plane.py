@@ -5,11 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import pytest
-
 from testkit.localcluster import LocalCluster
-
-pytestmark = pytest.mark.cluster
 
 
 def _gpu_pod(name: str, gpus: int) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from testkit.operator_kit import (
     EXAMPLE,
     HASH_ANNOTATION,
     INSTANCE,
+    KUBECTL_FAILED,
     NAME,
     Operator,
     admin_tokens,
@@ -31,10 +32,10 @@ from testkit.operator_kit import (
     patch_agd,
     ready_as,
     status,
-    wait_for,
 )
+from testkit.waiting import eventually
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 # A change made after the control plane is back must be reconciled within this many seconds.
 CONVERGE_SECONDS = 60
@@ -61,7 +62,7 @@ def children(cluster: LocalCluster, ns: str) -> dict[tuple[str, str], dict[str, 
 
 def timed(what: str, probe: Callable[[], Any], timeout: float = CONVERGE_SECONDS) -> float:
     started = time.monotonic()
-    wait_for(what, probe, timeout=timeout, every=0.2)
+    eventually(probe, timeout, every=0.2, what=what, ignoring=KUBECTL_FAILED)
     return time.monotonic() - started
 
 
@@ -111,7 +112,8 @@ def test_watches_resume_after_etcd_and_apiserver_crashes_and_nothing_is_duplicat
             template = dep["spec"]["template"]["metadata"]["annotations"]
             return bool(template[HASH_ANNOTATION] != old_hash)
 
-        wait_for("the operator started the rollout", rollout_started, timeout=30, every=0.1)
+        eventually(rollout_started, 30, every=0.1, what="the operator started the rollout",
+                   ignoring=KUBECTL_FAILED)
         pods = live_pods(cluster, namespace)
         old_left = sum(p["metadata"]["annotations"][HASH_ANNOTATION] == old_hash for p in pods)
         assert old_left == 3, f"{old_left} of 3 pods on the old template with the nodes cordoned"

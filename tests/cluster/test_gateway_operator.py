@@ -15,6 +15,7 @@ import pytest
 
 from testkit.localcluster import LocalCluster
 from testkit.operator_kit import (
+    KUBECTL_FAILED,
     NAME,
     Operator,
     agd_object,
@@ -25,10 +26,10 @@ from testkit.operator_kit import (
     live_pods,
     patch_agd,
     status,
-    wait_for,
 )
+from testkit.waiting import eventually
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 PICKER = f"{NAME}-epp"
 SERVING = {"app.kubernetes.io/name": "autoglm", "app.kubernetes.io/instance": NAME,
@@ -70,7 +71,8 @@ def test_the_pool_is_accepted_follows_the_spec_and_goes_when_turned_off(
     ns = namespace
     obj = agd_object(replicas=2, adaptive={"paused": True}, gateway={"enabled": True})
     deploy(cluster, ns, obj, "2/2")
-    pool = wait_for("the InferencePool", lambda: _pool(cluster, ns), timeout=60)
+    pool = eventually(lambda: _pool(cluster, ns), 60, every=0.5, what="the InferencePool",
+                      ignoring=KUBECTL_FAILED)
     uid = get(cluster, ns, "agd", NAME)["metadata"]["uid"]
     (owner,) = pool["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["uid"], owner["controller"]) == ("AutoGLMDeployment", uid, True)
@@ -99,32 +101,36 @@ def test_the_pool_is_accepted_follows_the_spec_and_goes_when_turned_off(
     # The clients' Service <name> still goes to the routers' HTTP port.
     assert get(cluster, ns, "service", NAME)["spec"]["selector"] == ROUTING
     published = {"enabled": True, "inferencePool": NAME, "endpointPicker": f"{PICKER}:9002"}
-    wait_for("status.gateway", lambda: status(cluster, ns).get("gateway") == published)
+    eventually(lambda: status(cluster, ns).get("gateway") == published, 60, every=0.5,
+               what="status.gateway", ignoring=KUBECTL_FAILED)
     assert degraded(cluster, ns) == "False"
 
     # The spec changes: the pool follows.
     patch_agd(cluster, ns, {"spec": {"gateway": {"failureMode": "FailOpen"}}})
-    wait_for(
-        "failureMode FailOpen",
+    eventually(
         lambda: (_pool(cluster, ns) or {})["spec"]["endpointPickerRef"]["failureMode"]
         == "FailOpen",
+        60, every=0.5, what="failureMode FailOpen", ignoring=KUBECTL_FAILED,
     )
     # A hand edit is taken back.
     edit = json.dumps([{"op": "replace", "path": "/spec/targetPorts", "value": [{"number": 9}]}])
     cluster.kubectl("patch", "inferencepool", NAME, "-n", ns, "--type=json", "-p", edit)
-    wait_for(
-        "targetPorts restored",
+    eventually(
         lambda: (_pool(cluster, ns) or {})["spec"]["targetPorts"] == [{"number": 8000}],
+        60, every=0.5, what="targetPorts restored", ignoring=KUBECTL_FAILED,
     )
 
     # Off: the pool and the picker go, the routers lose the port, HTTP serving stays.
     patch_agd(cluster, ns, {"spec": {"gateway": {"enabled": False}}})
-    wait_for("the pool and the picker deleted",
-             lambda: _gone(cluster, ns, f"inferencepool/{NAME}", f"service/{PICKER}"))  # fmt: skip
-    wait_for("the routers without --ext-proc-port",
-             lambda: "--ext-proc-port" not in _router_container(cluster, ns)["args"])  # fmt: skip
+    eventually(lambda: _gone(cluster, ns, f"inferencepool/{NAME}", f"service/{PICKER}"), 60,
+               every=0.5, what="the pool and the picker deleted",
+               ignoring=KUBECTL_FAILED)  # fmt: skip
+    eventually(lambda: "--ext-proc-port" not in _router_container(cluster, ns)["args"], 60,
+               every=0.5, what="the routers without --ext-proc-port",
+               ignoring=KUBECTL_FAILED)  # fmt: skip
     off = {"enabled": False, "inferencePool": "", "endpointPicker": ""}
-    wait_for("status.gateway off", lambda: status(cluster, ns).get("gateway") == off)
+    eventually(lambda: status(cluster, ns).get("gateway") == off, 60, every=0.5,
+               what="status.gateway off", ignoring=KUBECTL_FAILED)
     assert get(cluster, ns, "service", NAME)["spec"]["selector"] == ROUTING
 
 
@@ -152,7 +158,7 @@ def test_a_pool_of_that_name_it_did_not_create_is_reported_and_left_alone(
         cond = condition(status(cluster, ns), "Degraded")
         return cond if cond.get("reason") == "NameTaken" else None
 
-    cond = wait_for("Degraded/NameTaken", taken, timeout=60)
+    cond = eventually(taken, 60, every=0.5, what="Degraded/NameTaken", ignoring=KUBECTL_FAILED)
     assert cond["status"] == "True"
     assert f"InferencePool {NAME} already exists and is not owned by" in cond["message"]
     # Serving is as it was: Ready, the routers and the picker's Service are there.
@@ -169,9 +175,11 @@ def test_a_pool_of_that_name_it_did_not_create_is_reported_and_left_alone(
     assert after["spec"] == before["spec"]
     # Gone: the operator publishes its own on its next attempt.
     cluster.kubectl("delete", "inferencepool", NAME, "-n", ns)
-    wait_for("its own pool", lambda: (_pool(cluster, ns) or {}).get("metadata", {})
-             .get("ownerReferences"), timeout=90)  # fmt: skip
-    wait_for("Degraded cleared", lambda: degraded(cluster, ns) == "False")
+    eventually(lambda: (_pool(cluster, ns) or {}).get("metadata", {})
+               .get("ownerReferences"), 90, every=0.5, what="its own pool",
+               ignoring=KUBECTL_FAILED)  # fmt: skip
+    eventually(lambda: degraded(cluster, ns) == "False", 60, every=0.5, what="Degraded cleared",
+               ignoring=KUBECTL_FAILED)
 
 
 def test_without_the_crd_it_names_the_crd_to_install_and_serves_everything_else(
@@ -194,7 +202,8 @@ def test_without_the_crd_it_names_the_crd_to_install_and_serves_everything_else(
         cond = condition(status(cluster, ns), "Degraded")
         return cond if cond.get("reason") == "InferencePoolCRDMissing" else None
 
-    cond = wait_for("Degraded/InferencePoolCRDMissing", missing, timeout=60)
+    cond = eventually(missing, 60, every=0.5, what="Degraded/InferencePoolCRDMissing",
+                      ignoring=KUBECTL_FAILED)
     assert cond["status"] == "True"
     assert no_inference_pool_crd in cond["message"]  # inferencepools.inference.networking.k8s.io
     assert "kubectl apply -f" in cond["message"]
@@ -209,8 +218,9 @@ def test_without_the_crd_it_names_the_crd_to_install_and_serves_everything_else(
     assert operator.proc is not None and operator.proc.poll() is None
     # The CRD installed: the pool follows on the operator's next attempt, Degraded clears.
     cluster.install_crd(inference_pool_crd_file)
-    wait_for("the InferencePool", lambda: _pool(cluster, ns), timeout=90)
+    eventually(lambda: _pool(cluster, ns), 90, every=0.5, what="the InferencePool",
+               ignoring=KUBECTL_FAILED)
     published = {"enabled": True, "inferencePool": NAME, "endpointPicker": f"{PICKER}:9002"}
-    wait_for("status.gateway published",
-             lambda: status(cluster, ns).get("gateway") == published, timeout=60)  # fmt: skip
+    eventually(lambda: status(cluster, ns).get("gateway") == published, 60, every=0.5,
+               what="status.gateway published", ignoring=KUBECTL_FAILED)  # fmt: skip
     assert degraded(cluster, ns) == "False"

@@ -19,6 +19,7 @@ from kubernetes import client, config, watch
 from testkit.localcluster import LocalCluster
 from testkit.operator_kit import (
     INSTANCE,
+    KUBECTL_FAILED,
     MODE_LABEL,
     NAME,
     Operator,
@@ -30,10 +31,10 @@ from testkit.operator_kit import (
     live_pods,
     patch_agd,
     status,
-    wait_for,
 )
+from testkit.waiting import eventually
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 
 class PodWatch:
@@ -141,7 +142,7 @@ def switch(
             )
             return st if done else None
 
-        st = wait_for(f"every pod {to}", settled, timeout=120)
+        st = eventually(settled, 120, every=0.5, what=f"every pod {to}", ignoring=KUBECTL_FAILED)
         deleted_at = max(pods.rows[pods.first(name, terminating=True)]["t"] for name in old)
     return st, pods, deleted_at - started
 
@@ -189,7 +190,8 @@ def test_rolling_switch_replaces_pods_make_before_break(
         reasons = [e["reason"] for e in events(cluster, namespace)]
         return reasons.count("PodReplaced") >= 2 and "ModeReplaced" in reasons
 
-    wait_for("PodReplaced and ModeReplaced events", replaced_reported, timeout=15)
+    eventually(replaced_reported, 15, every=0.5, what="PodReplaced and ModeReplaced events",
+               ignoring=KUBECTL_FAILED)
     deployments = get(cluster, namespace, "deployments", "-l", INSTANCE)["items"]
     assert {d["metadata"]["name"]: d["spec"]["replicas"] for d in deployments} == {
         NAME: 0,
@@ -220,4 +222,4 @@ def test_rolling_switch_replaces_pods_make_before_break(
             and status(cluster, namespace).get("ready") == "2/2"
         )
 
-    wait_for("InPlace again", in_place, timeout=60)
+    eventually(in_place, 60, every=0.5, what="InPlace again", ignoring=KUBECTL_FAILED)

@@ -18,6 +18,7 @@ import pytest
 from autoglm_runtime.profiles import MODE_PATH
 from testkit.localcluster import LocalCluster
 from testkit.operator_kit import (
+    KUBECTL_FAILED,
     NAME,
     Operator,
     admin_token,
@@ -27,12 +28,12 @@ from testkit.operator_kit import (
     live_pods,
     patch_agd,
     status,
-    wait_for,
 )
 from testkit.podrunner import PodRunner
 from testkit.servicelb import ServiceProxy
+from testkit.waiting import eventually
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 ROUTER = f"{NAME}-router"
 ROUTER_KINDS = ("deployment", "pdb", "serviceaccount", "role", "rolebinding")
@@ -127,16 +128,16 @@ def test_service_reaches_replicas_of_the_right_mode_through_the_router_and_off_a
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
     binding = get(cluster, ns, "rolebinding", ROUTER)
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": ROUTER, "namespace": ns}]
-    wait_for(
-        "Service <name> to select the router",
+    eventually(
         lambda: get(cluster, ns, "service", NAME)["spec"]["selector"] == ROUTING,
-        timeout=30,
+        30, every=0.5, what="Service <name> to select the router", ignoring=KUBECTL_FAILED,
     )
     for mode in ("streaming", "batching"):
         selector = get(cluster, ns, "service", f"{NAME}-{mode}")["spec"]["selector"]
         assert selector == {**SERVING, "autoglm.io/mode": mode}
     up = {"enabled": True, "replicas": 2, "readyReplicas": 2}
-    wait_for("status.router ready", lambda: status(cluster, ns).get("router") == up, timeout=30)
+    eventually(lambda: status(cluster, ns).get("router") == up, 30, every=0.5,
+               what="status.router ready", ignoring=KUBECTL_FAILED)
 
     # The router's ServiceAccount: pods of its own namespace, nothing else.
     account = f"system:serviceaccount:{ns}:{ROUTER}"
@@ -149,21 +150,24 @@ def test_service_reaches_replicas_of_the_right_mode_through_the_router_and_off_a
 
     # One replica of each mode, run by the pod runner; the routers see both.
     pods = sorted(p["metadata"]["name"] for p in live_pods(cluster, ns))
-    wait_for("a sim per serving pod", lambda: len(pod_runner.runtime_urls(ns)) == 2, timeout=60)
-    wait_for("a router per router pod", lambda: len(pod_runner.router_urls(ns)) == 2, timeout=60)
+    eventually(lambda: len(pod_runner.runtime_urls(ns)) == 2, 60, every=0.5,
+               what="a sim per serving pod", ignoring=KUBECTL_FAILED)
+    eventually(lambda: len(pod_runner.router_urls(ns)) == 2, 60, every=0.5,
+               what="a router per router pod", ignoring=KUBECTL_FAILED)
     sims = pod_runner.runtime_urls(ns)
     _flip(cluster, ns, pods[1], pod_runner.admin_urls(ns)[pods[1]], "batching")
     routers = pod_runner.router_urls(ns)
     both = {"streaming": 1, "batching": 1, "unknown": 0}
     for url in pod_runner.router_ops_urls(ns).values():
-        wait_for(f"router {url} to see both modes",
-                 lambda url=url: _health(url).get("replicas") == both, timeout=30)  # fmt: skip
+        eventually(lambda url=url: _health(url).get("replicas") == both, 30, every=0.5,
+                   what=f"router {url} to see both modes", ignoring=KUBECTL_FAILED)  # fmt: skip
     admitted_before = {p: _metrics(u).get("autoglm_requests_admitted_total", 0) for p, u in
                        sims.items()}  # fmt: skip
 
     # The official client through Service <name>: the local kube-proxy picks a router pod.
     with ServiceProxy(cluster, ns, NAME, kubelet=pod_runner) as proxy:
-        wait_for("2 ready router endpoints", lambda: len(proxy.endpoints()) == 2, timeout=30)
+        eventually(lambda: len(proxy.endpoints()) == 2, 30, every=0.5,
+                   what="2 ready router endpoints", ignoring=KUBECTL_FAILED)
         assert {e.pod for e in proxy.endpoints()} == set(routers)
         _send(proxy.url + "/v1")
         assert set(proxy.stats.connections) <= set(routers)
@@ -187,12 +191,15 @@ def test_service_reaches_replicas_of_the_right_mode_through_the_router_and_off_a
 
     # Off: Service <name> back on the serving pods, the router's children and pods gone.
     patch_agd(cluster, ns, {"spec": {"router": {"enabled": False}}})
-    wait_for("the router's children deleted", lambda: _router_children(cluster, ns) == "",
-             timeout=60)  # fmt: skip
+    eventually(lambda: _router_children(cluster, ns) == "", 60, every=0.5,
+               what="the router's children deleted", ignoring=KUBECTL_FAILED)  # fmt: skip
     assert get(cluster, ns, "service", NAME)["spec"]["selector"] == SERVING
-    wait_for("status.router off", lambda: status(cluster, ns).get("router") == {
-        "enabled": False, "replicas": 0, "readyReplicas": 0}, timeout=30)  # fmt: skip
-    wait_for("the router processes stopped", lambda: not pod_runner.router_urls(ns), timeout=60)
+    eventually(lambda: status(cluster, ns).get("router") == {
+        "enabled": False, "replicas": 0, "readyReplicas": 0}, 30, every=0.5,
+        what="status.router off", ignoring=KUBECTL_FAILED)  # fmt: skip
+    eventually(lambda: not pod_runner.router_urls(ns), 60, every=0.5,
+               what="the router processes stopped", ignoring=KUBECTL_FAILED)
     with ServiceProxy(cluster, ns, NAME, kubelet=pod_runner) as proxy:
-        wait_for("2 ready serving endpoints", lambda: len(proxy.endpoints()) == 2, timeout=30)
+        eventually(lambda: len(proxy.endpoints()) == 2, 30, every=0.5,
+                   what="2 ready serving endpoints", ignoring=KUBECTL_FAILED)
         assert {e.pod for e in proxy.endpoints()} == set(pods)

@@ -24,9 +24,10 @@ import pytest
 from autoglm_router.kube import ApiAccess, KubernetesDiscovery, in_cluster_access
 from autoglm_runtime.profiles import Mode
 from testkit.localcluster import LocalCluster, free_port
-from testkit.operator_kit import wait_for
+from testkit.operator_kit import KUBECTL_FAILED
+from testkit.waiting import eventually
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
+pytestmark = pytest.mark.timeout(240)
 
 INSTANCE = "app.kubernetes.io/instance"
 SELECTOR = f"{INSTANCE}=demo"
@@ -270,14 +271,16 @@ def test_requests_reach_sims_at_pod_addresses_by_their_mode_label(
     cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps({
         "apiVersion": "v1", "kind": "List",
         "items": [serving_pod("s", "streaming"), serving_pod("b", "batching")]}))
-    ips = wait_for("both pods' IPs", lambda: pod_ips(cluster, namespace, 2), timeout=30)
+    ips = eventually(lambda: pod_ips(cluster, namespace, 2), 30, every=0.5, what="both pods' IPs",
+                     ignoring=KUBECTL_FAILED)
     port = free_port()
     sims = {name: f"http://{ip}:{port}" for name, ip in ips.items()}
     for name, ip in ips.items():
         processes.append(start_sim(ip, port, {"s": "streaming", "b": "batching"}[name],
                                    tmp_path / name))
     for url in sims.values():
-        wait_for(f"sim at {url}", lambda url=url: answers(url + "/health"), timeout=30)
+        eventually(lambda url=url: answers(url + "/health"), 30, every=0.5, what=f"sim at {url}",
+                   ignoring=KUBECTL_FAILED)
 
     router, ops = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
     processes.append(subprocess.Popen(
@@ -288,7 +291,8 @@ def test_requests_reach_sims_at_pod_addresses_by_their_mode_label(
              cluster, folder))],
         stdout=(tmp_path / "router.log").open("wb"), stderr=subprocess.STDOUT,
     ))
-    wait_for("router healthy", lambda: answers(ops + "/health"), timeout=30)
+    eventually(lambda: answers(ops + "/health"), 30, every=0.5, what="router healthy",
+               ignoring=KUBECTL_FAILED)
     before = {name: admitted(url) for name, url in sims.items()}
     for _ in range(3):
         chat(router, stream=True)
@@ -299,11 +303,13 @@ def test_requests_reach_sims_at_pod_addresses_by_their_mode_label(
     # Flip b's label: streamed chats now have two streaming replicas to share.
     cluster.kubectl("label", "pod", "b", "-n", namespace, "--overwrite",
                     "autoglm.io/mode=streaming")
-    wait_for("flip seen by the router", lambda: replicas_by_mode(ops) == {
-        "streaming": 2, "batching": 0, "unknown": 0}, timeout=5)
+    eventually(lambda: replicas_by_mode(ops) == {
+        "streaming": 2, "batching": 0, "unknown": 0}, 5, every=0.5,
+        what="flip seen by the router", ignoring=KUBECTL_FAILED)
     cluster.kubectl("delete", "pod", "s", "-n", namespace, "--wait=false")
-    wait_for("deleted pod gone from the router", lambda: replicas_by_mode(ops) == {
-        "streaming": 1, "batching": 0, "unknown": 0}, timeout=5)
+    eventually(lambda: replicas_by_mode(ops) == {
+        "streaming": 1, "batching": 0, "unknown": 0}, 5, every=0.5,
+        what="deleted pod gone from the router", ignoring=KUBECTL_FAILED)
     before = {name: admitted(url) for name, url in sims.items()}
     for _ in range(3):
         chat(router, stream=True)

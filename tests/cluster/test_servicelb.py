@@ -13,10 +13,11 @@ import pytest
 from test_router_pod_watch import serving_pod
 
 from testkit.localcluster import LocalCluster
-from testkit.operator_kit import wait_for
+from testkit.operator_kit import KUBECTL_FAILED
 from testkit.servicelb import ServiceProxy
+from testkit.waiting import eventually
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)
 
 ROLE = "example.com/role"
 
@@ -39,11 +40,11 @@ def test_endpoints_follow_a_selector_change(cluster: LocalCluster, namespace: st
     cluster.apply(pod("router", "router"), namespace=namespace)
     cluster.apply(service("serving"), namespace=namespace)
     with ServiceProxy(cluster, namespace, "front") as proxy:
-        wait_for("the serving pod as the endpoint",
-                 lambda: [e.pod for e in proxy.endpoints()] == ["serving"], timeout=30)  # fmt: skip
+        eventually(lambda: [e.pod for e in proxy.endpoints()] == ["serving"], 30, every=0.5,
+                   what="the serving pod as the endpoint", ignoring=KUBECTL_FAILED)  # fmt: skip
         cluster.apply(service("router"), namespace=namespace)
-        wait_for("the router pod as the endpoint",
-                 lambda: [e.pod for e in proxy.endpoints()] == ["router"], timeout=10)  # fmt: skip
+        eventually(lambda: [e.pod for e in proxy.endpoints()] == ["router"], 10, every=0.5,
+                   what="the router pod as the endpoint", ignoring=KUBECTL_FAILED)  # fmt: skip
         assert proxy.endpoints()[0].address.endswith(":8000")
 
 
@@ -59,12 +60,13 @@ def test_a_pod_is_no_endpoint_until_its_own_process_runs(
     cluster.apply(pod("serving", "serving"), namespace=namespace)
     cluster.apply(service("serving"), namespace=namespace)
     with ServiceProxy(cluster, namespace, "front", kubelet=Kubelet()) as proxy:
-        wait_for("the pod Ready in the API", lambda: _ready_in_api(cluster, namespace), timeout=30)
+        eventually(lambda: _ready_in_api(cluster, namespace), 30, every=0.5,
+                   what="the pod Ready in the API", ignoring=KUBECTL_FAILED)
         time.sleep(2.0)  # four probe rounds
         assert proxy.endpoints() == []
         started.add("serving")
-        wait_for("the running pod as the endpoint",
-                 lambda: [e.pod for e in proxy.endpoints()] == ["serving"], timeout=10)  # fmt: skip
+        eventually(lambda: [e.pod for e in proxy.endpoints()] == ["serving"], 10, every=0.5,
+                   what="the running pod as the endpoint", ignoring=KUBECTL_FAILED)  # fmt: skip
 
 
 def _ready_in_api(cluster: LocalCluster, namespace: str) -> bool:

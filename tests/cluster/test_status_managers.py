@@ -12,9 +12,10 @@ from kubernetes import config
 
 from autoglm_operator.io import kube
 from testkit.localcluster import LocalCluster
-from testkit.operator_kit import NAME, Operator, agd_object, condition, get, status, wait_for
+from testkit.operator_kit import KUBECTL_FAILED, NAME, Operator, agd_object, condition, get, status
+from testkit.waiting import eventually
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.timeout(180)
 
 HISTORY = [
     {
@@ -68,17 +69,15 @@ def test_an_object_written_under_two_status_managers_ends_up_with_one(
 
     op = Operator(cluster, namespace, tmp_path).start()
     try:
-        wait_for(
-            "one status manager",
+        eventually(
             lambda: _status_managers(cluster, namespace) == {kube.STATUS_FIELD_MANAGER} or None,
-            timeout=60,
+            60, every=0.5, what="one status manager", ignoring=KUBECTL_FAILED,
         )
-        wait_for(
-            "the paused decision recorded",
+        eventually(
             lambda: (
                 status(cluster, namespace).get("lastDecision", {}).get("reason") == "Paused" or None
             ),
-            timeout=60,
+            60, every=0.5, what="the paused decision recorded", ignoring=KUBECTL_FAILED,
         )
         st = status(cluster, namespace)
         assert _status_managers(cluster, namespace) == {kube.STATUS_FIELD_MANAGER}

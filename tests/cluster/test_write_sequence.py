@@ -25,9 +25,10 @@ from typing import Any
 import pytest
 
 from testkit.localcluster import LocalCluster
-from testkit.operator_kit import EXAMPLE, INSTANCE, NAME, ready_as, wait_for
+from testkit.operator_kit import EXAMPLE, INSTANCE, KUBECTL_FAILED, NAME, ready_as
+from testkit.waiting import eventually
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 Write = tuple[str, str, str]  # (verb, resource, subresource)
@@ -126,13 +127,16 @@ def test_the_lifecycle_writes_what_it_always_wrote(
     try:
         marks.append(("create", time.time()))
         cluster.apply(EXAMPLE, namespace=namespace)
-        wait_for("2/2", ready_as(cluster, namespace, "2/2"), timeout=90)
+        eventually(ready_as(cluster, namespace, "2/2"), 90, every=0.5, what="2/2",
+                   ignoring=KUBECTL_FAILED)
         marks.append(("scale up", time.time()))
         cluster.kubectl("scale", "agd", NAME, "-n", namespace, "--replicas=3")
-        wait_for("3/3", ready_as(cluster, namespace, "3/3"), timeout=90)
+        eventually(ready_as(cluster, namespace, "3/3"), 90, every=0.5, what="3/3",
+                   ignoring=KUBECTL_FAILED)
         marks.append(("scale down", time.time()))
         cluster.kubectl("scale", "agd", NAME, "-n", namespace, "--replicas=1")
-        wait_for("1/1", ready_as(cluster, namespace, "1/1"), timeout=90)
+        eventually(ready_as(cluster, namespace, "1/1"), 90, every=0.5, what="1/1",
+                   ignoring=KUBECTL_FAILED)
         time.sleep(3)  # the status after the last pod went
         marks.append(("delete", time.time()))
         cluster.kubectl("delete", "agd", NAME, "-n", namespace, "--timeout=60s")
@@ -142,7 +146,7 @@ def test_the_lifecycle_writes_what_it_always_wrote(
             left = cluster.kubectl("get", kinds, "-n", namespace, "-l", INSTANCE, "-o", "name")
             return not left.stdout.split()
 
-        wait_for("every child deleted", all_gone, timeout=60)
+        eventually(all_gone, 60, every=0.5, what="every child deleted", ignoring=KUBECTL_FAILED)
         time.sleep(2)
     finally:
         if proc.poll() is None:

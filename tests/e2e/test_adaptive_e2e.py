@@ -16,7 +16,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -26,8 +26,9 @@ from testkit.localcluster import LocalCluster
 from testkit.localprom import LocalPrometheus
 from testkit.operator_kit import Operator, admin_token, pod_modes, runtime_state
 from testkit.podrunner import PodRunner
+from testkit.waiting import eventually
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.timeout(600)
 
 NAME = "phone-9b"
 REPLICAS = 3
@@ -36,18 +37,6 @@ HIGH_QPS_PER_REPLICA = 1.5
 # Batch jobs one batching replica serves, as the demand sizing's seed: the test's 9 jobs/s need
 # three, so the split steps up to the floor (2 of 3 batching).
 BATCHING_PER_REPLICA = 3.0
-T = TypeVar("T")
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float, every: float = 0.5) -> T:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last  # type: ignore[no-any-return]
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
 def resource(prometheus_url: str) -> dict[str, Any]:
@@ -114,7 +103,8 @@ def modes_agree(
         query = f'autoglm_mode{{namespace="{namespace}"}} == 1'
         return {r["metric"]["pod"]: r["metric"]["mode"] for r in prom.query(query)}
 
-    wait_for(f"autoglm_mode in Prometheus to show {labels}", lambda: scraped() == labels, 10)
+    eventually(lambda: scraped() == labels, 10, every=0.5,
+               what=f"autoglm_mode in Prometheus to show {labels}")
     return labels
 
 
@@ -139,12 +129,12 @@ def test_load_flips_replicas_step_by_step_and_back_and_an_outage_holds_them(
     def metrics_available() -> bool:
         return condition(agd(cluster, namespace), "MetricsAvailable").get("status") == "True"
 
-    wait_for("3 ready replicas", ready, timeout=90)
-    wait_for("a runtime per pod", runtimes_up, timeout=60)
+    eventually(ready, 90, every=0.5, what="3 ready replicas")
+    eventually(runtimes_up, 60, every=0.5, what="a runtime per pod")
     # One pod template (no rollout here): its pods share its admin token.
     token = admin_token(cluster, namespace, next(iter(pod_modes(cluster, namespace))))
-    wait_for("every pod streaming", all_streaming, timeout=30)
-    wait_for("metrics in Prometheus", metrics_available, timeout=60)
+    eventually(all_streaming, 30, every=0.5, what="every pod streaming")
+    eventually(metrics_available, 60, every=0.5, what="metrics in Prometheus")
 
     def targets() -> list[str]:
         return [
@@ -216,13 +206,13 @@ def test_load_flips_replicas_step_by_step_and_back_and_an_outage_holds_them(
             found = condition(agd(cluster, namespace), "MetricsAvailable")
             return found if found.get("status") == "False" else None
 
-        down = wait_for("MetricsAvailable=False", metrics_lost, timeout=4 * INTERVAL)
+        down = eventually(metrics_lost, 4 * INTERVAL, every=0.5, what="MetricsAvailable=False")
         assert down["reason"] == "PrometheusUnreachable", down
         time.sleep(2 * INTERVAL)
         assert pod_modes(cluster, namespace) == before, "modes changed while metrics were down"
     finally:
         prometheus.start()
-    wait_for("MetricsAvailable=True again", metrics_available, timeout=6 * INTERVAL)
+    eventually(metrics_available, 6 * INTERVAL, every=0.5, what="MetricsAvailable=True again")
 
     print(
         f"\nE2E: load step to first flip applied {timings['first_flip']:.1f}s; "

@@ -18,6 +18,7 @@ from testkit.engine import OPENAI_TIMEOUT, answer_of, engine_python, tiny_model
 from testkit.localcluster import LocalCluster
 from testkit.localprom import LocalPrometheus
 from testkit.operator_kit import (
+    KUBECTL_FAILED,
     NAME,
     Operator,
     admin_token,
@@ -26,12 +27,12 @@ from testkit.operator_kit import (
     patch_agd,
     pod_modes,
     runtime_state,
-    wait_for,
 )
 from testkit.podrunner import Engines, PodRunner
 from testkit.servicelb import ServiceProxy
+from testkit.waiting import eventually
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.timeout(900)
 ENGINE_START_SECONDS = 600  # model load and kernel warm-up on 2 cores shared with the cluster
 # A prompt of the shape the tiny model was trained on, so its answer is the trained turn.
 MESSAGES = [{"role": "user", "content": "Step 1: tap the search box."}]
@@ -67,17 +68,18 @@ def test_the_operator_flips_a_real_engine_and_the_router_routes_to_it(
     ns = namespace
     action = answer_of(engines.model_dir)["answer"].split("</think>", 1)[1]
     deploy(cluster, ns, agd_object(replicas=1, modePolicy="Streaming"), "1/1")
-    wait_for("a runtime for the serving pod", lambda: len(pod_runner.runtime_urls(ns)) == 1,
-             timeout=60)
+    eventually(lambda: len(pod_runner.runtime_urls(ns)) == 1, 60, every=0.5,
+               what="a runtime for the serving pod", ignoring=KUBECTL_FAILED)
     (pod, url), = pod_runner.runtime_urls(ns).items()
     assert pod_runner.running(pod).engine  # type: ignore[union-attr]
-    wait_for("the engine to answer /health", lambda: answers_health(url),
-             timeout=ENGINE_START_SECONDS)
+    eventually(lambda: answers_health(url), ENGINE_START_SECONDS, every=0.5,
+               what="the engine to answer /health", ignoring=KUBECTL_FAILED)
     token, admin_url = admin_token(cluster, ns, pod), pod_runner.admin_url(pod)
     assert admin_url is not None
     assert runtime_state(admin_url, token)["mode"] == "streaming"
     with ServiceProxy(cluster, ns, NAME, kubelet=pod_runner) as proxy:
-        wait_for("a ready router endpoint", lambda: len(proxy.endpoints()) >= 1, timeout=60)
+        eventually(lambda: len(proxy.endpoints()) >= 1, 60, every=0.5,
+                   what="a ready router endpoint", ignoring=KUBECTL_FAILED)
         client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="EMPTY", max_retries=0,
                                timeout=OPENAI_TIMEOUT)
 
@@ -95,12 +97,12 @@ def test_the_operator_flips_a_real_engine_and_the_router_routes_to_it(
         assert streamed() == (action, "stop")
         for mode, policy in (("batching", "Batching"), ("streaming", "Streaming")):
             patch_agd(cluster, ns, {"spec": {"modePolicy": policy}})
-            wait_for(f"the pod labelled {mode}", lambda m=mode: pod_modes(cluster, ns) == {pod: m},
-                     timeout=60)
+            eventually(lambda m=mode: pod_modes(cluster, ns) == {pod: m}, 60, every=0.5,
+                       what=f"the pod labelled {mode}", ignoring=KUBECTL_FAILED)
             # The engine's own middleware says so: the flip reached the pod, not only its label
             # (the operator labels first, then sets the runtime's mode).
-            wait_for(f"the runtime in {mode}",
-                     lambda m=mode: runtime_state(admin_url, token)["mode"] == m, timeout=15)
+            eventually(lambda m=mode: runtime_state(admin_url, token)["mode"] == m, 15, every=0.5,
+                       what=f"the runtime in {mode}", ignoring=KUBECTL_FAILED)
             # One replica, in `mode`: the router still finds it for either class.
             done = client.chat.completions.create(
                 model="autoglm-phone-9b", max_tokens=128, temperature=0, messages=MESSAGES)

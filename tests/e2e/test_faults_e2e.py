@@ -40,6 +40,7 @@ from testkit.localcluster import LocalCluster
 from testkit.localprom import LocalPrometheus
 from testkit.operator_kit import (
     INSTANCE,
+    KUBECTL_FAILED,
     NAME,
     Operator,
     admin_token,
@@ -53,12 +54,12 @@ from testkit.operator_kit import (
     ready_as,
     runtime_state,
     status,
-    wait_for,
 )
 from testkit.podrunner import PodRunner
 from testkit.servicelb import ServiceProxy
+from testkit.waiting import eventually
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 # Long answers (~20 s each at ~20 ms per decode step): those the pod admitted before its
 # deletion are still streaming when SIGTERM comes, after the preStop hook's 5 s.
@@ -130,9 +131,11 @@ def test_a_runtime_pod_killed_under_load_finishes_what_it_admitted(
     obj = agd_object(replicas=3, modePolicy="Streaming", router={"enabled": False})
     deploy(cluster, namespace, obj, "3/3")
     pods = [p["metadata"]["name"] for p in live_pods(cluster, namespace)]
-    wait_for("a runtime per pod", lambda: all(pod_runner.running(p) for p in pods), timeout=60)
+    eventually(lambda: all(pod_runner.running(p) for p in pods), 60, every=0.5,
+               what="a runtime per pod", ignoring=KUBECTL_FAILED)
     with ServiceProxy(cluster, namespace, NAME, kubelet=pod_runner) as proxy:
-        wait_for("3 ready endpoints", lambda: len(proxy.endpoints()) == 3, timeout=30)
+        eventually(lambda: len(proxy.endpoints()) == 3, 30, every=0.5, what="3 ready endpoints",
+                   ignoring=KUBECTL_FAILED)
         victim = pod_runner.running(pods[0])
         assert victim is not None
         sampler = RuntimeSampler(f"http://{victim.ip}:8000").start()
@@ -159,13 +162,15 @@ def test_a_runtime_pod_killed_under_load_finishes_what_it_admitted(
         def replacement() -> str | None:
             return next((e.pod for e in proxy.endpoints() if e.pod not in pods), None)
 
-        joined = wait_for("the replacement in the Service", replacement, timeout=30)
+        joined = eventually(replacement, 30, every=0.5, what="the replacement in the Service",
+                            ignoring=KUBECTL_FAILED)
         during_load = proxy.stats.connections[joined]
         # The running client keeps its connections; a new client's connections are balanced
         # over every ready endpoint, the replacement included.
         asyncio.run(run_load([proxy.url + "/v1"], lambda _: 3.0, 2.0, report=report))
         stats = proxy.stats
-    wait_for("3/3 Ready again", ready_as(cluster, namespace, "3/3"), timeout=60)
+    eventually(ready_as(cluster, namespace, "3/3"), 60, every=0.5, what="3/3 Ready again",
+               ignoring=KUBECTL_FAILED)
 
     assert victim.sigterm_at is not None, "the pod runner never sent SIGTERM"
     at_sigterm = sampler.last_before(victim.sigterm_at)
@@ -262,17 +267,18 @@ def test_operator_killed_mid_flip_finishes_it_once_and_keeps_the_cooldown(
     operator.start(die_after=die_after)
     deploy(cluster, namespace, adaptive_object(prometheus.url), "2/2")
     pods = sorted(pod_modes(cluster, namespace))
-    wait_for("a runtime per pod", lambda: all(pod_runner.running(p) for p in pods), timeout=60)
+    eventually(lambda: all(pod_runner.running(p) for p in pods), 60, every=0.5,
+               what="a runtime per pod", ignoring=KUBECTL_FAILED)
     token = admin_token(cluster, namespace, pods[0])  # one pod template: one token
-    wait_for(
-        "metrics in Prometheus",
+    eventually(
         lambda: condition(status(cluster, namespace), "MetricsAvailable").get("status") == "True",
-        timeout=60,
+        60, every=0.5, what="metrics in Prometheus", ignoring=KUBECTL_FAILED,
     )
     assert operator.proc is not None
 
     with ServiceProxy(cluster, namespace, NAME, kubelet=pod_runner) as proxy:
-        wait_for("2 ready endpoints", lambda: len(proxy.endpoints()) == 2, timeout=30)
+        eventually(lambda: len(proxy.endpoints()) == 2, 30, every=0.5, what="2 ready endpoints",
+                   ignoring=KUBECTL_FAILED)
         report = LoadReport()
 
         async def load_until_the_operator_dies() -> float:
@@ -319,7 +325,8 @@ def test_operator_killed_mid_flip_finishes_it_once_and_keeps_the_cooldown(
         )
         return st if settled else None
 
-    st = wait_for("label, runtime and status to agree", converged, timeout=60)
+    st = eventually(converged, 60, every=0.5, what="label, runtime and status to agree",
+                    ignoring=KUBECTL_FAILED)
     converged_in = time.time() - restarted_at
     flips = {f["pod"]: f for f in st["adaptiveState"].get("lastFlips", [])}
     assert flips.get(pod, {}).get("mode") == "batching", st["adaptiveState"]
@@ -338,7 +345,8 @@ def test_operator_killed_mid_flip_finishes_it_once_and_keeps_the_cooldown(
         done = condition(st, "ModeTransitioning").get("status") == "False"
         return back[-1] if back and done else None
 
-    back = wait_for("the replica's return to streaming", returned, timeout=COOLDOWN + 45, every=0.5)
+    back = eventually(returned, COOLDOWN + 45, every=0.5, what="the replica's return to streaming",
+                      ignoring=KUBECTL_FAILED)
     assert pod_modes(cluster, namespace)[pod] == "streaming"
     history = status(cluster, namespace).get("decisionHistory", [])
     back_at = parse_iso(back["time"])

@@ -12,11 +12,20 @@ import pytest
 
 from testkit.loadgen import LoadReport, RequestResult, run_load
 from testkit.localcluster import LocalCluster
-from testkit.operator_kit import NAME, Operator, agd_object, deploy, patch_agd, pod_modes, wait_for
+from testkit.operator_kit import (
+    KUBECTL_FAILED,
+    NAME,
+    Operator,
+    agd_object,
+    deploy,
+    patch_agd,
+    pod_modes,
+)
 from testkit.podrunner import PodRunner
 from testkit.servicelb import ServiceProxy
+from testkit.waiting import eventually
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
+pytestmark = pytest.mark.timeout(420)
 
 STREAMED_QPS = 4.0
 OTHER_QPS = 2.0
@@ -54,8 +63,10 @@ def test_flips_under_load_through_the_router_fail_no_request(
 ) -> None:
     ns = namespace
     deploy(cluster, ns, agd_object(replicas=2, modePolicy="Streaming"), "2/2")
-    wait_for("a sim per serving pod", lambda: len(pod_runner.runtime_urls(ns)) == 2, timeout=60)
-    wait_for("a router per router pod", lambda: len(pod_runner.router_urls(ns)) == 2, timeout=60)
+    eventually(lambda: len(pod_runner.runtime_urls(ns)) == 2, 60, every=0.5,
+               what="a sim per serving pod", ignoring=KUBECTL_FAILED)
+    eventually(lambda: len(pod_runner.router_urls(ns)) == 2, 60, every=0.5,
+               what="a router per router pod", ignoring=KUBECTL_FAILED)
     streamed, other = LoadReport(), LoadReport()
     flips: list[tuple[str, float]] = []
 
@@ -67,11 +78,13 @@ def test_flips_under_load_through_the_router_fail_no_request(
         for mode, policy in (("batching", "Batching"), ("streaming", "Streaming")):
             await asyncio.sleep(10)
             await asyncio.to_thread(patch_agd, cluster, ns, {"spec": {"modePolicy": policy}})
-            await asyncio.to_thread(wait_for, f"both replicas {mode}", lambda m=mode: all_in(m), 30)
+            await asyncio.to_thread(eventually, lambda m=mode: all_in(m), 30, every=0.5,
+                                    what=f"both replicas {mode}", ignoring=KUBECTL_FAILED)
             flips.append((mode, time.monotonic()))
 
     with ServiceProxy(cluster, ns, NAME, kubelet=pod_runner) as proxy:
-        wait_for("2 ready router endpoints", lambda: len(proxy.endpoints()) == 2, timeout=30)
+        eventually(lambda: len(proxy.endpoints()) == 2, 30, every=0.5,
+                   what="2 ready router endpoints", ignoring=KUBECTL_FAILED)
         assert {e.pod for e in proxy.endpoints()} == set(pod_runner.router_urls(ns))
         base = proxy.url + "/v1"
 

@@ -23,11 +23,20 @@ import pytest
 
 from testkit.loadgen import LoadReport, run_load
 from testkit.localcluster import LocalCluster
-from testkit.operator_kit import NAME, Operator, agd_object, deploy, live_pods, ready_as, wait_for
+from testkit.operator_kit import (
+    KUBECTL_FAILED,
+    NAME,
+    Operator,
+    agd_object,
+    deploy,
+    live_pods,
+    ready_as,
+)
 from testkit.podrunner import PodRunner
 from testkit.servicelb import ServiceProxy
+from testkit.waiting import eventually
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+pytestmark = pytest.mark.timeout(240)
 
 QPS = 4.0
 LOAD_SECONDS = 30.0
@@ -37,8 +46,10 @@ ANSWER = {"min_tokens": 100}  # ~2 s streams: some are in flight when SIGTERM co
 
 def _ready(cluster: LocalCluster, ns: str, pod_runner: PodRunner) -> None:
     deploy(cluster, ns, agd_object(replicas=2, modePolicy="Streaming"), "2/2")
-    wait_for("a sim per serving pod", lambda: len(pod_runner.runtime_urls(ns)) == 2, timeout=60)
-    wait_for("a router per router pod", lambda: len(pod_runner.router_urls(ns)) == 2, timeout=60)
+    eventually(lambda: len(pod_runner.runtime_urls(ns)) == 2, 60, every=0.5,
+               what="a sim per serving pod", ignoring=KUBECTL_FAILED)
+    eventually(lambda: len(pod_runner.router_urls(ns)) == 2, 60, every=0.5,
+               what="a router per router pod", ignoring=KUBECTL_FAILED)
 
 
 def _load_with_deletion(
@@ -72,7 +83,8 @@ def test_serving_pod_deleted_under_load_through_the_router_fails_no_request(
     _ready(cluster, ns, pod_runner)
     victim = sorted(pod_runner.runtime_urls(ns))[0]
     with ServiceProxy(cluster, ns, NAME, kubelet=pod_runner) as proxy:
-        wait_for("2 ready router endpoints", lambda: len(proxy.endpoints()) == 2, timeout=30)
+        eventually(lambda: len(proxy.endpoints()) == 2, 30, every=0.5,
+                   what="2 ready router endpoints", ignoring=KUBECTL_FAILED)
         report, _ = _load_with_deletion(cluster, ns, proxy, victim)
         counts = pod_runner.router_requests_once(ns, len(report.results))
     print(f"serving pod {victim} deleted: {len(report.results)} requests, "
@@ -82,7 +94,8 @@ def test_serving_pod_deleted_under_load_through_the_router_fails_no_request(
     assert {outcome for _, _, outcome in counts} == {"ok"}
     assert sum(counts.values()) == len(report.results)
     # The replacement joins: two serving pods again, the deleted one not among them.
-    wait_for("2/2 again", ready_as(cluster, ns, "2/2"), timeout=60)
+    eventually(ready_as(cluster, ns, "2/2"), 60, every=0.5, what="2/2 again",
+               ignoring=KUBECTL_FAILED)
     assert victim not in {p["metadata"]["name"] for p in live_pods(cluster, ns)}
 
 
@@ -94,7 +107,8 @@ def test_router_pod_deleted_under_load_fails_no_request(
     routers = sorted(pod_runner.router_urls(ns))
     victim, survivor = routers
     with ServiceProxy(cluster, ns, NAME, kubelet=pod_runner) as proxy:
-        wait_for("2 ready router endpoints", lambda: len(proxy.endpoints()) == 2, timeout=30)
+        eventually(lambda: len(proxy.endpoints()) == 2, 30, every=0.5,
+                   what="2 ready router endpoints", ignoring=KUBECTL_FAILED)
         report, deleted_at = _load_with_deletion(cluster, ns, proxy, victim)
         stats = proxy.stats
     removed_at = stats.removed_at.get(victim)

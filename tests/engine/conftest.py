@@ -1,8 +1,8 @@
 """The engine tier: a real vLLM engine on the CPU serving the tiny GLM-4.1V model, with the mode
 middleware loaded, driven by the clients users run.
 
-Every test here is marked `engine` and runs with `make test-engine`, in the environment
-hack/vllm-cpu-env.sh builds; tests/conftest.py keeps this directory out of the other tiers.
+It runs with `make test-engine`, in the environment hack/vllm-cpu-env.sh builds; tests/conftest.py
+keeps this directory out of the environments without vLLM.
 One engine serves the whole session (`engine`); tests that need their own engine flags or end
 the engine's life start a second one of their own.
 """
@@ -16,14 +16,6 @@ import pytest
 
 from autoglm_operator.resource import spec as crd
 from testkit.engine import Engine, answer_of, running_engine, tiny_model
-
-HERE = Path(__file__).resolve().parent
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if HERE in Path(str(item.path)).parents:
-            item.add_marker(pytest.mark.engine)
 
 
 @pytest.fixture(scope="session")

@@ -19,11 +19,12 @@ from testkit.engine import (
     CLIENT_TIMEOUT,
     MODEL,
     OPENAI_TIMEOUT,
+    POLL_SECONDS,
     Engine,
-    poll_until,
     running_engine,
 )
 from testkit.procfs import descendants, environ
+from testkit.waiting import eventually_async
 
 pytestmark = pytest.mark.timeout(600)
 STATE_SEEN_SECONDS = 120
@@ -77,23 +78,29 @@ async def long_stream(client: AsyncOpenAI, i: int) -> tuple[str | None, int | No
 
 
 async def admin_state(admin: httpx.AsyncClient, done: Callable[[dict], bool]) -> dict:
-    """The admin endpoint's state once `done` holds (or its last one after the wait, {} if it
-    never answered). A 503, the engine's API server too busy to take the relayed call within
-    its bound (CI saw it while 16 sequences decoded on 2 cores), is read again, as the operator
-    retries it."""
+    """The admin endpoint's state once `done` holds (the wait fails with the last one read, {}
+    if it never answered). A 503, the engine's API server too busy to take the relayed call
+    within its bound (CI saw it while 16 sequences decoded on 2 cores), is read again, as the
+    operator retries it."""
     async def read() -> dict:
         reply = await admin.get(MODE_PATH)
-        return reply.json() if reply.status_code == 200 else {}
+        state = reply.json() if reply.status_code == 200 else {}
+        assert state and done(state), state
+        return state
 
-    return await poll_until(read, lambda state: bool(state) and done(state), STATE_SEEN_SECONDS)
+    return await eventually_async(read, STATE_SEEN_SECONDS, every=POLL_SECONDS,
+                                  what="the admin state", ignoring=(AssertionError,))
 
 
 async def set_mode(admin: httpx.AsyncClient, mode: str) -> httpx.Response:
     """PUT the mode, again after a 503 (as above), until STATE_SEEN_SECONDS pass."""
     async def put() -> httpx.Response:
-        return await admin.put(MODE_PATH, json={"mode": mode})
+        reply = await admin.put(MODE_PATH, json={"mode": mode})
+        assert reply.status_code != 503, reply.text
+        return reply
 
-    return await poll_until(put, lambda reply: reply.status_code != 503, STATE_SEEN_SECONDS)
+    return await eventually_async(put, STATE_SEEN_SECONDS, every=POLL_SECONDS,
+                                  what=f"PUT mode {mode} taken", ignoring=(AssertionError,))
 
 
 async def chat(client: AsyncOpenAI, i: int) -> tuple[str, str | None]:

@@ -23,8 +23,9 @@ from autoglm_operator.adaptive.signals import Availability, Reading
 from autoglm_operator.io import prom
 from autoglm_operator.resource.spec import PrometheusSource
 from autoglm_runtime.profiles import MODE_PATH
-from testkit.engine import CLIENT_TIMEOUT, MODEL, OPENAI_TIMEOUT, Engine, poll_until
+from testkit.engine import CLIENT_TIMEOUT, MODEL, OPENAI_TIMEOUT, POLL_SECONDS, Engine
 from testkit.localprom import LocalPrometheus
+from testkit.waiting import eventually_async
 
 pytestmark = pytest.mark.timeout(400)
 NAMESPACE, POD, DEPLOYMENT = "engine-tier", "phone-9b-streaming-5d8f7-x2x9q", "phone-9b"
@@ -83,6 +84,10 @@ async def traffic(engine: Engine) -> AsyncIterator[None]:
         assert not failed, f"the traffic's requests failed: {failed}"
 
 
+class Unseen(Exception):
+    """A reading without a value yet for some of the wanted signals: a wait's "not yet"."""
+
+
 async def values_seen(reader: prom.PrometheusReader, wanted: set[str]) -> dict[str, float]:
     """Each wanted signal's first value, reading every 2 s until all have one or time is up."""
     seen: dict[str, float] = {}
@@ -98,10 +103,15 @@ async def values_seen(reader: prom.PrometheusReader, wanted: set[str]) -> dict[s
         await asyncio.sleep(2)
         return seen
 
-    await poll_until(read, lambda found: set(found) >= wanted, SEEN_SECONDS)
-    last = readings[-1]
-    missing = {name: last.outcomes[name].detail for name in wanted - set(seen)}
-    assert not missing, f"no data in {SEEN_SECONDS} s for {missing}; last: {last.message}"
+    async def all_seen() -> bool:
+        found = await read()
+        last = readings[-1]
+        if missing := {name: last.outcomes[name].detail for name in wanted - set(found)}:
+            raise Unseen(f"no data for {missing}; last: {last.message}")
+        return True
+
+    await eventually_async(all_seen, SEEN_SECONDS, every=POLL_SECONDS,
+                           what="a value for each wanted signal", ignoring=(Unseen,))
     # A scrape the engine answered too late leaves a gap; the loop reads as usual around it.
     assert any(r.availability is Availability.OK for r in readings), [r.message for r in readings]
     return seen

@@ -27,12 +27,13 @@ from testkit.engine import (
     CLIENT_TIMEOUT,
     MODEL,
     OPENAI_TIMEOUT,
+    POLL_SECONDS,
     Engine,
     metric_samples,
-    poll_until,
     running_engine,
 )
 from testkit.paths import REPO
+from testkit.waiting import eventually_async
 
 pytestmark = pytest.mark.timeout(600)
 SEEN_SECONDS = 120
@@ -79,9 +80,13 @@ async def modes_seen(router: RouterProcess, replicas: dict[str, int]) -> None:
         async def read() -> dict[str, int]:
             return (await http.get(router.health_url)).json()["replicas"]
 
-        seen = await poll_until(read, lambda r: all(r[m] == n for m, n in replicas.items()),
-                                SEEN_SECONDS)
-    assert all(seen[m] == n for m, n in replicas.items()), seen
+        async def counted() -> bool:
+            seen = await read()
+            assert all(seen[m] == n for m, n in replicas.items()), seen
+            return True
+
+        await eventually_async(counted, SEEN_SECONDS, every=POLL_SECONDS,
+                               what=f"the router counting {replicas}", ignoring=(AssertionError,))
 
 
 async def counter(engine: Engine, name: str) -> float:

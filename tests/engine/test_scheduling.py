@@ -29,11 +29,12 @@ from autoglm_operator.resource import spec as crd
 from testkit.engine import (
     CLIENT_TIMEOUT,
     MODEL,
+    POLL_SECONDS,
     Engine,
     metric_samples,
-    poll_until,
     running_engine,
 )
+from testkit.waiting import eventually_async
 
 pytestmark = pytest.mark.timeout(600)
 # The architecture's whole context, 65,536 tokens: an eighth of the KV cache (524,288 tokens at
@@ -90,10 +91,13 @@ async def waiting(http: httpx.AsyncClient, count: int,
             "autoglm_requests_inflight", "autoglm_requests_queued")
             if (samples := metric_samples(text, name))}
 
-    seen = await poll_until(read, lambda s: s.get(gauge, 0) >= count, QUEUE_SEEN_SECONDS)
-    if seen.get(gauge, 0) < count:
-        raise AssertionError(f"{gauge} never reached {count} in {QUEUE_SEEN_SECONDS} s; "
-                             f"last seen {seen}")
+    async def reached() -> dict[str, float]:
+        seen = await read()
+        assert seen.get(gauge, 0) >= count, f"last seen {seen}"
+        return seen
+
+    await eventually_async(reached, QUEUE_SEEN_SECONDS, every=POLL_SECONDS,
+                           what=f"{gauge} at {count}", ignoring=(AssertionError,))
 
 
 async def test_streamed_requests_are_served_before_earlier_batch_work(

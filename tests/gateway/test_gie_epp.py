@@ -13,8 +13,6 @@ import pytest
 
 from testkit import gie
 
-pytestmark = pytest.mark.gateway
-
 
 @pytest.fixture(scope="module")
 def probed() -> dict[str, object]:

@@ -27,7 +27,7 @@ from autoglm_operator.resource import spec as crd
 from autoglm_runtime.engine_args import MIDDLEWARE_IMPORT_PATH
 from testkit.dockerfiles import instructions
 
-pytestmark = [pytest.mark.images, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.timeout(900)
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGES = REPO / "images"

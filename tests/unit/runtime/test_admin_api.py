@@ -15,6 +15,8 @@ from asgi_kit import FakeEngine, MakeClient
 from autoglm_runtime import admin
 from autoglm_runtime.admin import AdminServer, RelayError, relay_to
 from autoglm_runtime.profiles import DRAIN_PATH, MODE_PATH
+from testkit.virtual_time import on_virtual_clock
+from testkit.waiting import eventually_async
 
 TOKEN = "test-admin-token"
 STATE = {"mode": "streaming", "switches": 0, "inflight": 0, "queued": 0, "draining": False}
@@ -149,6 +151,7 @@ class SlowRelay(FakeRelay):
         return await super().__call__(call)
 
 
+@on_virtual_clock  # the relay answers after the deadline, by the clock, never by chance
 async def test_the_client_deadline_covers_its_request_not_the_engines_answer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -227,14 +230,6 @@ def lifespan(middleware: Callable[..., Any]) -> tuple[asyncio.Queue[dict[str, An
     return inbox, sent, task
 
 
-async def wait_for(predicate: Callable[[], bool]) -> None:
-    for _ in range(200):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("never happened")
-
-
 async def test_the_middleware_serves_the_relay_while_the_app_runs(
     make_client: MakeClient, engine: FakeEngine, tmp_path: Path
 ) -> None:
@@ -243,7 +238,7 @@ async def test_the_middleware_serves_the_relay_while_the_app_runs(
     call = relay_to(socket_path)
     inbox, sent, task = lifespan(middleware)
     await inbox.put({"type": "lifespan.startup"})
-    await wait_for(lambda: bool(sent))
+    await eventually_async(lambda: bool(sent), 2, every=0.01, what="the startup answered")
     assert sent == [{"type": "lifespan.startup.complete"}]
 
     switched = await call({"op": "mode", "mode": "batching"})

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from chartkit import REPO
 
-from testkit.paths import load_script
+from testkit.paths import REPO, load_script
 
 report = load_script("hack/checkov_report.py")
 

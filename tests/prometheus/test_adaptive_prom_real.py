@@ -26,8 +26,6 @@ from autoglm_operator.resource.spec import PrometheusSource, QueryOverrides
 from testkit.localcluster import free_port
 from testkit.localprom import LocalPrometheus, serve_exposition
 
-pytestmark = pytest.mark.prometheus
-
 GIB = 1024**3
 
 

@@ -24,7 +24,7 @@ from autoglm_runtime.keepalive import (
     UPSTREAM_POOL_IDLE_SECONDS,
 )
 
-pytestmark = [pytest.mark.servers, pytest.mark.timeout(60)]
+pytestmark = pytest.mark.timeout(60)
 
 AIOHTTP_POOL_EXPIRY = 15.0  # aiohttp.TCPConnector's default keepalive_timeout
 

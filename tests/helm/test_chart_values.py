@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 import yaml
-from chartkit import CHART, CHART_CRD, CRD_SOURCE, REPO, one, render, run_helm, template_args
+
+from testkit.chart import CHART, CHART_CRD, CRD_SOURCE, REPO, one, render, run_helm, template_args
 
 _APPS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}}}
 # (the key a case is about, the values, text the error must contain)
@@ -187,7 +188,6 @@ BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
 BOUNDARY = "malformed Helm values (helm template)"
 
 
-@pytest.mark.helm
 @pytest.mark.parametrize(
     ("values", "message"),
     [case[1:] for case in BAD_VALUES],
@@ -320,7 +320,6 @@ def _run_hook(
     )
 
 
-@pytest.mark.helm
 def test_hook_passes_when_the_model_is_listed(models_server: tuple[str, type[_Models]]) -> None:
     url, handler = models_server
     handler.responses[:] = [(200, _models_body("other", "autoglm-phone-9b"))]
@@ -330,7 +329,6 @@ def test_hook_passes_when_the_model_is_listed(models_server: tuple[str, type[_Mo
     assert handler.seen_auth == ["Bearer sk-test"]
 
 
-@pytest.mark.helm
 def test_hook_fails_when_only_a_similar_model_is_listed(
     models_server: tuple[str, type[_Models]],
 ) -> None:
@@ -341,7 +339,6 @@ def test_hook_fails_when_only_a_similar_model_is_listed(
     assert "FAIL: model autoglm-phone-9b not in /v1/models ids: autoglm-phone-9b-int4" in out.stdout
 
 
-@pytest.mark.helm
 def test_hook_waits_for_a_loading_model(models_server: tuple[str, type[_Models]]) -> None:
     url, handler = models_server
     handler.responses[:] = [(503, "{}"), (503, "{}"), (200, _models_body("autoglm-phone-9b"))]
@@ -350,7 +347,6 @@ def test_hook_waits_for_a_loading_model(models_server: tuple[str, type[_Models]]
     assert len(handler.seen_auth) == 3
 
 
-@pytest.mark.helm
 def test_hook_gives_up_after_its_timeout(models_server: tuple[str, type[_Models]]) -> None:
     url, handler = models_server
     handler.responses[:] = [(500, "{}")]

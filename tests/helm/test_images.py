@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from chartkit import CHART, CHART_CRD, CRD_SOURCE, REPO, one, render
 
 from autoglm_operator import cli
 from autoglm_operator.reconcile.children import router as router_builders
@@ -22,6 +21,7 @@ from autoglm_operator.reconcile.children import serving as builders
 from autoglm_operator.resource import images
 from autoglm_operator.resource import spec as crd
 from autoglm_runtime.engine_args import PINNED_VLLM_VERSION
+from testkit.chart import CHART, CHART_CRD, CRD_SOURCE, REPO, one, render
 from testkit.dockerfiles import instructions
 
 IMAGES = REPO / "images"
@@ -98,7 +98,6 @@ def test_router_image_is_what_the_operator_runs_router_pods_with() -> None:
     assert "vllm" not in runs.lower() and "[runtime]" not in runs
 
 
-@pytest.mark.helm
 def test_operator_user_is_the_uid_the_chart_runs_it_as() -> None:
     deployment = one(render(), "Deployment", "agl-autoglm")
     security = deployment["spec"]["template"]["spec"]["securityContext"]
@@ -126,7 +125,6 @@ def test_runtime_command_matches_what_the_operator_runs() -> None:
     assert container["ports"][0]["containerPort"] == int(_last(RUNTIME, "EXPOSE"))
 
 
-@pytest.mark.helm
 def test_operator_default_command_and_chart_args_parse_with_the_real_cli() -> None:
     import json
 
@@ -152,7 +150,6 @@ def test_operator_default_command_and_chart_args_parse_with_the_real_cli() -> No
     assert parsed.namespace == ["a", "b"] and not parsed.all_namespaces and parsed.verbose
 
 
-@pytest.mark.helm
 def test_chart_metrics_port_env_is_the_one_the_operator_reads() -> None:
     from autoglm_operator.io.metrics import DEFAULT_PORT, PORT_ENV
 
@@ -197,7 +194,6 @@ def test_versions_agree_across_package_chart_and_images() -> None:
     assert example["spec"]["image"] == RUNTIME_REF
 
 
-@pytest.mark.helm
 def test_chart_defaults_to_the_images_images_py_names() -> None:
     docs = render({"deployment.create": True})
     operator = one(docs, "Deployment", "agl-autoglm")["spec"]["template"]["spec"]["containers"][0]
@@ -206,7 +202,6 @@ def test_chart_defaults_to_the_images_images_py_names() -> None:
     assert one(docs, "AutoGLMDeployment", "phone-9b")["spec"]["router"]["image"] == ROUTER_REF
 
 
-@pytest.mark.helm
 def test_one_registry_value_points_both_images_at_the_users_registry() -> None:
     registry = "registry.example.com:5000/team"
     docs = render({"image.registry": registry, "deployment.create": True})

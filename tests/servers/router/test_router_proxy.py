@@ -18,7 +18,7 @@ from autoglm_router.proxy import ProxySettings, RouterApp
 from autoglm_router.routing import RoutingConfig
 from autoglm_runtime.profiles import Mode
 
-pytestmark = [pytest.mark.servers, pytest.mark.timeout(60)]
+pytestmark = pytest.mark.timeout(60)
 CHAT = "/v1/chat/completions"
 
 

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[3]
+from testkit.paths import REPO
+
 CHART = REPO / "charts" / "autoglm"
 CRD_SOURCE = REPO / "crds" / "autoglm.io_autoglmdeployments.yaml"
 CHART_CRD = CHART / "crds" / "autoglm.io_autoglmdeployments.yaml"

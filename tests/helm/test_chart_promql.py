@@ -29,14 +29,13 @@ from typing import Any
 
 import pytest
 import yaml
-from chartkit import CHART, one, render
 from prometheus_client import CollectorRegistry, generate_latest
 
+from testkit.chart import CHART, one, render
 from testkit.localcluster import free_port
 from testkit.localprom import LocalPrometheus, serve_exposition
 
 # Renders the chart when collected, and runs promtool and Prometheus.
-pytestmark = [pytest.mark.helm, pytest.mark.prometheus]
 
 FULLNAME = "agl-autoglm"
 MONITORING_ON = {

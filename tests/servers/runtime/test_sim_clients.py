@@ -16,7 +16,7 @@ from autoglm_runtime.profiles import MODE_PATH
 from autoglm_runtime.sim.process import SimProcess
 from autoglm_runtime.sim.serve.chat import DEFAULT_IMAGE_MAX_PIXELS
 
-pytestmark = [pytest.mark.servers, pytest.mark.timeout(60)]
+pytestmark = pytest.mark.timeout(60)
 SCREENSHOT = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42"
               "mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
 

@@ -10,7 +10,10 @@ from typing import Any
 
 import pytest
 import yaml
-from chartkit import (
+
+from autoglm_operator.reconcile.children import serving as builders
+from autoglm_operator.resource import spec as crd
+from testkit.chart import (
     CHART,
     CHART_CRD,
     KUBE_VERSION,
@@ -22,11 +25,6 @@ from chartkit import (
     render,
     run_helm,
 )
-
-from autoglm_operator.reconcile.children import serving as builders
-from autoglm_operator.resource import spec as crd
-
-pytestmark = pytest.mark.helm
 
 FULLNAME = f"{RELEASE}-autoglm"
 MONITORING_ON = {
@@ -75,7 +73,7 @@ def _all_rules(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("name", list(VALUE_SETS))
 def test_lint_passes_strict(name: str) -> None:
-    from chartkit import set_args
+    from testkit.chart import set_args
 
     out = run_helm(
         "lint", str(CHART), "--strict", "--kube-version", KUBE_VERSION,

@@ -23,7 +23,7 @@ from autoglm_runtime.profiles import MODE_PATH
 from autoglm_runtime.sim.process import free_port
 from testkit.procfs import descendants, environ
 
-pytestmark = [pytest.mark.servers, pytest.mark.timeout(90)]
+pytestmark = pytest.mark.timeout(90)
 
 TOKEN = "launcher-test-token"
 FAKE_VLLM = """#!{python}

@@ -21,7 +21,7 @@ from sim_kit import ADMIN_TOKEN, StartSim
 from autoglm_runtime.profiles import DRAIN_PATH, MODE_PATH
 from autoglm_runtime.sim.process import SimProcess
 
-pytestmark = [pytest.mark.servers, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 PATHS = ["/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
          "/autoglm/v1/mode", "/autoglm/v1/drain", "/v1/responses", "/nope",

@@ -13,7 +13,7 @@ from sim_kit import MODEL, StartSim, admin_headers, log_of
 
 from autoglm_runtime.profiles import MODE_PATH
 
-pytestmark = [pytest.mark.servers, pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)
 # Long enough that every stream is still open when the test flips the mode or sends SIGTERM,
 # on a loaded machine too.
 STREAM_TOKENS = 400

@@ -8,10 +8,10 @@ import httpx
 
 from autoglm_runtime.profiles import MODE_PATH
 from autoglm_runtime.sim.process import RouterProcess, SimProcess
-from testkit.probe import metric, wait_for
+from testkit.probe import metric
 
 __all__ = ["ADMIN_TOKEN", "MODEL", "RouterProcess", "StartRouter", "StartSim", "admitted",
-           "metric", "set_mode", "wait_for"]
+           "metric", "set_mode"]
 
 ADMIN_TOKEN = "router-test-token"
 MODEL = "autoglm-phone-9b"

@@ -5,7 +5,7 @@ Prometheus. The local test cluster enforces no NetworkPolicy: these tests are th
 
 Selectors are checked against the objects they must match (the operator's own pod template, the
 chart's operator Deployment and test pod), so a renamed label breaks a test, not the traffic.
-Bad values: tests/unit/chart/test_chart_values.py."""
+Bad values: tests/helm/test_chart_values.py."""
 
 from __future__ import annotations
 
@@ -13,13 +13,11 @@ import ipaddress
 from typing import Any
 
 import pytest
-from chartkit import NAMESPACE, RELEASE, by_kind, one, render
 
 from autoglm_operator.reconcile.children import router as router_builders
 from autoglm_operator.reconcile.children import serving as builders
 from autoglm_operator.resource import spec as crd
-
-pytestmark = pytest.mark.helm
+from testkit.chart import NAMESPACE, RELEASE, by_kind, one, render
 
 FULLNAME = f"{RELEASE}-autoglm"
 APPS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}}}
