@@ -9,7 +9,7 @@ PYTEST_WITH_BINARIES := AUTOGLM_BIN_DIR=$$(bash hack/k8s-bin.sh) $(PY) -m pytest
 export AUTOGLM_CACHE ?= $(HOME)/.cache/autoglm
 
 .PHONY: help deps venv binaries engine-env gie checkov-env caches crd lint checkov test test-unit test-helm test-prometheus \
-        test-servers test-gateway test-abuse test-images test-cluster test-e2e test-vllm test-engine bench demo cluster-up cluster-down \
+        test-servers test-gateway test-abuse test-images test-cluster test-e2e test-vllm test-engine bench bench-pages demo cluster-up cluster-down \
         images clean
 
 help:  ## list the targets
@@ -108,6 +108,9 @@ BENCHMARKS := bench/runtime_calibration.py bench/runtime_middleware_overhead.py 
 bench: venv binaries  ## benchmarks: tables on stdout, JSON and PNG under out/bench/
 	@failed=""; for b in $(BENCHMARKS); do echo "== $$b"; $(PY) $$b || failed="$$failed $$b"; done; \
 	  if [ -n "$$failed" ]; then echo "targets missed:$$failed"; exit 1; fi
+
+bench-pages:  ## each benchmark page current or stale: has its code changed since its figures' commit?
+	python3 hack/bench_pages.py
 
 demo: deps venv binaries  ## local cluster, operator, Prometheus, sim runtimes and live mode flips
 	$(PY) hack/demo.py

@@ -10,7 +10,7 @@ local control plane, Debian's Prometheus scraping a `sim` per serving pod, the o
 subprocess, the router pods `<name>-router` run by testkit.podrunner. Load comes from the
 official `openai` client (testkit.loadgen, client retries off) through Service `<name>`, that
 is the router, in two classes: streamed chats (64 tokens) and non-streamed requests (batch jobs,
-40 tokens: the calibration's workloads, runtime/autoglm_runtime/sim/model.py).
+40 tokens: the calibration's workloads, testkit/testkit/sim/model.py).
 
 4 replicas, minStreamingReplicas 1. The sims run TIME_FACTOR times slower than the calibrated
 model, so a replica serves 1/TIME_FACTOR of the capacity seeds' figures, and the seeds in
@@ -71,12 +71,22 @@ from typing import Any
 
 from kubernetes import client, config
 
+from autoglm_api.profiles import MODE_LABEL, Mode, ModeProfiles
 from autoglm_operator.adaptive import demand as dm
 from autoglm_operator.adaptive.policy import Capacity
 from autoglm_operator.io import prom
 from autoglm_operator.reconcile.children import serving as builders
-from autoglm_operator.resource import spec as crd
-from autoglm_runtime.profiles import MODE_LABEL, Mode, ModeProfiles
+from autoglm_operator.resource.spec import (
+    API_VERSION,
+    GROUP,
+    KIND,
+    PLURAL,
+    VERSION,
+    AdaptiveSettings,
+    CapacitySeeds,
+    ServiceLevelObjectives,
+)
+from autoglm_operator.resource.status import LearnedCapacity
 from testkit.loadgen import LoadReport, RequestResult, run_load
 from testkit.localcluster import LocalCluster
 from testkit.operator_kit import KUBECTL_FAILED
@@ -94,8 +104,8 @@ NAME, NAMESPACE = "mix", "adaptive-mix"
 REPLICAS = 4
 MIN_STREAMING = 1
 TIME_FACTOR = 4
-_SEEDS = crd.CapacitySeeds()
-_SLO = crd.ServiceLevelObjectives()
+_SEEDS = CapacitySeeds()
+_SLO = ServiceLevelObjectives()
 # The SLOs the run gives the operator, in seconds: the spec's defaults, scaled like the sims.
 CHAT_TTFT_SLO = _SLO.chat_time_to_first_token_millis * TIME_FACTOR / 1000
 CHAT_TPOT_SLO = _SLO.chat_time_per_output_token_millis * TIME_FACTOR / 1000
@@ -158,14 +168,14 @@ def adaptive_spec(prometheus_url: str, fixed: int | None = None) -> dict[str, An
 
 def resource(prometheus_url: str, fixed: int | None = None) -> dict[str, Any]:
     return {
-        "apiVersion": crd.API_VERSION,
-        "kind": crd.KIND,
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": {"name": NAME},
         "spec": {"replicas": REPLICAS, "adaptive": adaptive_spec(prometheus_url, fixed)},
     }
 
 
-def chosen_split(phase: Phase, current: int, capacity: Capacity, settings: crd.AdaptiveSettings
+def chosen_split(phase: Phase, current: int, capacity: Capacity, settings: AdaptiveSettings
                  ) -> int:  # fmt: skip
     """The split the operator's demand sizing picks for the phase's offered demand."""
     _, best = dm.best_split(
@@ -216,17 +226,17 @@ class Watcher(Poller):
         serving = [m for m in modes if m is not None]
         self.samples.append((time.time(), serving.count(Mode.BATCHING.value), len(serving)))
         obj = self.custom.get_namespaced_custom_object(
-            crd.GROUP, crd.VERSION, NAMESPACE, crd.PLURAL, NAME
+            GROUP, VERSION, NAMESPACE, PLURAL, NAME
         )
         self.status = obj.get("status") or {}
 
     def batching(self) -> int:
         return self.samples[-1][1] if self.samples else 0
 
-    def capacity(self, settings: crd.AdaptiveSettings) -> Capacity:
+    def capacity(self, settings: AdaptiveSettings) -> Capacity:
         stored = (self.status.get("adaptiveState") or {}).get("capacity")
         learned = (
-            Capacity.from_status(crd.LearnedCapacity.model_validate(stored)) if stored else None
+            Capacity.from_status(LearnedCapacity.model_validate(stored)) if stored else None
         )
         return learned or Capacity.seeded(settings)
 
@@ -305,7 +315,7 @@ class PhaseResult:
         return (self.chats_met + self.jobs_met) / self.seconds
 
 
-async def drive(watcher: Watcher, proxy_url: str, settings: crd.AdaptiveSettings,
+async def drive(watcher: Watcher, proxy_url: str, settings: AdaptiveSettings,
                 phase_seconds: float, started: float, fixed: int | None) -> tuple[
                     list[PhaseResult], LoadReport, LoadReport]:  # fmt: skip
     """Once the loop reads metrics (the sims export theirs idle; a pinned split reads none),
@@ -448,7 +458,7 @@ def checks(results: list[PhaseResult], samples: list[tuple[float, int, int]],
 
 @dataclass(frozen=True)
 class Live:
-    settings: crd.AdaptiveSettings
+    settings: AdaptiveSettings
     watcher: Watcher
     proxy_url: str
     runner: PodRunner
@@ -484,7 +494,7 @@ def environment(keep_files: bool, fixed: int | None, started: float) -> Iterator
                    ignoring=KUBECTL_FAILED)  # fmt: skip
         progress(f"{REPLICAS} sims and {len(runner.router_urls(NAMESPACE))} routers up; load "
                  f"through Service {NAME} at {proxy.url}", started)  # fmt: skip
-        settings = crd.AdaptiveSettings.model_validate(manifest["spec"]["adaptive"])
+        settings = AdaptiveSettings.model_validate(manifest["spec"]["adaptive"])
         yield Live(settings, watcher, proxy.url, runner)
 
 

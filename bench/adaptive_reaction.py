@@ -1,4 +1,4 @@
-"""How fast does the adaptive loop react? Load step to flip, decision to runtime confirmation.
+"""How fast does the adaptive pass react? Load step to flip, decision to runtime confirmation.
 
     .venv/bin/python bench/adaptive_reaction.py [--flips 20] [--rolling-flips 4] [--keep-files]
 
@@ -56,9 +56,9 @@ from typing import Any
 
 from kubernetes import client, config
 
+from autoglm_api.profiles import MODE_PATH
 from autoglm_operator.reconcile.children import serving as builders
-from autoglm_operator.resource import spec as crd
-from autoglm_runtime.profiles import MODE_PATH
+from autoglm_operator.resource import spec
 from testkit.bench.reaction_timing import (
     BATCHING,
     STREAMING,
@@ -98,8 +98,8 @@ STRATEGIES = ("InPlace", "Rolling")
 
 def resource(name: str, prometheus_url: str, strategy: str) -> dict[str, Any]:
     return {
-        "apiVersion": crd.API_VERSION,
-        "kind": crd.KIND,
+        "apiVersion": spec.API_VERSION,
+        "kind": spec.KIND,
         "metadata": {"name": name},
         "spec": {
             "replicas": REPLICAS,
@@ -242,7 +242,7 @@ class Recorder(Poller):
 
     def refresh_status(self) -> None:
         obj = self.custom.get_namespaced_custom_object(
-            crd.GROUP, crd.VERSION, self.namespace, crd.PLURAL, self.name
+            spec.GROUP, spec.VERSION, self.namespace, spec.PLURAL, self.name
         )
         self.status = obj.get("status") or {}
         records = [*(self.status.get("decisionHistory") or []), self.status.get("lastDecision")]

@@ -1,4 +1,4 @@
-"""The batching profile's micro-batch window, by measurement (issue 14).
+"""The batching profile's micro-batch window, by measurement.
 
     .venv/bin/python bench/batching_window.py [--seeds 2,3,4,5,6] [--traces a,b] [--jobs 2]
                                               [--sim-seconds 20] [--no-sim]
@@ -10,7 +10,7 @@ that batch statically. vLLM 0.32 batches continuously: every engine step, its sc
 running batch while the token budget and `max_num_seqs` allow, with no delay of its own (the
 v0 `scheduler_delay_factor` is gone), so a request that arrives mid-step joins the next step
 whatever the middleware does. Both the policy benchmark's pool (`testkit.bench.policy_sim`) and
-`autoglm-runtime sim` model exactly that step loop; this benchmark measures what the window then
+`testkit.sim` model exactly that step loop; this benchmark measures what the window then
 does, in both:
 
 1. **The pool model** (`policy_sim.Pool`, 4 replicas, the router's routing, DistServe goodput as
@@ -18,7 +18,7 @@ does, in both:
    (2 batching and all-batching), on the short traces of `policy_traces.py` (diurnal, day-night
    and weekly-drift are left out to keep the run short). Seed 1 is the tuning seed (printed
    apart); the verdict is on `--seeds` (default 2-6).
-2. **The real sim** (`autoglm-runtime sim` processes on loopback, in batching mode, time factor
+2. **The real sim** (`testkit.sim` processes on loopback, in batching mode, time factor
    1): an open-loop Poisson load of streamed chats and non-streamed jobs (screenshot + text
    prompts, 64 and 40 output tokens) for `--sim-seconds` per config, one fresh sim per config;
    chat TTFT, job latency, throughput and goodput by the spec's default SLOs (its chats are the
@@ -51,13 +51,14 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from autoglm_runtime.profiles import BatchingProfile, Mode, ModeProfiles
+from autoglm_api.profiles import BatchingProfile, Mode, ModeProfiles
 from testkit.bench import policy_traces as traces
 from testkit.bench.policy_run import REPLICAS, WORKLOAD, summarize
 from testkit.bench.policy_sim import Outcome, Pool, Workload
 from testkit.paths import OUT_DIR
 from testkit.plots import pyplot
 from testkit.report import results_page
+from testkit.stats import percentile
 from testkit.verdicts import at_least
 
 CONFIGS: tuple[tuple[int, int], ...] = ((0, 1), (25, 4), (50, 4), (100, 4), (100, 2), (100, 8))
@@ -178,8 +179,8 @@ def print_model(rows: Sequence[dict[str, Any]]) -> None:
 def sim_run(config: tuple[int, int], seconds: float, seed: int) -> dict[str, Any]:
     import openai
 
-    from autoglm_runtime.sim.process import SimProcess
     from testkit.bench.runtime_workload import one_request
+    from testkit.processes import SimProcess
 
     window, size = config
     cfg = {"initialMode": "batching",
@@ -230,9 +231,9 @@ def sim_run(config: tuple[int, int], seconds: float, seed: int) -> dict[str, Any
 
 
 def _q(values: Sequence[float], q: float) -> float:
-    if not values:
-        return math.nan
-    return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
+    """The nearest-rank percentile (testkit.stats); NaN for no values."""
+    found = percentile(values, q)
+    return math.nan if found is None else found
 
 
 def sim(seconds: float) -> list[dict[str, Any]]:

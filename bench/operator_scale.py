@@ -4,7 +4,7 @@
 
 Starts its own local control plane (testkit.localcluster: etcd, kube-apiserver, controller
 manager, scheduler, kwok), creates `--nodes` fake nodes of 8 GPUs each, Debian's Prometheus
-(no scrape targets, so every query answers empty and the adaptive loop reports NoData) and the
+(no scrape targets, so every query answers empty and the adaptive pass reports NoData) and the
 real operator as a subprocess watching 4 namespaces (testkit.operator_kit: every API
 request it sends is logged). Then one server-side apply per namespace, all at once, creates
 the AutoGLMDeployments, 2 to 4 replicas each, every one with spec.adaptive.prometheus.url on
@@ -24,7 +24,7 @@ Phases: rollout (the apply until every object is Ready), settle (30 s), quiet (n
 - the operator's API requests per minute in the quiet phase (the counting wrapper; watches
   apart), and apiserver_request_total of its resource kinds from every client as a cross-check;
 - the operator's RSS (VmRSS of its process tree, sampled every second) over the whole run;
-- the adaptive loop in the quiet phase: Prometheus queries (its query log attributes each query
+- the adaptive pass in the quiet phase: Prometheus queries (its query log attributes each query
   to a deployment by its selector; prometheus_http_requests_total counts them all) against
   the operator's adaptive rounds (autoglm_operator_adaptive_decisions per deployment);
 - CPU seconds of each process per phase, and of the whole machine (it is shared).
@@ -65,7 +65,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from urllib3.exceptions import HTTPError
 
 from autoglm_operator.io import prom
-from autoglm_operator.resource import spec as crd
+from autoglm_operator.resource.spec import GROUP, PLURAL, VERSION
 from testkit.bench import scale_stats as stats
 from testkit.localcluster import LocalCluster, ensure_binaries, http_ok, log, loopback_pod_cidr
 from testkit.localprom import LocalPrometheus
@@ -120,7 +120,7 @@ class AgdWatch(threading.Thread):
         version = ""
         while not self.stopping.is_set():
             stream = watch.Watch().stream(
-                self.api.list_cluster_custom_object, crd.GROUP, crd.VERSION, crd.PLURAL,
+                self.api.list_cluster_custom_object, GROUP, VERSION, PLURAL,
                 resource_version=version, timeout_seconds=60, allow_watch_bookmarks=True,
             )  # fmt: skip
             try:
@@ -447,7 +447,7 @@ class Scale:
             key = keys[index % len(keys)]
             patch = {"spec": {"adaptive": {"cooldownSeconds": 121 + index}}}
             obj = api.patch_namespaced_custom_object(
-                crd.GROUP, crd.VERSION, key[0], crd.PLURAL, key[1], patch
+                GROUP, VERSION, key[0], PLURAL, key[1], patch
             )
             edited.append((key, int(obj["metadata"]["generation"])))
         wait(
@@ -476,7 +476,7 @@ def start_prometheus(workdir: Path) -> LocalPrometheus:
 def install_crd(cluster: LocalCluster) -> None:
     cluster.kubectl("apply", "--server-side", "-f", str(CRD_FILE))
     jsonpath = "jsonpath={.status.conditions[?(@.type=='Established')].status}"
-    name = f"{crd.PLURAL}.{crd.GROUP}"
+    name = f"{PLURAL}.{GROUP}"
 
     def established() -> bool:
         # check=False: the jsonpath errors while the new CRD has no conditions at all.
@@ -485,7 +485,7 @@ def install_crd(cluster: LocalCluster) -> None:
     wait("CRD Established", established, 60)
     # The apiserver's watch cache for a new resource starts a moment later (until then lists
     # and watches answer 429): let the operator start after it.
-    cached = f"/apis/{crd.GROUP}/{crd.VERSION}/{crd.PLURAL}?resourceVersion=0&limit=1"
+    cached = f"/apis/{GROUP}/{VERSION}/{PLURAL}?resourceVersion=0&limit=1"
     wait(
         "AutoGLMDeployment watch cache",
         lambda: cluster.kubectl("get", "--raw", cached, check=False).returncode == 0,
@@ -634,7 +634,7 @@ def print_report(r: dict[str, Any]) -> None:
     )
     print()
     print(
-        f"adaptive loop, {ad['window_seconds']}s at {ad['interval_seconds']}s interval: "
+        f"adaptive pass, {ad['window_seconds']}s at {ad['interval_seconds']}s interval: "
         f"Prometheus received {ad['queries_received_by_prometheus']:.0f} queries (operator sent "
         f"{ad['queries_sent_by_operator']:.0f}, query log {ad['queries_logged']}); one round per "
         f"interval per deployment would be {ad['one_round_per_interval']}, per pod "

@@ -37,15 +37,16 @@ import httpx
 import uvicorn
 from prometheus_client import CollectorRegistry
 
+from autoglm_api.profiles import Mode, ModeProfiles
 from autoglm_operator.adaptive import policy as pol
 from autoglm_operator.resource.spec import AdaptiveSettings, ModePolicy
 from autoglm_runtime.config import RuntimeConfig
 from autoglm_runtime.middleware import ModeMiddleware
-from autoglm_runtime.profiles import Mode, ModeProfiles
 from autoglm_runtime.requests import STREAM_PRIORITY
 from testkit.bench import policy_traces as traces
 from testkit.paths import OUT_DIR as OUT
 from testkit.report import results_page
+from testkit.stats import percentile
 
 REPLICAS = 4
 MODEL = "autoglm-phone-9b"
@@ -251,8 +252,8 @@ async def run(
         "slo_attainment": met / len(outcomes),
         "chat_attainment": sum(m for k, m, _ in outcomes if k == traces.CHAT)
         / max(1, sum(1 for k, _, _ in outcomes if k == traces.CHAT)),
-        "ttft_p50": chats[len(chats) // 2] if chats else None,
-        "ttft_p95": chats[int(0.95 * (len(chats) - 1))] if chats else None,
+        "ttft_p50": percentile(chats, 0.5),
+        "ttft_p95": percentile(chats, 0.95),
         "flips": flips,
     }
 

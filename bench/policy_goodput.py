@@ -1,4 +1,4 @@
-"""Adaptive vs every static answer: policy goodput on simulated traffic (issues 7, 13, 14).
+"""Adaptive vs every static answer: policy goodput on simulated traffic.
 
     .venv/bin/python bench/policy_goodput.py [--traces diurnal,noise] [--seeds 2,3,4,5,6]
                                              [--jobs 2] [--quick]
@@ -8,7 +8,7 @@ seeds 2-6 against a pool of 4 replicas (2 GPUs each) simulated in fast-forwarded
 testkit.bench.policy_sim: the mode middleware's own admission code
 (`autoglm_runtime.admission.AdmissionQueue` and `BatchWindow`, at the defaults of
 StreamingProfile and BatchingProfile) in front of the sim's step planning and step model
-(`autoglm_runtime.sim.model.LatencyModel`, calibrated to the published streaming TTFT ~0.32 s /
+(`testkit.sim.model.LatencyModel`, calibrated to the published streaming TTFT ~0.32 s /
 4.1 req/s and batching 1.8 s / 7.2 req/s per replica). Nothing is tuned on these traces: the
 operator's policy runs with the CRD defaults (`AdaptiveSettings()`, the chat TTFT target
 excepted: below).
@@ -97,9 +97,9 @@ from pathlib import Path
 
 import numpy as np
 
+from autoglm_api.profiles import Mode
 from autoglm_operator.adaptive import policy as pol
 from autoglm_operator.resource.spec import AdaptiveSettings, ModePolicy, ServiceLevelObjectives
-from autoglm_runtime.profiles import Mode
 from testkit.bench import policy_traces as traces
 from testkit.bench.policy_run import (
     AGENT_CHAT_TTFT_SLO,
@@ -111,7 +111,7 @@ from testkit.bench.policy_sim import BATCH, CHAT, ROUTINGS, Outcome, Pool
 from testkit.paths import OUT_DIR
 from testkit.plots import pyplot
 from testkit.report import results_page
-from testkit.stats import nearest_rank
+from testkit.stats import percentile
 from testkit.verdicts import Verdicts
 
 FIXED = tuple(f"fixed-{k}" for k in range(REPLICAS + 1))
@@ -422,7 +422,7 @@ def calibration() -> dict[str, float]:
         pool = Pool([mode], poisson(1.0, 300, CHAT, shape), workload=WORKLOAD)
         pool.run_until(300)
         pool.drain(60)
-        return nearest_rank([o.ttft for o in pool.outcomes if o.ttft >= 0], 0.5) or math.nan
+        return percentile([o.ttft for o in pool.outcomes if o.ttft >= 0], 0.5) or math.nan
 
     return {
         "streaming_ttft_p50_light_s": light_ttft(Mode.STREAMING),
@@ -764,7 +764,7 @@ def _mean(xs: Sequence[float]) -> float:
 
 
 def check(table: dict, names: Sequence[str]) -> list[dict]:
-    """The targets of issues 13 and 14, each PASS, FAIL or TIE (see the module docstring)."""
+    """The module docstring's targets, each PASS, FAIL or TIE."""
     cells = table["cells"]
     verdicts = Verdicts()
     print()

@@ -1,13 +1,13 @@
 """Faults under load: replicas and routers stopped, flipped and killed while clients send.
 
-Everything is a local process on loopback: `autoglm-runtime sim` replicas (time factor 0.2) and
+Everything is a local process on loopback: `testkit.sim` replicas (time factor 0.2) and
 `autoglm-router` processes (`--endpoint` discovery, 1 s polls). The clients are raw aiohttp with
 no retries of their own: each worker keeps one kept-alive connection and sends one request
 after another with a pause of 0-40 ms (so connections also sit idle), alternating streamed and
 non-streamed chats of 24 tokens with a session key. A request fails unless it gets 200 and a
 whole answer (`data: [DONE]`, or a JSON body with a choice).
 
-Scenarios (issue 13's fault targets):
+Scenarios and the router's fault targets:
 - `replica_drained`: 3 sims behind one router; one sim gets SIGTERM (what a pod deletion does:
   the runtime drains, answers 503 `draining` to new requests, finishes the admitted, exits).
   Target: 0 failed.
@@ -27,7 +27,8 @@ Scenarios (issue 13's fault targets):
   the moment the process took to die (both counted). Targets: no failure on the other router,
   none among requests sent once the killed one was dead (its sockets closed), and none of those
   sent to it: new requests go to the other router at once.
-- `two_routers_balance` (issue 13 rule 6): 4 streaming sims at time factor 1 (real time, so
+- `two_routers_balance` (routers that each count only their own requests still balance the
+  replicas): 4 streaming sims at time factor 1 (real time, so
   the routers' default 1 s poll), 96-token answers (about 3 s); 16 clients (about 4 requests in
   flight per replica), then 4 (about 1), each through one router, then split evenly over two
   routers, then 3:1. Each router bounds only its own in-flight requests;
@@ -60,11 +61,12 @@ from typing import Any
 
 import aiohttp
 
-from autoglm_runtime.profiles import MODE_PATH
-from autoglm_runtime.sim.process import RouterProcess, ServerProcess, SimProcess
+from autoglm_api.profiles import MODE_PATH
 from testkit.paths import OUT_DIR
 from testkit.plots import pyplot
+from testkit.processes import RouterProcess, ServerProcess, SimProcess
 from testkit.report import results_page
+from testkit.stats import percentile
 
 MODEL = "autoglm-phone-9b"
 ADMIN_TOKEN = "faults-bench"
@@ -214,7 +216,7 @@ def tally(load: Load) -> dict[str, Any]:
             "errors": sorted({s.error for s in failed})[:5],
             "reconnected": sum(s.reconnected for s in load.samples),
             "p50_s": statistics.median(latencies) if latencies else float("nan"),
-            "p99_s": latencies[int(0.99 * (len(latencies) - 1))] if latencies else float("nan"),
+            "p99_s": percentile(latencies, 0.99) if latencies else float("nan"),
             "per_front": [sum(1 for s in load.samples if s.ok and s.router == f)
                           for f in range(len(load.fronts))]}  # fmt: skip
 

@@ -10,7 +10,7 @@ phone's think time. `--concurrent` conversations run at once (the stated load),
 official client does, so the router keys a conversation by its prefix (system prompt and
 task); `--session-ids sent` puts one in the body (`session_id`) and the `X-Session-ID` header.
 
-The same trace (same seed) goes through, each time on 4 fresh `autoglm-runtime sim` replicas
+The same trace (same seed) goes through, each time on 4 fresh `testkit.sim` replicas
 (prefix caching on, in real time by default: about 70 s a run):
 - `autoglm-router` (rule 2: a new conversation placed by consistent hashing with bounded
   loads, `--load-factor` 1.25, its default; its later turns kept where it was placed), and
@@ -72,15 +72,15 @@ from typing import Any
 
 import aiohttp
 
-from autoglm_runtime.sim.model import IMAGE_TOKENS, LatencyModel
-from autoglm_runtime.sim.prefix_cache import BLOCK_TOKENS, block_hashes
-from autoglm_runtime.sim.process import RouterProcess, ServerProcess, SimProcess
-from autoglm_runtime.sim.serve.chat import chat_prompt
 from testkit import agent, gie
 from testkit.bench import vllm_router
 from testkit.paths import OUT_DIR
 from testkit.plots import pyplot
+from testkit.processes import RouterProcess, ServerProcess, SimProcess
 from testkit.report import results_page
+from testkit.sim.model import IMAGE_TOKENS, LatencyModel
+from testkit.sim.prefix_cache import BLOCK_TOKENS, block_hashes
+from testkit.sim.serve.chat import chat_prompt
 
 MODEL = "autoglm-phone-9b"
 REPLICAS = 4

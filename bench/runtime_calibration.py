@@ -1,7 +1,7 @@
 """Calibration: the sim at time factor 1 against the reference's published figures.
 
 Runs one sim (with the mode middleware, as deployed), drives the streaming workload in streaming
-mode and the batching workload in batching mode (see autoglm_runtime/sim/model.py for both), and
+mode and the batching workload in batching mode (see testkit/testkit/sim/model.py for both), and
 prints measured (medians for latencies: the machine may be shared) vs published side by
 side. Exit status 1 if any figure is off by more than 15%.
 Writes out/bench/runtime_calibration.json and .png.
@@ -15,11 +15,11 @@ import json
 import sys
 import urllib.request
 
-from autoglm_runtime.profiles import MODE_PATH
-from autoglm_runtime.sim.process import SimProcess
+from autoglm_api.profiles import MODE_PATH
 from testkit.bench.runtime_workload import closed_loop, within
 from testkit.paths import OUT_DIR
 from testkit.plots import pyplot
+from testkit.processes import SimProcess
 from testkit.report import results_page
 
 TOKEN = "calibration-token"

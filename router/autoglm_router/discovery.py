@@ -16,8 +16,8 @@ from typing import Protocol
 
 import aiohttp
 
+from autoglm_api.profiles import Mode
 from autoglm_router.poller import Poller
-from autoglm_runtime.profiles import Mode
 
 log = logging.getLogger(__name__)
 

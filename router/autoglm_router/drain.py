@@ -6,7 +6,7 @@ reached it); that request fails and clients do not retry it (the request may hav
 Here the listening socket closes as before, but a kept-alive connection stays open: the next
 response on it says `Connection: close` and ends it, and an idle one ends once it has been idle
 for DRAINING_IDLE_SECONDS, when the clients that reach the router have stopped reusing it
-(autoglm_runtime/keepalive.py). What is left when the drain time is over goes uvicorn's way
+(autoglm_api/keepalive.py). What is left when the drain time is over goes uvicorn's way
 (closed, tasks cancelled).
 """
 
@@ -23,8 +23,8 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from autoglm_api.keepalive import DRAINING_IDLE_SECONDS
 from autoglm_router.proxy import Message, Receive, RouterApp, Scope, Send
-from autoglm_runtime.keepalive import DRAINING_IDLE_SECONDS
 
 if TYPE_CHECKING:
     from autoglm_router.picker import PickerServer

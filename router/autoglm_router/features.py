@@ -11,20 +11,19 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from autoglm_runtime.engine_args import DEFAULT_MAX_TOKENS
-from autoglm_runtime.image_budget import (
+from autoglm_api.engine_args import DEFAULT_MAX_TOKENS
+from autoglm_api.image_budget import (
     IMAGE_DELIMITER_TOKENS,
     RefusedImage,
     image_tokens,
     max_pixels_for,
     tokens_per_max_pixels,
 )
-from autoglm_runtime.image_size import data_url_size
-from autoglm_runtime.traffic import TrafficClass
-from autoglm_runtime.traffic import traffic_class as classify
+from autoglm_api.image_size import data_url_size
+from autoglm_api.paths import CHAT_PATH, COMPLETIONS_PATH
+from autoglm_api.traffic import TrafficClass
+from autoglm_api.traffic import traffic_class as classify
 
-CHAT_PATH = "/v1/chat/completions"
-COMPLETIONS_PATH = "/v1/completions"
 # Checked in this order; the runtime reads the body field and its own header the same way.
 SESSION_HEADERS = ("x-session-id", "x-autoglm-session-id")
 MAX_SESSION_KEY_CHARS = 256

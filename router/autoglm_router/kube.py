@@ -26,8 +26,8 @@ import aiohttp
 import orjson
 import yaml
 
+from autoglm_api.profiles import MODE_LABEL, Mode
 from autoglm_router.discovery import Endpoint
-from autoglm_runtime.profiles import MODE_LABEL, Mode
 
 log = logging.getLogger(__name__)
 

@@ -11,10 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-CHAT_PATH = "/v1/chat/completions"
-COMPLETIONS_PATH = "/v1/completions"
-RESPONSES_PATH = "/v1/responses"
-MODELS_PATH = "/v1/models"
+from autoglm_api.paths import CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH, RESPONSES_PATH
 
 # Each path and the methods a client needs on it.
 ROUTES: dict[str, frozenset[str]] = {

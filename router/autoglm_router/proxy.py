@@ -26,6 +26,9 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from yarl import URL
 
+from autoglm_api.api_key import key_digests, presents_a_key
+from autoglm_api.asgi_body import BodyTooLarge, ClientDisconnected, read_body
+from autoglm_api.keepalive import UPSTREAM_POOL_IDLE_SECONDS
 from autoglm_router import answers
 from autoglm_router.answers import REQUEST_ID, Answer, error_body
 from autoglm_router.discovery import Discovery, StaticDiscovery
@@ -56,8 +59,6 @@ from autoglm_router.sessions import (
     session_of,
     settled,
 )
-from autoglm_runtime.api_key import key_digests, presents_a_key
-from autoglm_runtime.keepalive import UPSTREAM_POOL_IDLE_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -152,14 +153,6 @@ class LoadBook:
             self.count[replica] -= sequences
             self.cost[replica] = max(0.0, self.cost[replica] - cost)
             gauge.set(self.count[replica])
-
-
-class _BodyTooLarge(Exception):
-    pass
-
-
-class _ClientGone(Exception):
-    pass
 
 
 class _ClientStalled(Exception):
@@ -387,15 +380,16 @@ class RouterApp:
         try:
             try:
                 async with asyncio.timeout(s.body_timeout):
-                    body = await _read_body(receive, s.max_body_bytes, size)
-            except _BodyTooLarge:
+                    # Past its declared length, too: only the declared size was budgeted.
+                    body = await read_body(receive, min(s.max_body_bytes, size))
+            except BodyTooLarge:
                 await _answer(send, answers.body_too_large(s.max_body_bytes))
                 return
             except TimeoutError:
                 await _answer(send, answers.body_too_slow(s.body_timeout))
                 return
-            except _ClientGone:
-                return
+            except ClientDisconnected:
+                return  # nobody to answer; nothing forwarded
             await self._forward_call(self._call_of(scope, raw_path, body, arrival), receive,
                                      send)
         finally:
@@ -637,20 +631,6 @@ async def _hold(upstream: aiohttp.ClientResponse, request_id: str) -> _Held:
                if k != b"content-length"]
     headers.append((b"content-length", str(len(body)).encode()))
     return _Held(upstream.status, headers, body)
-
-
-async def _read_body(receive: Receive, limit: int, expected: int) -> bytearray:
-    """The whole body, in one buffer that is never copied (bytes.join would hold it twice)."""
-    body = bytearray()
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _ClientGone
-        body += message.get("body", b"")
-        if len(body) > min(limit, expected):
-            raise _BodyTooLarge
-        if not message.get("more_body", False):
-            return body
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

@@ -10,9 +10,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from autoglm_api.profiles import Mode, ModeProfiles
 from autoglm_router.features import KeyKind, RequestFeatures, TrafficClass
 from autoglm_router.ring import ring_of
-from autoglm_runtime.profiles import Mode, ModeProfiles
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-from autoglm_runtime.profiles import DRAIN_PATH, MODE_PATH, Mode
+from autoglm_api.profiles import DRAIN_PATH, MODE_PATH, Mode
 from autoglm_runtime.requests import error_body
 
 log = logging.getLogger("autoglm_runtime.admin")

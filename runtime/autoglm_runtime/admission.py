@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from autoglm_runtime.profiles import ModeProfile
+from autoglm_api.profiles import ModeProfile
 from autoglm_runtime.requests import STREAM_PRIORITY
 
 T = TypeVar("T")

@@ -1,9 +1,9 @@
-"""`autoglm-runtime`: `serve` runs vLLM with the mode middleware, `sim` runs the CPU engine."""
+"""`autoglm-runtime serve`: run vLLM with the mode middleware. The CPU sim that serves the same
+API is the harness's (`python -m testkit.sim`), never in the runtime image."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import sys
@@ -23,27 +23,6 @@ def _parser() -> argparse.ArgumentParser:
         "argv is built from AUTOGLM_* env and the config file.",
     )
     serve.add_argument("--dry-run", action="store_true", help="print the command and exit")
-
-    sim = sub.add_parser("sim", help="run the CPU engine (same API and metrics as vLLM)")
-    sim.add_argument("--host", default="127.0.0.1")
-    sim.add_argument("--port", type=int, default=8000)
-    sim.add_argument("--admin-port", type=int, default=None,
-                     help="the admin API's port (default: AUTOGLM_ADMIN_PORT, else 8001)")
-    sim.add_argument("--time-factor", type=float, default=1.0,
-                     help="multiply every simulated duration (0.1 runs 10x faster)")
-    sim.add_argument("--model-load-seconds", type=float, default=0.0,
-                     help="simulated load time; /health is 503 until it passes")
-    sim.add_argument("--max-num-seqs", type=int, default=None,
-                     help="engine sequence limit (default: the profiles' envelope)")
-    sim.add_argument("--calibration", choices=("gpu", "cpu"), default="gpu",
-                     help="latency model: the reference GPU deployment (default) or the engine "
-                     "tier's tiny model on the CPU (bench/sim_fidelity.py)")
-    sim.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    sim.add_argument("--kv-cache-tokens", type=int, default=65536)
-    sim.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                     default=True, help="reuse cached prompt blocks, as vLLM's flag (default on)")
-    sim.add_argument("--no-middleware", action="store_true",
-                     help="serve without the mode middleware (for overhead benchmarks)")
     return parser
 
 
@@ -57,9 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = RuntimeSettings()
     try:
-        if args.command == "serve":
-            return _serve(settings, passthrough, args.dry_run)
-        return _sim(settings, args)
+        return _serve(settings, passthrough, args.dry_run)
     except ConfigError as exc:
         print(f"autoglm-runtime: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -76,26 +53,6 @@ def _serve(settings: RuntimeSettings, passthrough: list[str], dry_run: bool) -> 
     except VLLMNotInstalled as exc:
         print(f"autoglm-runtime: {exc}", file=sys.stderr)
         return 127
-
-
-def _sim(settings: RuntimeSettings, args: argparse.Namespace) -> int:
-    from autoglm_runtime.sim.app import SimSettings
-    from autoglm_runtime.sim.model import CALIBRATIONS
-    from autoglm_runtime.sim.server import serve_sim
-
-    sim_settings = SimSettings(
-        time_factor=args.time_factor,
-        model_load_seconds=args.model_load_seconds,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        kv_cache_tokens=args.kv_cache_tokens,
-        enable_prefix_caching=args.enable_prefix_caching,
-        with_middleware=not args.no_middleware,
-        runtime=settings,
-        latency=CALIBRATIONS[args.calibration],
-    )
-    asyncio.run(serve_sim(args.host, args.port, sim_settings, args.admin_port))
-    return 0
 
 
 if __name__ == "__main__":

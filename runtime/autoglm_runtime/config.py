@@ -17,12 +17,12 @@ from typing import Any
 from pydantic import AliasChoices, ConfigDict, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from autoglm_runtime.engine_args import (
+from autoglm_api.engine_args import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_SERVED_MODEL_NAME,
     EngineSettings,
 )
-from autoglm_runtime.profiles import ADMIN_PORT, MODE_LABEL, CamelModel, Mode, ModeProfiles
+from autoglm_api.profiles import ADMIN_PORT, MODE_LABEL, CamelModel, Mode, ModeProfiles
 
 DEFAULT_CONFIG_FILE = Path("/etc/autoglm/config.json")
 DEFAULT_LABELS_FILE = Path("/etc/podinfo/labels")

@@ -23,6 +23,14 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from autoglm_api.engine_args import (
+    API_KEY_FLAG_MESSAGE,
+    ENGINE_ENV,
+    api_key_flags,
+    build_vllm_argv,
+    refused_extra_arg,
+)
+from autoglm_api.keepalive import SERVER_KEEP_ALIVE_SECONDS, VLLM_KEEP_ALIVE_ENV
 from autoglm_runtime.admin import AdminServer, Relay, RelayError, relay_socket, relay_to
 from autoglm_runtime.config import (
     ConfigError,
@@ -30,21 +38,13 @@ from autoglm_runtime.config import (
     load_runtime_config,
     read_admin_token,
 )
-from autoglm_runtime.engine_args import (
-    API_KEY_FLAG_MESSAGE,
-    ENGINE_ENV,
-    api_key_flags,
-    build_vllm_argv,
-    refused_extra_arg,
-)
-from autoglm_runtime.keepalive import SERVER_KEEP_ALIVE_SECONDS, VLLM_KEEP_ALIVE_ENV
 
 log = logging.getLogger("autoglm_runtime.launcher")
 
 NOT_INSTALLED = (
     "vLLM is not installed here, so `autoglm-runtime serve` cannot start the engine. "
-    "Install the `vllm` extra on a machine with a GPU, or run the CPU engine that serves the "
-    "same API: `autoglm-runtime sim --host 127.0.0.1 --port 8000`."
+    "Install the `vllm` extra on a machine with a GPU, or, in a checkout after `make venv`, run "
+    "the CPU engine that serves the same API: `python -m testkit.sim --host 127.0.0.1 --port 8000`."
 )
 
 

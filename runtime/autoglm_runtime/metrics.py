@@ -16,8 +16,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from autoglm_runtime.profiles import Mode
-from autoglm_runtime.traffic import TrafficClass
+from autoglm_api.profiles import Mode
+from autoglm_api.traffic import TrafficClass
 
 log = logging.getLogger(__name__)
 

@@ -21,13 +21,15 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
+from autoglm_api.api_key import UNAUTHORIZED_BODY, is_guarded, key_digests, presents_a_key
+from autoglm_api.asgi_body import BodyTooLarge, ClientDisconnected, read_body
+from autoglm_api.engine_args import EngineSettings
+from autoglm_api.profiles import Mode
+from autoglm_api.traffic import TRAFFIC_CLASS_HEADER
 from autoglm_runtime.admin import State, serve_relay
 from autoglm_runtime.admission import AdmissionController, Rejected, Ticket
-from autoglm_runtime.api_key import UNAUTHORIZED_BODY, is_guarded, key_digests, presents_a_key
 from autoglm_runtime.config import RuntimeConfig, RuntimeSettings, load_runtime_config
-from autoglm_runtime.engine_args import EngineSettings
 from autoglm_runtime.metrics import nvml_source, runtime_metrics
-from autoglm_runtime.profiles import Mode
 from autoglm_runtime.requests import (
     SESSION_HEADER,
     VLLM_PRIORITY_HEADER,
@@ -43,7 +45,6 @@ from autoglm_runtime.requests import (
 )
 from autoglm_runtime.routes import ADMITTED_PATHS, refusal_for
 from autoglm_runtime.sse import SSECoalescer
-from autoglm_runtime.traffic import TRAFFIC_CLASS_HEADER
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -56,10 +57,6 @@ log = logging.getLogger("autoglm_runtime.middleware")
 HEALTH_PATHS = frozenset({"/health", "/ping"})
 # Every live middleware, so a process-level SIGTERM handler (the sim's) can drain them.
 _instances: weakref.WeakSet[ModeMiddleware] = weakref.WeakSet()
-
-
-class _BodyTooLarge(Exception):
-    pass
 
 
 class ModeMiddleware:
@@ -231,24 +228,32 @@ class ModeMiddleware:
     async def _prepare(
         self, scope: Scope, receive: Receive, send: Send, path: str
     ) -> PreparedRequest | None:
-        """The checked and rewritten request; None when it was refused (and answered)."""
+        """The checked and rewritten request; None when it was refused (and answered) or its
+        client left before the whole body came."""
         sessions = SessionHeaders(
             vllm=_header(scope, VLLM_SESSION_HEADER.encode()),
             project=_header(scope, SESSION_HEADER.encode()),
         )
+        limit = self.config.max_body_bytes
         try:
-            raw = await _read_body(scope, receive, self.config.max_body_bytes)
+            declared = _header(scope, b"content-length")
+            if declared is not None and declared.isdigit() and int(declared) > limit:
+                raise BodyTooLarge(limit)  # refused before a byte of it is read
+            raw = await read_body(receive, limit)
             return prepare(
-                path, parse_json_object(raw), self.rules,
+                path, parse_json_object(bytes(raw)), self.rules,
                 prioritize_streams=self.controller.profile.prioritize_streams,
                 session_headers=sessions,
                 declared_class=_header(scope, TRAFFIC_CLASS_HEADER.encode()),
             )
-        except _BodyTooLarge:
+        except BodyTooLarge:
             self.metrics.rejected.labels("bad_request").inc()
             await _respond(send, 400, error_body(
-                f"The request body is larger than {self.config.max_body_bytes} bytes.", 400
+                f"The request body is larger than {limit} bytes.", 400
             ), close=True)
+        except ClientDisconnected:
+            # Gone mid-body: nobody to answer, and the part that came is not a request.
+            self.metrics.rejected.labels("client_gone").inc()
         except RequestError as exc:
             self.metrics.rejected.labels("bad_request").inc()
             await _respond(send, exc.status, error_body(exc.message, exc.status, exc.param))
@@ -360,23 +365,6 @@ def _header(scope: Scope, name: bytes) -> str | None:
         if key.lower() == name:
             return bytes(value).decode("latin-1")
     return None
-
-
-async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
-    declared = _header(scope, b"content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _BodyTooLarge
-    chunks = bytearray()
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            break
-        chunks += message.get("body", b"")
-        if len(chunks) > limit:
-            raise _BodyTooLarge
-        if not message.get("more_body", False):
-            break
-    return bytes(chunks)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

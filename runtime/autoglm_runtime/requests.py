@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from autoglm_runtime.routes import CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH
-from autoglm_runtime.traffic import (
+from autoglm_api.media_hosts import INTERNAL_HOST_SUFFIXES
+from autoglm_api.paths import CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH
+from autoglm_api.traffic import (
     TRAFFIC_CLASS_HEADER,
     VLLM_SERVICE_TIERS,
     TrafficClass,
@@ -38,9 +39,6 @@ DEFAULT_PRIORITY = 1
 MAX_LOGPROBS = 20
 # Longer integers are refused before int() (Python's own limit is 4300 digits, a ValueError).
 _MAX_INT_DIGITS = 30
-# Names that resolve inside the cluster or to a cloud's metadata service.
-# Names that resolve inside the cluster or the node, never to a public media host.
-INTERNAL_HOST_SUFFIXES = (".svc", ".local", ".internal", ".cluster", "localhost")
 IMAGE_PART_TYPES = frozenset({"image_url", "image", "input_image", "image_pil", "image_embeds"})
 # Media the model does not take here: refused rather than fetched.
 REFUSED_PART_TYPES = frozenset({"video_url", "video", "audio_url", "input_audio", "audio",

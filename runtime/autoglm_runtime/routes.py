@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-CHAT_PATH = "/v1/chat/completions"
-COMPLETIONS_PATH = "/v1/completions"
-RESPONSES_PATH = "/v1/responses"
+from autoglm_api.paths import CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH
+
 # POST only; vLLM answers other methods on them (405) without the engine.
 ADMITTED_PATHS = frozenset({CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH})
 

@@ -24,11 +24,11 @@ from typing import Any
 import httpx
 import openai
 
+from autoglm_api.engine_args import EngineSettings
 from autoglm_operator.reconcile.children import serving as builders
-from autoglm_operator.resource import spec as crd
-from autoglm_runtime.engine_args import EngineSettings
-from autoglm_runtime.sim.process import free_port
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
 from testkit.paths import HACK, REPO
+from testkit.processes import free_port
 
 ADMIN_TOKEN = "engine-tier-admin-token"
 MODEL = "autoglm-phone-9b"
@@ -140,7 +140,7 @@ class Engine:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
 
-def engine_settings(spec: crd.AutoGLMDeploymentSpec, model_dir: Path, port: int,
+def engine_settings(spec: AutoGLMDeploymentSpec, model_dir: Path, port: int,
                     **test_updates: Any) -> EngineSettings:
     """The operator's settings for `spec`, on the CPU, on loopback; `test_updates` are a
     test's own (say, a small --max-num-seqs)."""
@@ -156,12 +156,12 @@ def cpu_engine_env(environ: Mapping[str, str], python: str) -> dict[str, str]:
     return {
         **environ, **CPU_ENV,
         "PATH": f"{bin_dir}{os.pathsep}{environ.get('PATH', '')}",
-        "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("runtime", "operator")),
+        "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("api", "runtime", "operator")),
     }  # fmt: skip
 
 
 @contextmanager
-def running_engine(spec: crd.AutoGLMDeploymentSpec, model_dir: Path, workdir: Path,
+def running_engine(spec: AutoGLMDeploymentSpec, model_dir: Path, workdir: Path,
                    python: str = sys.executable, **test_updates: Any) -> Iterator[Engine]:
     """`autoglm-runtime serve` from the operator's config for `spec`, until it answers /health;
     `python` is the engine environment's (the caller's own when it runs there)."""
@@ -201,12 +201,11 @@ def running_engine(spec: crd.AutoGLMDeploymentSpec, model_dir: Path, workdir: Pa
 def yield_to_other_sessions(session_leader: int) -> None:
     """Give the engine's session the lowest CPU weight where the kernel schedules sessions as
     groups (autogroup). vLLM's CPU backend polls without sleeping while it serves (its engine
-    core and worker spin on shared memory), and a session doing that held both cores here while
-    the test's own session waited: up to 53 s between two wake-ups of a process sleeping 50 ms,
-    and a request 29 s from the API server to vLLM's queue. At the lowest weight the engine
-    still gets every cycle nothing else asks for; the test, Prometheus and the routers it
-    serves run when they need to (no wait over 0.5 s in the same runs). A task's own nice does
-    not help: it only ranks tasks within their session's group."""
+    core and worker spin on shared memory), and a session doing that holds both cores of a
+    2-core machine while the test's own session waits (for tens of seconds on CI:
+    docs/engine-tier.md has the figures). At the lowest weight the engine still gets every cycle
+    nothing else asks for; the test, Prometheus and the routers it serves run when they need
+    to. A task's own nice does not help: it only ranks tasks within their session's group."""
     with suppress(OSError):  # no autogroup (a kernel built without it, or it turned off)
         Path(f"/proc/{session_leader}/autogroup").write_text("19")
 

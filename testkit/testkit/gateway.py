@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from autoglm_runtime.sim.process import RouterProcess, ServerProcess, free_port
+from testkit.processes import RouterProcess, ServerProcess, free_port
 
 Shape = Literal["original_dst", "override_host"]
 DESTINATION = "x-gateway-destination-endpoint"

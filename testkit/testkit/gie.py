@@ -42,12 +42,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from autoglm_operator.reconcile.children import gateway as gateway_children
 from autoglm_operator.reconcile.children import serving as serving_children
-from autoglm_operator.resource import spec as crd
-from autoglm_runtime.sim.process import ServerProcess, free_port
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
 from testkit.gateway import EXT_PROC_SERVICE, EnvoyProcess
 from testkit.localcluster import LocalCluster, ensure_binaries, loopback_pod_cidr, running_cluster
 from testkit.paths import HACK
 from testkit.podrunner import PodRunner
+from testkit.processes import ServerProcess, free_port
 from testkit.waiting import eventually
 
 EPP_ENV = "AUTOGLM_GIE_EPP"  # the EPP binary, built beforehand (no module proxy in the namespace)
@@ -203,7 +203,7 @@ def serving_manifests(replicas: int, runtime_config: dict[str, Any]) -> list[dic
                 {"name": "podinfo", "downwardAPI": {"items": [
                     {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]}}]}}},
     }  # fmt: skip
-    spec = crd.AutoGLMDeploymentSpec.model_validate({"router": {"enabled": True},
+    spec = AutoGLMDeploymentSpec.model_validate({"router": {"enabled": True},
                                                       "gateway": {"enabled": True}})  # fmt: skip
     pool = gateway_children.inference_pool(owner, spec)
     del pool["metadata"]["ownerReferences"]
@@ -281,7 +281,7 @@ def probe(folder: Path) -> dict[str, Any]:
         client = openai.OpenAI(base_url=pool.base_url + "/v1", api_key="EMPTY", max_retries=0,
                                timeout=30)  # fmt: skip
         stream = client.chat.completions.create(
-            model=crd.AutoGLMDeploymentSpec().model.served_name, stream=True, max_tokens=8,
+            model=AutoGLMDeploymentSpec().model.served_name, stream=True, max_tokens=8,
             messages=[{"role": "user", "content": "Open the settings app."}])
         content = "".join(chunk.choices[0].delta.content or "" for chunk in stream
                           if chunk.choices)  # fmt: skip

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autoglm_runtime.sim.process import free_port
 from testkit.paths import HACK
+from testkit.processes import free_port
 from testkit.waiting import eventually
 
 STATE_DIR = Path(os.environ.get("AUTOGLM_CLUSTER_DIR", "/tmp/autoglm-cluster"))

@@ -18,8 +18,8 @@ from urllib.parse import urlparse
 
 import yaml
 
+from autoglm_api.profiles import MODE_PATH
 from autoglm_operator.reconcile.children import serving
-from autoglm_runtime.profiles import MODE_PATH
 from testkit.localcluster import LocalCluster, free_port
 from testkit.paths import REPO
 from testkit.waiting import eventually

@@ -6,12 +6,13 @@ instead: the pod's own command and argv (`autoglm-runtime serve -- <vLLM argv>`)
 environment, with testkit.engine's CPU changes (the tiny model, tensor parallel 1).
 
 kwok marks pods Running without running anything. With a loopback pod CIDR each pod's IP is a
-127.x address, so this runner starts `autoglm-runtime sim` bound to that IP, with the pod's
-ConfigMap, Secret and downward-API volumes written to a local folder and the pod's env pointed
-at them, the way the kubelet would mount them; its admin API on the pod IP's admin port, as
-the launcher serves it. A pod that is deleted goes the kubelet's way
-down: its preStop exec hook runs, then SIGTERM (the runtime drains), then SIGKILL once the
-termination grace period is over. A label change rewrites the downward-API labels file.
+127.x address, so this runner starts the sim (`python -m testkit.sim` under this process's
+Python, the dev environment's) bound to that IP, with the pod's ConfigMap, Secret and
+downward-API volumes written to a local folder and the pod's env pointed at them, the way the
+kubelet would mount them; its admin API on the pod IP's admin port, as the launcher serves it.
+A pod that is deleted goes the kubelet's way down: its preStop exec hook runs, then SIGTERM (the
+runtime drains), then SIGKILL once the termination grace period is over. A label change rewrites
+the downward-API labels file.
 
 A router pod (`<name>-router`, app.kubernetes.io/name=autoglm-router) runs its container's own
 args, bound to the pod IP, with its ServiceAccount's credentials as the kubelet would mount
@@ -409,7 +410,7 @@ class PodRunner:
                     *cpu_argv(vllm_argv, self.engines.model_dir, pod.status.pod_ip)]
         else:
             argv = [
-                str(Path(sys.executable).with_name("autoglm-runtime")), "sim",
+                sys.executable, "-m", "testkit.sim",
                 "--host", pod.status.pod_ip, "--port", str(RUNTIME_PORT),
                 "--admin-port", str(ADMIN_PORT),
                 "--time-factor", str(self.time_factor), *self.sim_args,

@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from autoglm_runtime.sim.process import SimProcess
+from testkit.processes import SimProcess
 
 if TYPE_CHECKING:
     import pytest

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
-from autoglm_operator.resource import spec as crd
+from autoglm_operator.resource import spec
 from testkit.localcluster import LocalCluster, loopback_pod_cidr, running_cluster
 from testkit.localprom import LocalPrometheus
 from testkit.operator_kit import KUBECTL_FAILED, Operator
@@ -30,7 +30,7 @@ def install_crd(cluster: LocalCluster) -> None:
     jsonpath = '{.status.conditions[?(@.type=="Established")].status}'
     eventually(
         lambda: cluster.kubectl(
-            "get", "crd", f"{crd.PLURAL}.{crd.GROUP}", "-o", f"jsonpath={jsonpath}"
+            "get", "crd", f"{spec.PLURAL}.{spec.GROUP}", "-o", f"jsonpath={jsonpath}"
         ).stdout == "True",
         60, every=0.5, what="the CRD to be Established", ignoring=KUBECTL_FAILED,
     )  # fmt: skip

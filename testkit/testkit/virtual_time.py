@@ -2,7 +2,7 @@
 
 Code that only sleeps (the sim's engine, its API server, closed-loop users in process) then runs
 as fast as the CPU allows and in the order real time would run it, with no machine noise: the
-sim-fidelity fit and the unit tests drive `autoglm_runtime.sim.engine.SimEngine` this way, with
+sim-fidelity fit and the unit tests drive `testkit.sim.engine.SimEngine` this way, with
 `clock=loop.time`. Sockets still work, but their waits take no virtual time.
 """
 

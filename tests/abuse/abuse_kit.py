@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from autoglm_runtime.sim.process import RouterProcess, SimProcess, free_port
 from testkit.gateway import Gateway
 from testkit.loopback import ServedOnLoopback
+from testkit.processes import RouterProcess, SimProcess, free_port
 
 Message = MutableMapping[str, Any]
 API_KEY = "abuse-suite-key"
@@ -162,6 +162,25 @@ def peak_rss_bytes(pid: int) -> int:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError(f"no VmHWM for pid {pid}")
+
+
+def accepted_connections(port: int) -> int:
+    """Open connections to local `port` that its server has accepted: ESTABLISHED sockets on
+    that port in /proc/net/tcp{,6} with an inode. One still in the listener's accept queue has
+    none (no process holds it yet), so this counts what the server itself holds."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as rows:
+                next(rows)  # the header
+                for row in rows:
+                    fields = row.split()
+                    local, state, inode = fields[1], fields[3], fields[9]
+                    count += (int(local.rsplit(":", 1)[1], 16) == port and state == "01"
+                              and inode != "0")
+        except FileNotFoundError:  # no IPv6
+            continue
+    return count
 
 
 @dataclass

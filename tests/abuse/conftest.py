@@ -17,8 +17,8 @@ from abuse_kit import (
     StartSim,
 )
 
-from autoglm_runtime.sim.process import SimProcess
 from testkit.gateway import Gateway, start_gateway
+from testkit.processes import SimProcess
 from testkit.sims import sim_starter
 
 

@@ -1,7 +1,7 @@
-"""Issue 22's hole 6 at the serving pod: the admin API is off the engine. It is served on a
-port of its own (as the launcher serves it; here the sim, which serves it the same way), never
-on the API port, and it refuses every call without the token before anything changes. The
-engine's environment holding no token: tests/servers/runtime/test_launcher_process.py (sim) and
+"""The admin API at the serving pod, where a client must not reach it: off the engine. It is served
+on a port of its own (as the launcher serves it; here the sim, which serves it the same way), never
+on the API port, and it refuses every call without the token before anything changes. The engine's
+environment holding no token: tests/servers/runtime/test_launcher_process.py (sim) and
 tests/engine/test_modes.py (vLLM). Reachable only from the operator: the chart's NetworkPolicy,
 checked rendered in tests/helm/test_chart_networkpolicy.py."""
 
@@ -14,15 +14,17 @@ import httpx
 import pytest
 from abuse_kit import (
     ADMIN_TOKEN,
+    accepted_connections,
     closed_within,
     exchange,
     read_reply,
     request,
 )
 
+from autoglm_api.profiles import DRAIN_PATH, MODE_PATH
 from autoglm_runtime import admin
-from autoglm_runtime.profiles import DRAIN_PATH, MODE_PATH
-from autoglm_runtime.sim.process import SimProcess
+from testkit.processes import SimProcess
+from testkit.waiting import eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -137,7 +139,10 @@ def test_a_slow_client_is_cut_and_a_flood_of_them_ends(sim: SimProcess) -> None:
             sock = socket.create_connection(("127.0.0.1", sim.admin_port), timeout=5)
             sock.sendall(f"GET {MODE_PATH} HTTP/1.1\r\nHost: a\r\n".encode())
             held.append(sock)
-        time.sleep(0.3)
+        # The sim holds every one of them (accepted, its head still unread) before one more
+        # arrives: the next connection is past the cap.
+        eventually(lambda: accepted_connections(sim.admin_port) == admin.MAX_CONNECTIONS, 5,
+                   every=0.05, what=f"the sim holding {admin.MAX_CONNECTIONS} admin connections")
         busy = exchange(sim.admin_port, request("GET", MODE_PATH,
                                                 headers={"Authorization": BEARER}))
         assert busy.status == 503 and busy.headers["retry-after"] == "1"

@@ -1,5 +1,7 @@
-"""Hostile clients against the real router (issue 22's holes 1, 2, 4, 8, 10, 11 and the router's
-"held up" list), with a recording replica behind it to see what got through."""
+"""Hostile clients against the real router (a large body parsed before anything is allowed,
+paths outside the API, slow and flooding clients, the router's own metrics and health in public,
+a client that stops reading, headers the router owns; and what already held up, kept so), with a
+recording replica behind it to see what got through."""
 
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ def router(start_router: StartRouter, recorder: RecordingReplica) -> RouterProce
     return start_router([recorder.base_url])
 
 
-# --- hole 1: a large body is parsed before anything is allowed ---------------------------------
+# --- a large body is parsed before anything is allowed -----------------------------------------
 
 
 def test_an_unauthenticated_16_mib_body_is_refused_before_it_is_read(
@@ -78,7 +80,7 @@ def test_bodies_at_the_size_limit_arriving_together_keep_the_router_under_its_me
     assert peak < ROUTER_MEMORY_LIMIT
 
 
-# --- hole 2: paths outside the API reach the replicas ------------------------------------------
+# --- paths outside the API reach the replicas --------------------------------------------------
 
 @pytest.mark.parametrize(("method", "target", "status"), REFUSED_TARGETS)
 def test_the_router_speaks_only_its_api(router: RouterProcess, recorder: RecordingReplica,
@@ -110,7 +112,7 @@ def test_a_query_string_travels_encoded_as_sent(router: RouterProcess,
     assert (seen.raw_path, seen.query) == ("/v1/models", "a=%2F..%2Fb&c=%23")
 
 
-# --- hole 4: slow and flooding clients ----------------------------------------------------------
+# --- slow and flooding clients ------------------------------------------------------------------
 
 SLOW_ROUTER_FLAGS = ("--header-timeout", "1", "--body-timeout", "1", "--keep-alive-timeout", "1",
                      "--max-client-connections", "16", "--max-inflight", "2",
@@ -195,7 +197,7 @@ def test_requests_past_the_cap_get_503_with_retry_after(
     assert [r.status for r in replies] == [200, 200]
 
 
-# --- hole 8: the router's own metrics and health are public --------------------------------------
+# --- the router's own metrics and health are public ----------------------------------------------
 
 
 @pytest.mark.parametrize("path", ["/metrics", "/health"])
@@ -203,7 +205,7 @@ def test_metrics_and_health_are_not_on_the_api_port(router: RouterProcess, path:
     assert exchange(router.port, request("GET", path)).status == 404
 
 
-# --- hole 10: a client that stops reading keeps its slot -----------------------------------------
+# --- a client that stops reading keeps its slot --------------------------------------------------
 
 
 def test_a_client_that_stops_reading_is_cut_and_its_slot_freed(
@@ -231,7 +233,7 @@ def _inflight(router: RouterProcess) -> float | None:
     return sum(samples) if samples else None
 
 
-# --- hole 11: headers the router owns ------------------------------------------------------------
+# --- headers the router owns ---------------------------------------------------------------------
 
 
 def test_a_websocket_upgrade_gets_a_4xx(router: RouterProcess) -> None:

@@ -1,6 +1,7 @@
 """Hostile requests straight to a serving pod (`<name>-streaming`/`-batching` reach it past the
-router): issue 22's holes 3, 7 and 11 at the runtime, and its "held up" list, against
-`autoglm-runtime sim` with the mode middleware."""
+router): image URLs the engine would fetch, bad numbers, sampling fan-out, and what already
+held up, against
+`testkit.sim` with the mode middleware."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import httpx
 import pytest
 from abuse_kit import exchange, request
 
-from autoglm_runtime.engine_args import EngineSettings, build_vllm_argv, refused_extra_arg
-from autoglm_runtime.sim.process import SimProcess
+from autoglm_api.engine_args import EngineSettings, build_vllm_argv, refused_extra_arg
+from testkit.processes import SimProcess
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -39,7 +40,7 @@ def error_of(reply: httpx.Response) -> dict[str, object]:
     return error
 
 
-# --- hole 3: the engine fetches whatever image_url names -----------------------------------------
+# --- the engine fetches whatever image_url names -------------------------------------------------
 
 REFUSED_MEDIA = [
     "http://169.254.169.254/latest/meta-data/iam/security-credentials/",
@@ -108,7 +109,7 @@ def test_the_engine_is_told_the_media_rules_and_they_cannot_be_overridden() -> N
         assert refused_extra_arg(arg) is not None, arg
 
 
-# --- hole 7: bad numbers -------------------------------------------------------------------------
+# --- bad numbers ---------------------------------------------------------------------------------
 
 BAD_NUMBERS = [
     ("max_tokens", b"1" + b"0" * 5000),
@@ -130,7 +131,7 @@ def test_a_bad_number_is_a_400_naming_its_field(sim: SimProcess, field: str,
     assert field in json.loads(reply.body)["error"]["message"]
 
 
-# --- hole 11: sampling fan-out -------------------------------------------------------------------
+# --- sampling fan-out ----------------------------------------------------------------------------
 
 FAN_OUT = [("n", 64), ("best_of", 64), ("top_logprobs", 1000), ("logprobs", 1000)]
 

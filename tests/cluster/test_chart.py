@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 import yaml
 
-from autoglm_operator.resource import spec as crd_spec
+from autoglm_operator.resource.spec import DEFAULT_IMAGE
 from testkit import operator_kit as kit
 from testkit.chart import (
     CHART,
@@ -283,7 +283,7 @@ def test_cluster_scope_permissions_are_the_listed_ones(
         "install", "perm", str(CHART), "-n", namespace, "--skip-crds", "--wait", "--timeout", "120s"
     )
     # NOTES' first AutoGLMDeployment runs the runtime image from the same registry.
-    assert f"image: {crd_spec.DEFAULT_IMAGE}" in out.stdout
+    assert f"image: {DEFAULT_IMAGE}" in out.stdout
     sa = f"system:serviceaccount:{namespace}:perm-autoglm"
     try:
         elsewhere = ("-n", "kube-system")

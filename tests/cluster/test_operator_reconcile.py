@@ -250,7 +250,7 @@ def test_mode_label_flip_restarts_nothing_and_engine_change_rolls(
     replicasets = get(cluster, namespace, "rs", "-l", INSTANCE)["items"]
     assert len(replicasets) == 1
 
-    # A flip, as the adaptive loop does it: the pod's label.
+    # A flip, as the adaptive pass does it: the pod's label.
     flipped = pods[0]["metadata"]["name"]
     cluster.kubectl(
         "label", "pod", flipped, "-n", namespace, f"{MODE_LABEL}=batching", "--overwrite"

@@ -15,7 +15,7 @@ from typing import Any
 import openai
 import pytest
 
-from autoglm_runtime.profiles import MODE_PATH
+from autoglm_api.profiles import MODE_PATH
 from testkit.localcluster import LocalCluster
 from testkit.operator_kit import (
     KUBECTL_FAILED,

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
+from autoglm_api.profiles import Mode
 from autoglm_router.kube import ApiAccess, KubernetesDiscovery, in_cluster_access
-from autoglm_runtime.profiles import Mode
 from testkit.localcluster import LocalCluster, free_port
 from testkit.operator_kit import KUBECTL_FAILED
 from testkit.waiting import eventually
@@ -219,7 +219,7 @@ def start_sim(ip: str, port: int, mode: str, folder: Path) -> subprocess.Popen[b
     env = {**os.environ, "AUTOGLM_CONFIG_FILE": str(folder / "config.json"),
            "AUTOGLM_LABELS_FILE": str(folder / "labels"), "AUTOGLM_ADMIN_TOKEN": "t"}
     return subprocess.Popen(
-        [sys.executable, "-m", "autoglm_runtime.cli", "sim", "--host", ip, "--port", str(port),
+        [sys.executable, "-m", "testkit.sim", "--host", ip, "--port", str(port),
          "--time-factor", "0.05"],
         env=env, stdout=(folder / "sim.log").open("wb"), stderr=subprocess.STDOUT)
 

@@ -1,4 +1,4 @@
-"""The adaptive loop end to end, with every real piece.
+"""The adaptive pass end to end, with every real piece.
 
 The local control plane with kwok GPU nodes, the operator as a subprocess, Debian's Prometheus
 scraping a `sim` runtime per pod (the pod runner binds each pod's loopback IP), and a bounded

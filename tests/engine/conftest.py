@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from autoglm_operator.resource import spec as crd
+from autoglm_operator.resource import spec
 from testkit.engine import Engine, answer_of, running_engine, tiny_model
 
 
@@ -29,12 +29,12 @@ def answer(model_dir: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def default_spec() -> crd.AutoGLMDeploymentSpec:
-    return crd.AutoGLMDeploymentSpec()
+def default_spec() -> spec.AutoGLMDeploymentSpec:
+    return spec.AutoGLMDeploymentSpec()
 
 
 @pytest.fixture(scope="session")
-def engine(model_dir: Path, default_spec: crd.AutoGLMDeploymentSpec,
+def engine(model_dir: Path, default_spec: spec.AutoGLMDeploymentSpec,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     """The operator's defaults (envelope --max-num-seqs 64, priority scheduling, prefix
     caching, glm45 reasoning parser, streaming mode first)."""

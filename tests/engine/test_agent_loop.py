@@ -20,29 +20,29 @@ import openai
 import pytest
 from phone_agent import PhoneAgent
 
-from autoglm_operator.resource import spec as crd
-from autoglm_runtime.image_budget import OFFICIAL_MAX_PIXELS, image_tokens
-from autoglm_runtime.sim.process import RouterProcess
+from autoglm_api.image_budget import OFFICIAL_MAX_PIXELS, image_tokens
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
 from testkit.engine import OPENAI_TIMEOUT, Engine, running_engine
 from testkit.paths import REPO
+from testkit.processes import RouterProcess
 
 pytestmark = pytest.mark.timeout(900)
 
 # The model's official serve command: --max-model-len 25480, max_pixels 5,000,000 (the
 # operator's default at that context) and up to 10 images per prompt.
-OFFICIAL = crd.AutoGLMDeploymentSpec.model_validate(
+OFFICIAL = AutoGLMDeploymentSpec.model_validate(
     {"maxModelLen": 25480, "multimodal": {"imagesPerPrompt": 10}})
 # The answer part of a turn: one action of the agent's grammar.
 ACTION = re.compile(r'<answer>do\(action="Tap", element=\[\d+(?:,\d+)*\]\)</answer>')
 
 
 @contextmanager
-def routed(engine: Engine, spec: crd.AutoGLMDeploymentSpec,
+def routed(engine: Engine, spec: AutoGLMDeploymentSpec,
            workdir: Path) -> Iterator[openai.OpenAI]:
     """The official client through `autoglm-router` in front of `engine`, flagged as the
     operator flags it for `spec`; no retries, so nothing is hidden."""
     pixels = spec.multimodal.effective_max_pixels(spec.max_model_len)
-    env = {"PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("runtime", "router"))}
+    env = {"PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("api", "runtime", "router"))}
     router = RouterProcess([engine.base_url], "--image-max-pixels", str(pixels),
                            "--poll-interval", "0.5", env=env, log_path=workdir / "router.log")
     router.start(timeout=60.0)
@@ -54,7 +54,7 @@ def routed(engine: Engine, spec: crd.AutoGLMDeploymentSpec,
 
 
 def test_at_the_default_context_the_loop_runs_until_its_history_is_full(
-    engine: Engine, answer: dict, default_spec: crd.AutoGLMDeploymentSpec,
+    engine: Engine, answer: dict, default_spec: AutoGLMDeploymentSpec,
     tmp_path: Path,
 ) -> None:
     context = default_spec.max_model_len

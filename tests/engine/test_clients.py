@@ -13,10 +13,11 @@ from langchain_openai import ChatOpenAI
 from openai import AsyncOpenAI, OpenAI
 from PIL import Image
 
-from autoglm_operator.resource import spec as crd
-from autoglm_router.features import CHAT_PATH, prefill_tokens
+from autoglm_api.image_budget import MAX_PIXELS_CEILING, image_tokens
+from autoglm_api.paths import CHAT_PATH
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
+from autoglm_router.features import prefill_tokens
 from autoglm_router.scan import scan_request
-from autoglm_runtime.image_budget import MAX_PIXELS_CEILING, image_tokens
 from testkit.engine import MODEL, OPENAI_TIMEOUT, Engine
 
 pytestmark = pytest.mark.timeout(300)
@@ -88,7 +89,7 @@ def test_openai_streamed_text_chat_is_the_same_turn(engine: Engine, answer: dict
 
 def default_budget() -> int:
     """The pixels per image the operator's defaults give the engine (image_budget.py)."""
-    spec = crd.AutoGLMDeploymentSpec()
+    spec = AutoGLMDeploymentSpec()
     return spec.multimodal.effective_max_pixels(spec.max_model_len)
 
 

@@ -11,9 +11,9 @@ import pytest
 from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
-from autoglm_operator.resource import spec as crd
-from autoglm_runtime.profiles import MODE_PATH
-from autoglm_runtime.sim.metrics import SimMetrics
+from autoglm_api.profiles import MODE_PATH
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
+from testkit.admin import set_mode_async
 from testkit.engine import (
     ADMIN_TOKEN,
     CLIENT_TIMEOUT,
@@ -24,6 +24,7 @@ from testkit.engine import (
     running_engine,
 )
 from testkit.procfs import descendants, environ
+from testkit.sim.metrics import SimMetrics
 from testkit.waiting import eventually_async
 
 pytestmark = pytest.mark.timeout(600)
@@ -38,14 +39,14 @@ FLIP_CONTEXT = 16384
 HOLD = {"model": MODEL, "messages": [{"role": "user", "content": "Hold the slot."}],
         "max_tokens": FLIP_CONTEXT - 384, "min_tokens": FLIP_CONTEXT - 384, "temperature": 0}
 # Streams long enough to be in flight at the flip, short enough to finish soon after it: about
-# a minute at the 150 tokens/s a sequence gets here with 16 decoding (3,000 tokens, 20 s, once
+# a minute at the 150 tokens/s a sequence gets here with 16 decoding (3,000-token streams have
 # finished while the admin endpoint could not answer a poll).
 STREAM_TOKENS = 8000
 
 
 @pytest.fixture(scope="module")
 def flip_engine(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    spec = crd.AutoGLMDeploymentSpec.model_validate({"maxModelLen": FLIP_CONTEXT})
+    spec = AutoGLMDeploymentSpec.model_validate({"maxModelLen": FLIP_CONTEXT})
     with running_engine(spec, model_dir, tmp_path_factory.mktemp("flip")) as started:
         yield started
 
@@ -92,17 +93,6 @@ async def admin_state(admin: httpx.AsyncClient, done: Callable[[dict], bool]) ->
                                   what="the admin state", ignoring=(AssertionError,))
 
 
-async def set_mode(admin: httpx.AsyncClient, mode: str) -> httpx.Response:
-    """PUT the mode, again after a 503 (as above), until STATE_SEEN_SECONDS pass."""
-    async def put() -> httpx.Response:
-        reply = await admin.put(MODE_PATH, json={"mode": mode})
-        assert reply.status_code != 503, reply.text
-        return reply
-
-    return await eventually_async(put, STATE_SEEN_SECONDS, every=POLL_SECONDS,
-                                  what=f"PUT mode {mode} taken", ignoring=(AssertionError,))
-
-
 async def chat(client: AsyncOpenAI, i: int) -> tuple[str, str | None]:
     answer = await client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": f"Step {i}: tap the search box."}],
@@ -136,11 +126,12 @@ async def test_live_flip_under_load_fails_and_drops_nothing(flip_engine: Engine,
             state = await admin_state(admin, lambda s: s["queued"] >= len(queued))
             assert (state.get("inflight"), state.get("queued")) == (cap + len(streamed),
                                                                    len(queued)), state
-            flipped = await set_mode(admin, "batching")
-            assert flipped.status_code == 200 and flipped.json()["mode"] == "batching"
+            # Each PUT again after a 503 (as above), and asserted: a 200 in the mode put.
+            await set_mode_async(flip_engine.admin_url, ADMIN_TOKEN, "batching", CLIENT_TIMEOUT,
+                                 busy_for=STATE_SEEN_SECONDS, every=POLL_SECONDS)
             await asyncio.sleep(0.3)
-            back = await set_mode(admin, "streaming")
-            assert back.status_code == 200 and back.json()["mode"] == "streaming"
+            await set_mode_async(flip_engine.admin_url, ADMIN_TOKEN, "streaming", CLIENT_TIMEOUT,
+                                 busy_for=STATE_SEEN_SECONDS, every=POLL_SECONDS)
             for holder in holders:
                 holder.cancel()  # their clients leave; vLLM aborts them
             results = await asyncio.gather(*queued)

@@ -1,5 +1,5 @@
 """The operator's PromQL (autoglm_operator.io.prom's table) against Debian's Prometheus scraping
-the real engine: every query the adaptive loop issues finds data there, except GPU memory, which
+the real engine: every query the adaptive pass issues finds data there, except GPU memory, which
 a CPU has no NVML or DCGM for and which must then read as no data, never as a value.
 
 The engine is the pod `POD` of namespace `NAMESPACE` by its scrape labels, as a PodMonitor
@@ -15,15 +15,14 @@ import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from openai import AsyncOpenAI
 
 from autoglm_operator.adaptive.signals import Availability, Reading
 from autoglm_operator.io import prom
 from autoglm_operator.resource.spec import PrometheusSource
-from autoglm_runtime.profiles import MODE_PATH
-from testkit.engine import CLIENT_TIMEOUT, MODEL, OPENAI_TIMEOUT, POLL_SECONDS, Engine
+from testkit.admin import set_mode_async
+from testkit.engine import ADMIN_TOKEN, CLIENT_TIMEOUT, MODEL, OPENAI_TIMEOUT, POLL_SECONDS, Engine
 from testkit.localprom import LocalPrometheus
 from testkit.waiting import eventually_async
 
@@ -117,13 +116,6 @@ async def values_seen(reader: prom.PrometheusReader, wanted: set[str]) -> dict[s
     return seen
 
 
-async def set_mode(engine: Engine, mode: str) -> None:
-    async with httpx.AsyncClient(base_url=engine.admin_url, headers=engine.admin(),
-                                 timeout=CLIENT_TIMEOUT) as admin:
-        answer = await admin.put(MODE_PATH, json={"mode": mode})
-    assert answer.status_code == 200 and answer.json()["mode"] == mode, answer.text
-
-
 async def test_every_operator_query_finds_data_on_the_real_engine(
     engine: Engine, prometheus: LocalPrometheus,
 ) -> None:
@@ -132,11 +124,12 @@ async def test_every_operator_query_finds_data_on_the_real_engine(
     try:
         async with traffic(engine):
             streaming = await values_seen(reader, every - BATCHING_ONLY)
-            await set_mode(engine, "batching")
+            await set_mode_async(engine.admin_url, ADMIN_TOKEN, "batching", CLIENT_TIMEOUT)
             try:
                 batching = await values_seen(reader, BATCHING_ONLY)
             finally:
-                await set_mode(engine, "streaming")
+                await set_mode_async(engine.admin_url, ADMIN_TOKEN, "streaming",
+                                     CLIENT_TIMEOUT)
     finally:
         reader.close()
     served = (prom.QPS, prom.CHAT_RATE, prom.OTHER_RATE, prom.STREAMING_COMPLETIONS,

@@ -19,11 +19,11 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from autoglm_operator.resource import spec as crd
-from autoglm_runtime.profiles import MODE_PATH
-from autoglm_runtime.sim.process import RouterProcess
+from autoglm_operator.resource import spec
+from testkit.admin import set_mode_async
 from testkit.agent import SYSTEM_PROMPT
 from testkit.engine import (
+    ADMIN_TOKEN,
     CLIENT_TIMEOUT,
     MODEL,
     OPENAI_TIMEOUT,
@@ -33,6 +33,7 @@ from testkit.engine import (
     running_engine,
 )
 from testkit.paths import REPO
+from testkit.processes import RouterProcess
 from testkit.waiting import eventually_async
 
 pytestmark = pytest.mark.timeout(600)
@@ -42,7 +43,7 @@ BLOCK_TOKENS = 128  # vLLM's CPU backend caches prompts in blocks of 128 tokens 
 
 
 @pytest.fixture(scope="module")
-def second_engine(model_dir: Path, default_spec: crd.AutoGLMDeploymentSpec,
+def second_engine(model_dir: Path, default_spec: spec.AutoGLMDeploymentSpec,
                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     with running_engine(default_spec, model_dir, tmp_path_factory.mktemp("second")) as started:
         yield started
@@ -51,7 +52,7 @@ def second_engine(model_dir: Path, default_spec: crd.AutoGLMDeploymentSpec,
 @pytest.fixture(scope="module")
 def router(engine: Engine, second_engine: Engine,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProcess]:
-    env = {"PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("runtime", "router"))}
+    env = {"PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("api", "runtime", "router"))}
     process = RouterProcess([engine.base_url, second_engine.base_url], "--poll-interval", "0.5",
                             env=env, log_path=tmp_path_factory.mktemp("router") / "router.log")
     process.start(timeout=60.0)
@@ -59,19 +60,13 @@ def router(engine: Engine, second_engine: Engine,
         yield process
     finally:
         process.stop()
-        asyncio.run(set_mode(engine, "streaming"))  # the session's engine, as it was
+        # The session's engine, as it was.
+        asyncio.run(set_mode_async(engine.admin_url, ADMIN_TOKEN, "streaming", CLIENT_TIMEOUT))
 
 
 def client_of(router: RouterProcess) -> AsyncOpenAI:
     return AsyncOpenAI(base_url=f"{router.base_url}/v1", api_key="EMPTY", max_retries=0,
                        timeout=OPENAI_TIMEOUT)
-
-
-async def set_mode(engine: Engine, mode: str) -> None:
-    async with httpx.AsyncClient(base_url=engine.admin_url, headers=engine.admin(),
-                                 timeout=CLIENT_TIMEOUT) as admin:
-        answer = await admin.put(MODE_PATH, json={"mode": mode})
-    assert answer.status_code == 200 and answer.json()["mode"] == mode, answer.text
 
 
 async def modes_seen(router: RouterProcess, replicas: dict[str, int]) -> None:
@@ -127,8 +122,8 @@ async def test_each_class_goes_to_the_replica_in_its_mode(
     router: RouterProcess, engine: Engine, second_engine: Engine,
 ) -> None:
     pair = (engine, second_engine)
-    await set_mode(engine, "streaming")
-    await set_mode(second_engine, "batching")
+    await set_mode_async(engine.admin_url, ADMIN_TOKEN, "streaming", CLIENT_TIMEOUT)
+    await set_mode_async(second_engine.admin_url, ADMIN_TOKEN, "batching", CLIENT_TIMEOUT)
     await modes_seen(router, {"streaming": 1, "batching": 1})
     client = client_of(router)
     messages = [{"role": "user", "content": "Tap the search box."}]
@@ -149,7 +144,7 @@ async def test_a_conversation_stays_where_its_prefix_is_cached(
     router: RouterProcess, engine: Engine, second_engine: Engine,
 ) -> None:
     pair = (engine, second_engine)
-    await set_mode(second_engine, "streaming")
+    await set_mode_async(second_engine.admin_url, ADMIN_TOKEN, "streaming", CLIENT_TIMEOUT)
     await modes_seen(router, {"streaming": 2, "batching": 0})
     client = client_of(router)
     homes: dict[str, set[int]] = {}

@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from autoglm_operator.resource import spec as crd
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
 from testkit.engine import (
     CLIENT_TIMEOUT,
     MODEL,
@@ -42,9 +42,9 @@ pytestmark = pytest.mark.timeout(600)
 SERIAL_CONTEXT = 65536
 # The context less room for the prompt: over 4 minutes of decode at this tier's fastest (270
 # tokens/s at the start, slower as the context grows), where queueing the others takes well
-# under a second when the server answers. CI once saw a 32,768-token blocker finish (in 160 s)
-# while requests sent behind it took a minute to reach vLLM's queue and a /metrics poll a
-# minute and a half to answer.
+# under a second when the server answers. A blocker of half this length has finished on CI
+# while the requests sent behind it were still on their way to vLLM's queue and a /metrics poll
+# had not answered.
 BLOCKER_TOKENS = SERIAL_CONTEXT - 384
 QUEUE_SEEN_SECONDS = 120
 DRAIN_SECONDS = 300
@@ -57,7 +57,7 @@ def serial_engine(model_dir: Path,
     # blocker's client leaving, three streams) must fit the drain grace, which follows
     # shutdownTimeoutSeconds; at the default 30 s, /metrics answering slowly while the engine
     # decodes once used it up, and vLLM's own shutdown then cut the queued streams.
-    spec = crd.AutoGLMDeploymentSpec.model_validate({
+    spec = AutoGLMDeploymentSpec.model_validate({
         "maxModelLen": SERIAL_CONTEXT, "engine": {"shutdownTimeoutSeconds": DRAIN_SECONDS}})
     with running_engine(spec, model_dir, tmp_path_factory.mktemp("serial"),
                         max_num_seqs=1) as started:

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from gateway_kit import ADMIN_TOKEN, StartGateway, StartSim
 
-from autoglm_runtime.sim.process import SimProcess
 from testkit.gateway import Gateway, start_gateway
+from testkit.processes import SimProcess
 from testkit.sims import sim_starter
 
 

@@ -1,5 +1,5 @@
 """Helpers for the gateway tier: real Envoy (testkit.gateway) in front of `autoglm-router
---ext-proc-port` and `autoglm-runtime sim` replicas, all on loopback."""
+--ext-proc-port` and `testkit.sim` replicas, all on loopback."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import openai
 
-from autoglm_runtime.sim.process import SimProcess
 from testkit.gateway import Gateway
+from testkit.processes import SimProcess
 
 ADMIN_TOKEN = "gateway-test-token"
 MODEL = "autoglm-phone-9b"

@@ -1,5 +1,5 @@
 """Real Envoy, shaped like a Gateway API Inference Extension gateway, in front of our picker and
-`autoglm-runtime sim` replicas on loopback, driven by the clients users run."""
+`testkit.sim` replicas on loopback, driven by the clients users run."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import asyncio
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -16,13 +17,17 @@ from gateway_kit import ADMIN_TOKEN, MODEL, StartGateway, StartSim, address, cli
 from langchain_core.messages import HumanMessage
 from langchain_openai import ChatOpenAI
 
-from autoglm_runtime.profiles import DRAIN_PATH, MODE_PATH
-from autoglm_runtime.sim.process import SimProcess
+from autoglm_api.profiles import DRAIN_PATH
+from testkit.admin import set_mode
 from testkit.gateway import Gateway
 from testkit.probe import metric
+from testkit.processes import SimProcess
 from testkit.waiting import eventually
 
 pytestmark = pytest.mark.timeout(120)
+# Requests a drain test's load serves after the drain before it stops: about what 2 s of it
+# serves on a 2-core machine (over 100 a second).
+SERVED_AFTER_DRAIN = 200
 SCREENSHOT = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42"
               "mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
 
@@ -42,11 +47,6 @@ def healthy(ops_url: str) -> bool:
         return False
 
 
-def set_mode(sim: SimProcess, mode: str) -> None:
-    httpx.put(sim.admin_url + MODE_PATH, json={"mode": mode}, timeout=5,
-              headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).raise_for_status()
-
-
 def chat_messages(text: str) -> Any:
     return [{"role": "system", "content": "You operate an Android phone."},
             {"role": "user", "content": [{"type": "text", "text": text},
@@ -57,6 +57,17 @@ def streamed_text(client: openai.OpenAI, text: str, max_tokens: int = 8, **extra
     stream = client.chat.completions.create(model=MODEL, messages=chat_messages(text),
                                             stream=True, max_tokens=max_tokens, **extra)
     return "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+
+
+def data_events(lines: Iterator[str], count: int) -> list[str]:
+    """The next `count` `data: {...}` events of a stream's lines (fewer if it ends first)."""
+    events: list[str] = []
+    for line in lines:
+        if line.startswith("data: {"):
+            events.append(line)
+            if len(events) == count:
+                break
+    return events
 
 
 @pytest.fixture(scope="module")
@@ -148,8 +159,8 @@ def test_a_flip_is_seen_at_the_next_poll_and_routing_follows(
     streaming, batching, other = replicas
     c = client(gateway)
     try:
-        set_mode(streaming, "batching")
-        set_mode(batching, "streaming")
+        set_mode(streaming.admin_url, ADMIN_TOKEN, "batching")
+        set_mode(batching.admin_url, ADMIN_TOKEN, "streaming")
         started = time.monotonic()
         eventually(lambda: _streamed_chat_lands_on(gateway, batching), 2.5, every=0.05,
                    what="a streamed chat landing on the flipped replica")
@@ -161,10 +172,21 @@ def test_a_flip_is_seen_at_the_next_poll_and_routing_follows(
         assert admitted(batching) - before[0] == 3
         assert admitted(streaming) + admitted(other) == before[1]
     finally:
-        set_mode(streaming, "streaming")
-        set_mode(batching, "batching")
+        set_mode(streaming.admin_url, ADMIN_TOKEN, "streaming")
+        set_mode(batching.admin_url, ADMIN_TOKEN, "batching")
         eventually(lambda: _streamed_chat_lands_on(gateway, streaming), 2.5, every=0.05,
                    what="a streamed chat landing on the streaming replica again")
+
+
+def _chat_lands_on(c: openai.OpenAI, sim: SimProcess) -> bool:
+    before = admitted(sim)
+    assert c.chat.completions.create(model=MODEL, max_tokens=4, messages=chat_messages("probe"))
+    return admitted(sim) == before + 1
+
+
+def picker_sees(gateway: Gateway) -> dict[str, int]:
+    """The replicas the picker takes as taking requests, by mode."""
+    return httpx.get(gateway.picker.ops_url + "/health", timeout=5).json()["replicas"]
 
 
 def _streamed_chat_lands_on(gateway: Gateway, sim: SimProcess) -> bool:
@@ -264,10 +286,11 @@ def test_a_stream_is_in_flight_until_it_ends(
         lines = response.iter_lines()
         assert next(lines).startswith("data:")
         assert inflight(gateway) == 1
-        time.sleep(0.3)
+        # Still counted well into the stream (50 events on), not only at its headers.
+        middle = data_events(lines, 50)
         assert inflight(gateway) == 1
         rest = [line for line in lines if line]
-    assert rest[-1] == "data: [DONE]"
+    assert len(middle) == 50 and rest[-1] == "data: [DONE]"
     eventually(lambda: inflight(gateway) == 0, 3, every=0.05,
                what="nothing in flight at the picker")
 
@@ -347,16 +370,23 @@ def test_a_draining_replica_fails_no_client_request(
             except Exception as exc:  # counted, not raised: the test asserts there are none
                 failures.append(exc)
 
+    before = admitted(first), admitted(second)
     workers = [threading.Thread(target=load, args=(w,)) for w in range(3)]
     for worker in workers:
         worker.start()
     try:
-        time.sleep(1.0)
+        # The drained replica was taking its share of the load.
+        eventually(lambda: admitted(first) > before[0] and admitted(second) > before[1], 10,
+                   every=0.05, what="the load reaching both replicas")
         drained = httpx.post(first.admin_url + DRAIN_PATH, timeout=5,
                              headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
         assert drained.status_code == 202
-        at_drain = admitted(first)
-        time.sleep(2.0)
+        at_drain, served_at_drain = admitted(first), served[0]
+        # Load goes on through the drain, before the next poll finds it, until the gateway has
+        # retried a request the draining replica refused and many more have been served.
+        eventually(lambda: gateway.envoy.stats().get("cluster.pool.upstream_rq_retry", 0) >= 1
+                   and served[0] >= served_at_drain + SERVED_AFTER_DRAIN, 30, every=0.05,
+                   what=f"a retry and {SERVED_AFTER_DRAIN} requests served after the drain")
     finally:
         stop.set()
         for worker in workers:
@@ -374,11 +404,16 @@ def test_a_draining_replica_is_avoided_from_the_next_poll(
     drain, and requests go elsewhere from then on."""
     first, second = start_sim("batching"), start_sim("batching")
     gateway = gateways([first, second], shape="original_dst")
+    c = client(gateway)
+    # Both replicas take requests until the drain: the one drained gets some.
+    eventually(lambda: _chat_lands_on(c, first), 5, every=0.05,
+               what="a chat through the gateway landing on the replica to drain")
     drained = httpx.post(first.admin_url + DRAIN_PATH, timeout=5,
                          headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
     assert drained.status_code == 202
-    time.sleep(0.5)  # two polls
-    at_drain, c = admitted(first), client(gateway)
+    eventually(lambda: picker_sees(gateway) == {"streaming": 0, "batching": 1, "unknown": 0},
+               3, every=0.05, what="the picker's poll finding the drain")
+    at_drain = admitted(first)
     for i in range(10):
         assert c.chat.completions.create(model=MODEL, max_tokens=4,
                                          messages=chat_messages(f"after drain {i}"))
@@ -404,7 +439,7 @@ def test_the_picker_down_fails_open_to_a_pool_replica(
     """FailOpen needs a cluster that knows the pool (Istio's override_host): the request goes to
     one of its endpoints round robin, past every check of the picker. In BUFFERED mode Envoy
     still holds the body when the picker's stream fails (in full duplex it has handed it over,
-    and 24 of 40 such requests got 503 in one run)."""
+    and such requests fail: docs/router/gateway.md has the count)."""
     gateway = gateways(list(replicas), shape="override_host", fail_open=True)
     gateway.picker.stop()
     before = sum(admitted(r) for r in replicas)

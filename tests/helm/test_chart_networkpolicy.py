@@ -16,7 +16,7 @@ import pytest
 
 from autoglm_operator.reconcile.children import router as router_builders
 from autoglm_operator.reconcile.children import serving as builders
-from autoglm_operator.resource import spec as crd
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
 from testkit.chart import NAMESPACE, RELEASE, by_kind, one, render
 
 FULLNAME = f"{RELEASE}-autoglm"
@@ -50,7 +50,7 @@ def test_serving_pods_api_port_takes_only_the_clients_routers_prometheus_and_hel
     assert policy["metadata"]["namespace"] == NAMESPACE
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     # It selects the pods the operator creates, and their ports by name.
-    pod = builders.pod_template("phone-9b", crd.AutoGLMDeploymentSpec())
+    pod = builders.pod_template("phone-9b", AutoGLMDeploymentSpec())
     assert _selects(policy["spec"]["podSelector"], pod["metadata"]["labels"])
     api, admin = policy["spec"]["ingress"]
     port_names = {p["name"] for p in pod["spec"]["containers"][0]["ports"]}
@@ -66,7 +66,7 @@ def test_serving_pods_api_port_takes_only_the_clients_routers_prometheus_and_hel
     assert APPS in peers
     # The routers in front (Service <name>) of the same namespace.
     owner = builders.Owner("phone-9b", NAMESPACE, "u")
-    router_pod = router_builders.pod_template(owner, crd.AutoGLMDeploymentSpec())
+    router_pod = router_builders.pod_template(owner, AutoGLMDeploymentSpec())
     assert any(_peer_matches(p, NAMESPACE, router_pod["metadata"]["labels"]) for p in peers
                if "podSelector" in p)  # fmt: skip
     assert not any(_peer_matches(p, "elsewhere", router_pod["metadata"]["labels"]) for p in peers
@@ -88,7 +88,7 @@ def test_serving_pods_admin_port_takes_only_the_operator(operator_namespace: str
                    "networkPolicy.namespaces": [NAMESPACE]}, namespace=operator_namespace)
     policy = one(docs, "NetworkPolicy", f"{FULLNAME}-serving")
     _, admin = policy["spec"]["ingress"]
-    pod = builders.pod_template("phone-9b", crd.AutoGLMDeploymentSpec())
+    pod = builders.pod_template("phone-9b", AutoGLMDeploymentSpec())
     (admin_port,) = [p for p in pod["spec"]["containers"][0]["ports"] if p["name"] == "admin"]
     assert admin["ports"] == [{"port": "admin", "protocol": "TCP"}]
     assert admin_port["containerPort"] == builders.ADMIN_PORT
@@ -97,7 +97,7 @@ def test_serving_pods_admin_port_takes_only_the_operator(operator_namespace: str
     assert _peer_matches(peer, operator_namespace, operator_pod, NAMESPACE)
     assert not _peer_matches(peer, "elsewhere", operator_pod, NAMESPACE)
     owner = builders.Owner("phone-9b", NAMESPACE, "u")
-    router_pod = router_builders.pod_template(owner, crd.AutoGLMDeploymentSpec())
+    router_pod = router_builders.pod_template(owner, AutoGLMDeploymentSpec())
     test_pod = one(docs, "Pod", f"{FULLNAME}-test-models")["metadata"]["labels"]
     for labels in (router_pod["metadata"]["labels"], test_pod, pod["metadata"]["labels"],
                    {"app.kubernetes.io/name": "prometheus"}):
@@ -110,9 +110,9 @@ def test_router_pods_take_only_the_named_clients_prometheus_and_helm_test() -> N
     policy = one(docs, "NetworkPolicy", f"{FULLNAME}-router")
     assert policy["metadata"]["namespace"] == NAMESPACE
     owner = builders.Owner("phone-9b", NAMESPACE, "u")
-    pod = router_builders.pod_template(owner, crd.AutoGLMDeploymentSpec())
+    pod = router_builders.pod_template(owner, AutoGLMDeploymentSpec())
     assert _selects(policy["spec"]["podSelector"], pod["metadata"]["labels"])
-    serving = builders.pod_template("phone-9b", crd.AutoGLMDeploymentSpec())
+    serving = builders.pod_template("phone-9b", AutoGLMDeploymentSpec())
     assert not _selects(policy["spec"]["podSelector"], serving["metadata"]["labels"])
     # The API port for the clients and the helm test; /health and /metrics for Prometheus only.
     api, ops = policy["spec"]["ingress"]
@@ -155,7 +155,7 @@ def test_gateway_pods_reach_serving_pods_and_the_routers_picker_port_only() -> N
     assert GATEWAY not in api["from"] and GATEWAY not in ops["from"]
     # The port's name is the one the router container has with spec.gateway on.
     owner = builders.Owner("phone-9b", NAMESPACE, "u")
-    spec = crd.AutoGLMDeploymentSpec.model_validate({"gateway": {"enabled": True}})
+    spec = AutoGLMDeploymentSpec.model_validate({"gateway": {"enabled": True}})
     ports = router_builders.pod_template(owner, spec)["spec"]["containers"][0]["ports"]
     assert {p["name"]: p["containerPort"] for p in ports}["grpc-ext-proc"] == 9002
     # Without gateway peers, no gateway rule: nothing reaches the picker's port.
@@ -231,7 +231,7 @@ def _denied(rule: dict[str, Any], address: str) -> bool:
 def test_serving_pods_reach_the_internet_and_dns_but_not_metadata_or_cluster_addresses() -> None:
     docs = render(ENABLED)
     policy = one(docs, "NetworkPolicy", f"{FULLNAME}-serving-egress")
-    pod = builders.pod_template("phone-9b", crd.AutoGLMDeploymentSpec())
+    pod = builders.pod_template("phone-9b", AutoGLMDeploymentSpec())
     assert _selects(policy["spec"]["podSelector"], pod["metadata"]["labels"])
     assert policy["spec"]["policyTypes"] == ["Egress"]
     addresses, dns = policy["spec"]["egress"]

@@ -332,9 +332,9 @@ def _exporter(registries: list[CollectorRegistry]) -> ThreadingHTTPServer:
 
 def _runtime_registries(pod_index: int) -> list[CollectorRegistry]:
     """One serving pod's /metrics: the sim's vllm:* registry and the runtime's autoglm_* one."""
+    from autoglm_api.profiles import Mode
     from autoglm_runtime.metrics import runtime_metrics
-    from autoglm_runtime.profiles import Mode
-    from autoglm_runtime.sim.metrics import SimMetrics
+    from testkit.sim.metrics import SimMetrics
 
     vllm = SimMetrics.create("autoglm-phone-9b", 2048)
     labels = vllm.labels
@@ -559,7 +559,7 @@ def test_alert_rules_load_and_evaluate_without_errors(prometheus: str) -> None:
 
 
 def test_operator_default_queries_find_the_scraped_pods(prometheus: str) -> None:
-    """The labels the chart's scrape configs produce are the ones the adaptive loop selects on."""
+    """The labels the chart's scrape configs produce are the ones the adaptive pass selects on."""
     from autoglm_operator.io.prom import DEFAULT_QUERIES
     from autoglm_operator.io.prom import render as render_query
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from autoglm_operator.reconcile.children import serving as builders
-from autoglm_operator.resource import spec as crd
+from autoglm_operator.resource.spec import API_VERSION, AutoGLMDeploymentSpec
 from testkit.chart import (
     CHART,
     CHART_CRD,
@@ -239,7 +239,7 @@ def test_replicas_above_one_get_a_disruption_budget() -> None:
 def test_pod_monitor_selects_the_pods_the_operator_builds() -> None:
     docs = render(MONITORING_ON)
     monitor = one(docs, "PodMonitor", f"{FULLNAME}-runtime")
-    agd_spec = crd.AutoGLMDeploymentSpec()
+    agd_spec = AutoGLMDeploymentSpec()
     template = builders.pod_template("phone", agd_spec)
     pod_labels = template["metadata"]["labels"]
     selector = monitor["spec"]["selector"]["matchLabels"]
@@ -269,7 +269,7 @@ def test_router_pod_monitor_selects_router_pods_not_serving_pods() -> None:
     monitor = one(docs, "PodMonitor", f"{FULLNAME}-router")
     selector = monitor["spec"]["selector"]["matchLabels"]
     assert selector["app.kubernetes.io/component"] == "router"
-    serving = builders.pod_template("phone", crd.AutoGLMDeploymentSpec())["metadata"]["labels"]
+    serving = builders.pod_template("phone", AutoGLMDeploymentSpec())["metadata"]["labels"]
     assert not selector.items() <= serving.items()
     endpoint = monitor["spec"]["podMetricsEndpoints"][0]
     assert endpoint["port"] == "metrics"  # /metrics is apart from the API port
@@ -294,7 +294,7 @@ def test_plain_scrape_config_selects_the_pods_the_operator_builds() -> None:
     )
     runtime_job = snippet[0]
     selector = runtime_job["kubernetes_sd_configs"][0]["selectors"][0]["label"]
-    pod_labels = builders.pod_template("phone", crd.AutoGLMDeploymentSpec())["metadata"]["labels"]
+    pod_labels = builders.pod_template("phone", AutoGLMDeploymentSpec())["metadata"]["labels"]
     wanted = dict(pair.split("=", 1) for pair in selector.split(","))
     assert wanted.items() <= pod_labels.items()
 
@@ -328,15 +328,15 @@ def test_dashboard_is_valid_json_in_a_sidecar_configmap() -> None:
 def test_deployment_from_values_is_a_valid_autoglmdeployment() -> None:
     docs = render(FROM_VALUES)
     agd = one(docs, "AutoGLMDeployment", "phone")
-    assert agd["apiVersion"] == crd.API_VERSION
+    assert agd["apiVersion"] == API_VERSION
     assert agd["metadata"]["namespace"] == NAMESPACE
-    parsed = crd.AutoGLMDeploymentSpec.model_validate(agd["spec"])
+    parsed = AutoGLMDeploymentSpec.model_validate(agd["spec"])
     assert parsed.replicas == 2 and parsed.model.served_name == "glm-phone"
 
 
 def test_default_deployment_spec_in_values_is_valid() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    crd.AutoGLMDeploymentSpec.model_validate(values["deployment"]["spec"])
+    AutoGLMDeploymentSpec.model_validate(values["deployment"]["spec"])
     # `helm test` checks the object examples/autoglm.yaml creates, without extra values.
     example = yaml.safe_load((CHART.parent.parent / "examples" / "autoglm.yaml").read_text())
     assert values["deployment"]["name"] == example["metadata"]["name"]
@@ -353,7 +353,7 @@ def test_helm_test_hook_targets_the_endpoint_the_operator_reports() -> None:
     docs = render(FROM_VALUES)
     pod, env = _test_pod(docs)
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
-    spec = crd.AutoGLMDeploymentSpec.model_validate(FROM_VALUES["deployment.spec"])
+    spec = AutoGLMDeploymentSpec.model_validate(FROM_VALUES["deployment.spec"])
     assert env["ENDPOINT"] == builders.endpoint_url("phone", NAMESPACE, spec)
     assert env["EXPECT_MODEL"] == "glm-phone"
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
@@ -362,7 +362,7 @@ def test_helm_test_hook_targets_the_endpoint_the_operator_reports() -> None:
 def test_helm_test_hook_defaults_and_api_key() -> None:
     docs = render({"tests.apiKeySecret": {"name": "keys", "key": "k"}})
     pod, env = _test_pod(docs)
-    spec = crd.AutoGLMDeploymentSpec()
+    spec = AutoGLMDeploymentSpec()
     assert env["ENDPOINT"] == builders.endpoint_url("phone-9b", NAMESPACE, spec)
     assert env["EXPECT_MODEL"] == spec.model.served_name
     key = [e for e in pod["spec"]["containers"][0]["env"] if e["name"] == "API_KEY"]
@@ -385,7 +385,7 @@ def test_example_values_files_install_cleanly(path: Any) -> None:
     assert "0 chart(s) failed" in out.stdout
     docs = render(extra=["-f", str(path)])
     for agd in by_kind(docs, "AutoGLMDeployment"):
-        crd.AutoGLMDeploymentSpec.model_validate(agd["spec"])
+        AutoGLMDeploymentSpec.model_validate(agd["spec"])
 
 
 def test_there_are_example_values_files() -> None:

@@ -15,12 +15,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from autoglm_api.engine_args import PINNED_VLLM_VERSION
 from autoglm_operator import cli
 from autoglm_operator.reconcile.children import router as router_builders
 from autoglm_operator.reconcile.children import serving as builders
 from autoglm_operator.resource import images
-from autoglm_operator.resource import spec as crd
-from autoglm_runtime.engine_args import PINNED_VLLM_VERSION
+from autoglm_operator.resource.spec import (
+    DEFAULT_IMAGE,
+    DEFAULT_ROUTER_IMAGE,
+    AutoGLMDeploymentSpec,
+)
 from testkit.chart import CHART, CHART_CRD, CRD_SOURCE, REPO, one, render
 from testkit.dockerfiles import instructions
 
@@ -80,7 +84,7 @@ def test_image_runs_as_a_numeric_non_root_user(dockerfile: Path) -> None:
 
 def test_runtime_user_is_the_uid_the_operator_runs_serving_pods_as() -> None:
     assert _last(RUNTIME, "USER").split(":")[0] == str(builders.RUN_AS_USER)
-    pod = builders.pod_template("phone", crd.AutoGLMDeploymentSpec())
+    pod = builders.pod_template("phone", AutoGLMDeploymentSpec())
     assert pod["spec"]["securityContext"]["runAsUser"] == builders.RUN_AS_USER
 
 
@@ -88,7 +92,7 @@ def test_router_image_is_what_the_operator_runs_router_pods_with() -> None:
     import json
 
     owner = builders.Owner("phone", "serving", "u")
-    pod = router_builders.pod_template(owner, crd.AutoGLMDeploymentSpec())["spec"]
+    pod = router_builders.pod_template(owner, AutoGLMDeploymentSpec())["spec"]
     assert _last(ROUTER, "USER").split(":")[0] == str(pod["securityContext"]["runAsUser"])
     container = pod["containers"][0]
     assert container["command"] == json.loads(_last(ROUTER, "ENTRYPOINT"))
@@ -118,7 +122,7 @@ def test_entrypoint_is_the_packages_console_script(dockerfile: Path, script: str
 def test_runtime_command_matches_what_the_operator_runs() -> None:
     import json
 
-    container = builders.pod_template("phone", crd.AutoGLMDeploymentSpec())["spec"]["containers"][0]
+    container = builders.pod_template("phone", AutoGLMDeploymentSpec())["spec"]["containers"][0]
     entrypoint = json.loads(_last(RUNTIME, "ENTRYPOINT"))
     assert container["command"][: len(entrypoint)] == entrypoint
     assert container["command"][1] == json.loads(_last(RUNTIME, "CMD"))[0] == "serve"
@@ -185,8 +189,8 @@ def _spec_image_default(crd_file: Path) -> str:
 def test_versions_agree_across_package_chart_and_images() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["appVersion"] == VERSION == images.VERSION
-    assert crd.DEFAULT_IMAGE == RUNTIME_REF
-    assert crd.DEFAULT_ROUTER_IMAGE == ROUTER_REF
+    assert DEFAULT_IMAGE == RUNTIME_REF
+    assert DEFAULT_ROUTER_IMAGE == ROUTER_REF
     assert _spec_image_default(CRD_SOURCE) == _spec_image_default(CHART_CRD) == RUNTIME_REF
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["image"]["registry"] == images.DEFAULT_REGISTRY

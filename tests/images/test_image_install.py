@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from autoglm_api.engine_args import MIDDLEWARE_IMPORT_PATH
 from autoglm_operator.reconcile.children import router as router_builders
 from autoglm_operator.reconcile.children import serving as builders
-from autoglm_operator.resource import spec as crd
-from autoglm_runtime.engine_args import MIDDLEWARE_IMPORT_PATH
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
 from testkit.dockerfiles import instructions
 
 pytestmark = pytest.mark.timeout(900)
@@ -139,9 +139,19 @@ def _run(env_dir: Path, *argv: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _assert_carries_only(env_dir: Path, packages: set[str]) -> None:
+    """Each image installs its own process's package and the shared contract, nothing else."""
+    names = ("autoglm_api", "autoglm_operator", "autoglm_runtime", "autoglm_router", "testkit")
+    script = f"import importlib.util as u; print([n for n in {names!r} if u.find_spec(n)])"
+    result = _run(env_dir, "python", "-c", script)
+    assert result.returncode == 0, result.stderr
+    assert set(json.loads(result.stdout.replace("'", '"'))) == packages
+
+
 def test_operator_image_install_runs_the_operator(tmp_path: Path) -> None:
     dockerfile = IMAGES / "operator.Dockerfile"
     env_dir, _root = _install(dockerfile, tmp_path)
+    _assert_carries_only(env_dir, {"autoglm_api", "autoglm_operator"})
     entrypoint, cmd = _entrypoint_and_cmd(dockerfile)
     assert (env_dir / "bin" / entrypoint[0]).is_file(), f"{entrypoint[0]} was not installed"
     # The image's default command and the CRD parse and print with the installed code alone.
@@ -163,12 +173,13 @@ def test_operator_image_install_runs_the_operator(tmp_path: Path) -> None:
 def test_runtime_image_install_runs_what_the_operator_starts(tmp_path: Path) -> None:
     dockerfile = IMAGES / "runtime.Dockerfile"
     env_dir, _root = _install(dockerfile, tmp_path)
+    _assert_carries_only(env_dir, {"autoglm_api", "autoglm_runtime"})
     entrypoint, cmd = _entrypoint_and_cmd(dockerfile)
     assert (env_dir / "bin" / entrypoint[0]).is_file(), f"{entrypoint[0]} was not installed"
     result = _run(env_dir, "python", "-c", "import importlib.util as u; print(u.find_spec('vllm'))")
     assert result.stdout.strip() == "None", "vLLM comes from the base image, not from [runtime]"
     # The serving pod's command, with the argv the operator builds, resolves to `vllm serve`.
-    container = builders.pod_template("phone", crd.AutoGLMDeploymentSpec())["spec"]["containers"][0]
+    container = builders.pod_template("phone", AutoGLMDeploymentSpec())["spec"]["containers"][0]
     assert container["command"][: len(entrypoint)] == entrypoint
     assert container["command"][len(entrypoint)] == cmd[0]
     command = [*container["command"][:-1], "--dry-run", "--", *container["args"]]
@@ -188,6 +199,7 @@ def test_runtime_image_install_runs_what_the_operator_starts(tmp_path: Path) -> 
 def test_router_image_install_runs_what_the_operator_starts(tmp_path: Path) -> None:
     dockerfile = IMAGES / "router.Dockerfile"
     env_dir, _root = _install(dockerfile, tmp_path)
+    _assert_carries_only(env_dir, {"autoglm_api", "autoglm_router"})
     entrypoint, _cmd = _entrypoint_and_cmd(dockerfile)
     assert (env_dir / "bin" / entrypoint[0]).is_file(), f"{entrypoint[0]} was not installed"
     # CPU only and small: neither vLLM, torch, the operator nor a Kubernetes client.
@@ -198,7 +210,7 @@ def test_router_image_install_runs_what_the_operator_starts(tmp_path: Path) -> N
     # The router pod's command and args, as the operator builds them, parse and reach the
     # point where they look for the pod's ServiceAccount (there is none here).
     owner = builders.Owner("phone", "serving", "u")
-    pod = router_builders.pod_template(owner, crd.AutoGLMDeploymentSpec())["spec"]
+    pod = router_builders.pod_template(owner, AutoGLMDeploymentSpec())["spec"]
     container = pod["containers"][0]
     assert container["command"] == entrypoint
     outside = ("env", "-u", "KUBECONFIG", "-u", "KUBERNETES_SERVICE_HOST")  # as here, no pod

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from autoglm_operator.reconcile.children import serving as builders
-from autoglm_operator.resource import spec
+from autoglm_operator.resource import spec, status
 from autoglm_operator.resource.crd import build_crd, render_crd_yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,7 +57,7 @@ def test_every_model_field_is_in_the_crd_and_back() -> None:
     assert set(adaptive) == _model_fields(spec.AdaptiveSettings)
     streaming = props["spec"]["properties"]["profiles"]["properties"]["streaming"]["properties"]
     assert set(streaming) == _model_fields(spec.ModeProfiles.model_fields["streaming"].annotation)  # type: ignore[arg-type]
-    assert set(props["status"]["properties"]) == _model_fields(spec.AutoGLMDeploymentStatus)
+    assert set(props["status"]["properties"]) == _model_fields(status.AutoGLMDeploymentStatus)
 
 
 def test_model_defaults_are_the_crd_defaults() -> None:

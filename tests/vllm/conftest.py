@@ -27,9 +27,9 @@ from vllm_kit import (
     vllm_app,
 )
 
-from autoglm_operator.resource import spec as crd
+from autoglm_api.profiles import Mode
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
 from autoglm_runtime.admin import relay_socket
-from autoglm_runtime.profiles import Mode
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -51,9 +51,9 @@ async def serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterato
     clients: list[httpx.AsyncClient] = []
     sockets = contextlib.ExitStack()
 
-    def make(spec: crd.AutoGLMDeploymentSpec | None = None, mode: Mode = Mode.STREAMING,
+    def make(spec: AutoGLMDeploymentSpec | None = None, mode: Mode = Mode.STREAMING,
              api_key: str | None = None) -> Served:
-        spec = spec or crd.AutoGLMDeploymentSpec()
+        spec = spec or AutoGLMDeploymentSpec()
         admin_socket = sockets.enter_context(relay_socket())
         argv, env = materialize_pod(tmp_path / mode.value, spec, mode, admin_socket, api_key)
         for name, value in env.items():

@@ -15,10 +15,10 @@ from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 from vllm_kit import ADMIN_TOKEN, Serve, register_engine_metrics
 
-from autoglm_operator.resource import spec as crd
+from autoglm_api.profiles import DRAIN_PATH, MODE_PATH, Mode
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
 from autoglm_runtime.admin import RelayError, relay_to
 from autoglm_runtime.middleware import ModeMiddleware
-from autoglm_runtime.profiles import DRAIN_PATH, MODE_PATH, Mode
 
 CHAT = "/v1/chat/completions"
 
@@ -37,7 +37,7 @@ async def test_the_middleware_is_the_outermost_layer(serve: Serve) -> None:
 
 
 async def test_the_admin_api_is_the_launchers_relayed_into_vllms_server(serve: Serve) -> None:
-    spec = crd.AutoGLMDeploymentSpec.model_validate(
+    spec = AutoGLMDeploymentSpec.model_validate(
         {"apiKeySecretRef": {"name": "autoglm-api-key", "key": "key"}}
     )
     served = serve(spec, api_key="client-key")
@@ -92,7 +92,7 @@ async def running_lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 async def test_metrics_show_autoglm_beside_vllms_own(serve: Serve) -> None:
-    spec = crd.AutoGLMDeploymentSpec()
+    spec = AutoGLMDeploymentSpec()
     served = serve(spec)
     register_engine_metrics(spec.model.served_name, spec.max_model_len)
     assert (await served.client.post(CHAT, json=chat_body())).status_code == 200

@@ -15,17 +15,17 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.reasoning import ReasoningParserManager
 from vllm_kit import OWNER, ArgvRejected, container, parse_serve_argv, serve_flags
 
-from autoglm_operator.reconcile.children import serving as builders
-from autoglm_operator.resource import spec as crd
-from autoglm_runtime.engine_args import (
+from autoglm_api.engine_args import (
     MANAGED_FLAGS,
     MIDDLEWARE_IMPORT_PATH,
     PINNED_VLLM_VERSION,
     EngineSettings,
     build_vllm_argv,
 )
-from autoglm_runtime.image_budget import MIN_PIXELS
-from autoglm_runtime.profiles import Mode
+from autoglm_api.image_budget import MIN_PIXELS
+from autoglm_api.profiles import Mode
+from autoglm_operator.reconcile.children import serving as builders
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec, EngineOptions
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,8 +51,8 @@ EXTRA_ARGS_PARSED = {"enforce_eager": True, "seed": 0, "max_logprobs": 10}
 VLLM_DTYPE = {"float16": "half", "bfloat16": "bfloat16"}
 
 
-def make_spec(data: dict[str, Any]) -> crd.AutoGLMDeploymentSpec:
-    return crd.AutoGLMDeploymentSpec.model_validate(data)
+def make_spec(data: dict[str, Any]) -> AutoGLMDeploymentSpec:
+    return AutoGLMDeploymentSpec.model_validate(data)
 
 
 def parsed(argv: list[str]) -> tuple[argparse.Namespace, AsyncEngineArgs]:
@@ -61,7 +61,7 @@ def parsed(argv: list[str]) -> tuple[argparse.Namespace, AsyncEngineArgs]:
 
 
 def assert_asked_for(
-    spec: crd.AutoGLMDeploymentSpec, mode: Mode | None, argv: list[str]
+    spec: AutoGLMDeploymentSpec, mode: Mode | None, argv: list[str]
 ) -> tuple[argparse.Namespace, AsyncEngineArgs]:
     """The values vLLM will run with are the ones the spec (and, under Rolling, the mode) set."""
     args, engine = parsed(argv)
@@ -153,7 +153,7 @@ def test_a_flag_vllm_removed_is_refused() -> None:
 
 
 def test_the_reasoning_parser_and_middleware_load() -> None:
-    default = crd.EngineOptions().reasoning_parser
+    default = EngineOptions().reasoning_parser
     assert default in ReasoningParserManager.list_registered()
     assert ReasoningParserManager.get_reasoning_parser(default).__name__
     module, name = MIDDLEWARE_IMPORT_PATH.rsplit(".", 1)
@@ -172,7 +172,7 @@ def test_the_installed_vllm_is_the_pinned_one() -> None:
 def test_vllm_reads_the_keep_alive_the_launcher_sets(monkeypatch: pytest.MonkeyPatch) -> None:
     import vllm.envs
 
-    from autoglm_runtime.keepalive import SERVER_KEEP_ALIVE_SECONDS, VLLM_KEEP_ALIVE_ENV
+    from autoglm_api.keepalive import SERVER_KEEP_ALIVE_SECONDS, VLLM_KEEP_ALIVE_ENV
     from autoglm_runtime.launcher import engine_env
 
     env = engine_env({}, Path("/tmp/relay.sock"))

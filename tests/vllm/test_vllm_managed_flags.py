@@ -14,7 +14,7 @@ from typing import Any
 
 from vllm_kit import serve_parser
 
-from autoglm_runtime.engine_args import API_KEY_FLAG_PATTERN, MANAGED_SPELLINGS, refused_extra_arg
+from autoglm_api.engine_args import API_KEY_FLAG_PATTERN, MANAGED_SPELLINGS, refused_extra_arg
 
 AMBIGUOUS = "<ambiguous>"
 

@@ -21,8 +21,8 @@ from prometheus_client import REGISTRY
 from vllm_kit import register_engine_metrics
 
 from autoglm_operator.io import prom
-from autoglm_operator.resource import spec as crd
-from autoglm_runtime.sim.metrics import SimMetrics
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec, QueryOverrides
+from testkit.sim.metrics import SimMetrics
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "autoglm"
@@ -59,7 +59,7 @@ def families(collectors: Any) -> dict[str, Family]:
 
 @pytest.fixture(scope="module")
 def vllm_families() -> dict[str, Family]:
-    spec = crd.AutoGLMDeploymentSpec()
+    spec = AutoGLMDeploymentSpec()
     register_engine_metrics(spec.model.served_name, spec.max_model_len)
     found = families(list(REGISTRY._collector_to_names))
     assert len(found) > 20, "vLLM's stat logger registered almost nothing: the check is void"
@@ -99,7 +99,7 @@ def alert_queries() -> Iterator[str]:
 
 def operator_queries() -> Iterator[str]:
     templates = [*prom.DEFAULT_QUERIES.values(), prom.COVERAGE_QUERY, prom.COVERAGE_RANGE_QUERY]
-    overrides = crd.QueryOverrides().model_dump()
+    overrides = QueryOverrides().model_dump()
     templates += [value for value in overrides.values() if value]  # spec defaults, if any
     for template in templates:
         yield prom.render(template, "ns", ["agd-0", "agd-1"], "agd")
@@ -161,7 +161,7 @@ def test_every_name_the_docs_and_code_mention_exists(vllm_families: dict[str, Fa
 
 
 def test_the_sims_families_are_vllms(vllm_families: dict[str, Family]) -> None:
-    spec = crd.AutoGLMDeploymentSpec()
+    spec = AutoGLMDeploymentSpec()
     sim = SimMetrics.create(spec.model.served_name, spec.max_model_len)
     exported = families(list(sim.registry._collector_to_names))
     assert len(exported) >= 15

@@ -13,8 +13,8 @@ from langchain_openai import ChatOpenAI
 from prometheus_client import REGISTRY
 from vllm_kit import BASE_URL, Serve, Served
 
-from autoglm_operator.resource import spec as crd
-from autoglm_runtime.profiles import Mode
+from autoglm_api.profiles import Mode
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
 
 MODEL = "autoglm-phone-9b"
 ANSWER = "Tap the search box and type."
@@ -139,7 +139,7 @@ def sample(name: str, labels: dict[str, str] | None = None) -> float:
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
 async def test_a_request_without_the_api_key_takes_no_slot(serve: Serve, path: str) -> None:
-    spec = crd.AutoGLMDeploymentSpec.model_validate(
+    spec = AutoGLMDeploymentSpec.model_validate(
         {"apiKeySecretRef": {"name": "autoglm-api-key", "key": "key"}}
     )
     served = serve(spec, api_key="client-key")

@@ -10,8 +10,8 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionStrea
 from vllm.entrypoints.openai.completion.protocol import CompletionStreamResponse
 from vllm_kit import RecordingServing, Serve
 
-from autoglm_operator.resource import spec as crd
-from autoglm_runtime.profiles import Mode
+from autoglm_api.profiles import Mode
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
 
 ANSWER = "".join(RecordingServing.TOKENS)
 EVENTS = len(RecordingServing.TOKENS) + 1  # a chunk per token, then [DONE]
@@ -46,7 +46,7 @@ def check_stream(writes: list[bytes], chat: bool) -> list[int]:
 @pytest.mark.parametrize("mode", list(Mode))
 async def test_streams_are_grouped_as_the_profile_says(serve: Serve, mode: Mode,
                                                        path: str) -> None:
-    spec = crd.AutoGLMDeploymentSpec()
+    spec = AutoGLMDeploymentSpec()
     served = serve(spec, mode=mode)
     chat = "chat" in path
     body: dict[str, object] = {"model": spec.model.served_name, "stream": True}
@@ -66,7 +66,7 @@ async def test_under_rolling_the_engine_coalesces_and_the_middleware_does_not(
 ) -> None:
     # vLLM's --stream-interval already puts several tokens in each chunk; the middleware must
     # not group those chunks again.
-    spec = crd.AutoGLMDeploymentSpec.model_validate({"switchStrategy": "Rolling"})
+    spec = AutoGLMDeploymentSpec.model_validate({"switchStrategy": "Rolling"})
     served = serve(spec, mode=Mode.BATCHING)
     body = {"model": spec.model.served_name, "stream": True,
             "messages": [{"role": "user", "content": "hi"}]}

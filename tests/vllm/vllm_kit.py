@@ -47,10 +47,10 @@ from vllm.entrypoints.serve.engine.serving import BaseServing
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.metrics.loggers import PrometheusStatLogger
 
+from autoglm_api.profiles import MODE_LABEL, Mode
 from autoglm_operator.reconcile.children import serving as builders
-from autoglm_operator.resource import spec as crd
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
 from autoglm_runtime.launcher import engine_env
-from autoglm_runtime.profiles import MODE_LABEL, Mode
 
 OWNER = builders.Owner("agd", "ns", "uid-1")
 ADMIN_TOKEN = "admin-token-for-tests"
@@ -211,7 +211,7 @@ class BodyWrites:
 
 
 def materialize_pod(
-    root: Path, spec: crd.AutoGLMDeploymentSpec, mode: Mode, admin_socket: Path,
+    root: Path, spec: AutoGLMDeploymentSpec, mode: Mode, admin_socket: Path,
     api_key: str | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The serving container as the operator builds it: (vllm serve argv, the environment

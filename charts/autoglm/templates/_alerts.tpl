@@ -28,7 +28,7 @@ honor_labels, so its namespace is not replaced by the operator pod's). */}}
       annotations:
         summary: Prometheus cannot scrape serving pod {{ "{{ $labels.namespace }}/{{ $labels.pod }}" }}.
         description: >-
-          The adaptive loop holds this replica's mode while its metrics are missing. Check that
+          The adaptive pass holds this replica's mode while its metrics are missing. Check that
           the pod is running and that /metrics on port 8000 answers.
     - alert: AutoGLMMetricsUnavailable
       expr: |

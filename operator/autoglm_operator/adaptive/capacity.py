@@ -11,9 +11,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from autoglm_api.profiles import Mode
 from autoglm_operator.adaptive.signals import Samples
-from autoglm_operator.resource.spec import AdaptiveSettings, LearnedCapacity
-from autoglm_runtime.profiles import Mode
+from autoglm_operator.resource.spec import AdaptiveSettings
+from autoglm_operator.resource.status import LearnedCapacity
 
 # A mode is saturated (its completions are its capacity) when requests in flight and queued
 # reach this share of its replicas' concurrency caps.
@@ -21,10 +22,10 @@ SATURATED = 0.9
 
 # A mode's completions are its capacity only while its replicas serve their own class (streaming
 # replicas: streamed chats; batching: the rest), which is what the model sizes. Batch jobs spilled
-# onto streaming replicas are short and complete fast: in a live run they drove the learned
-# streaming capacity to twice its seed and the policy chose the wrong split. With at least 90%
-# own class the other class moves the completion rate by at most a tenth of the gap between the
-# two classes' rates, within what LEARNING_RATE averages out.
+# onto streaming replicas are short and complete fast: counted as streaming capacity, they
+# inflate it and the policy chooses the wrong split. With at least 90% own class the other class
+# moves the completion rate by at most a tenth of the gap between the two classes' rates, within
+# what LEARNING_RATE averages out.
 OWN_CLASS_SHARE = 0.9
 
 # How far one saturated measurement moves the learned capacity (an exponential average over
@@ -32,7 +33,8 @@ OWN_CLASS_SHARE = 0.9
 LEARNING_RATE = 0.25
 
 # Learned capacity stays within this factor of the seed either way: a replica that served
-# nothing for a minute (stuck, draining) must not teach the loop that a mode serves nothing.
+# nothing for a minute (stuck, draining) must not teach the adaptive pass that a mode serves
+# nothing.
 CAPACITY_RANGE = 4.0
 
 # A learned capacity is stored only when it moves by this share in some mode: smaller moves are
@@ -94,7 +96,7 @@ def learn(
     but for one case: it has every ready replica (the model then sizes both classes with its
     capacity) and is saturated; its estimate may then fall toward what it delivered, never
     rise. Without that, a seed above what the replicas serve of batch jobs would never be
-    corrected while all of them stream batch load, and the loop would never move; a too-low
+    corrected while all of them stream batch load, and the adaptive pass would never move; a too-low
     estimate corrects itself once the mode serves its own class again. An unknown share (a
     runtime or trace without it) is taken as unmixed: such a mode learns as before.
     """

@@ -11,10 +11,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from autoglm_api.profiles import Mode
 from autoglm_operator.adaptive.capacity import Capacity
 from autoglm_operator.adaptive.signals import Samples
-from autoglm_operator.resource.spec import AdaptiveLoopState, AdaptiveSettings, ReplicaFlip
-from autoglm_runtime.profiles import Mode
+from autoglm_operator.resource.spec import AdaptiveSettings
+from autoglm_operator.resource.status import AdaptiveState, ReplicaFlip
 
 # Reasons (CamelCase, one word each), as they appear in status.lastDecision.reason.
 QPS_ABOVE_HIGH = "QpsAboveHigh"
@@ -69,8 +70,8 @@ class HysteresisState:
         record = self.last_flips.get(pod)
         return record[0] if record else None
 
-    def to_status(self) -> AdaptiveLoopState:
-        return AdaptiveLoopState(
+    def to_status(self) -> AdaptiveState:
+        return AdaptiveState(
             high_since=_iso(self.high_since),
             low_since=_iso(self.low_since),
             last_flips=[
@@ -82,12 +83,12 @@ class HysteresisState:
 
     @classmethod
     def from_status(
-        cls, stored: AdaptiveLoopState | Mapping[str, object] | None
+        cls, stored: AdaptiveState | Mapping[str, object] | None
     ) -> HysteresisState:
         if stored is None:
             return cls()
-        if not isinstance(stored, AdaptiveLoopState):
-            stored = AdaptiveLoopState.model_validate(stored)
+        if not isinstance(stored, AdaptiveState):
+            stored = AdaptiveState.model_validate(stored)
         flips: dict[str, tuple[float, Mode]] = {}
         for record in stored.last_flips:
             when = parse_iso(record.time)

@@ -32,6 +32,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from autoglm_api.profiles import Mode
 from autoglm_operator.adaptive.capacity import Capacity
 from autoglm_operator.adaptive.decision import (
     COOLDOWN,
@@ -54,7 +55,6 @@ from autoglm_operator.adaptive.decision import (
 )
 from autoglm_operator.adaptive.signals import Samples
 from autoglm_operator.resource.spec import AdaptiveSettings, ServiceLevelObjectives
-from autoglm_runtime.profiles import Mode
 
 # The demand is a minute's count of random arrivals (batch jobs come in groups), so the split is
 # scored on the measured demand and on each class 20% above and below it, every combination

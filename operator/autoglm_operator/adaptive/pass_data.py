@@ -12,11 +12,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from autoglm_api.profiles import Mode
 from autoglm_operator.adaptive import policy as pol
 from autoglm_operator.adaptive.signals import Reading
 from autoglm_operator.resource.pods import PodView
 from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
-from autoglm_runtime.profiles import Mode
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ class ModePlan:
     rolling: PassResult | None = None  # switchStrategy Rolling: the result; nothing flips live
 
 
-# The Rolling target rule (plan.rolling_batching_target) bound to one pass's spec and split:
+# The Rolling target rule (rolling.rolling_batching_target) bound to one pass's spec and split:
 # from the batching share decided (None: nothing decided) to the share to step toward.
 TargetRule = Callable[[int | None], int]
 

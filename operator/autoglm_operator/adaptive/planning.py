@@ -7,8 +7,8 @@ A plan (ModePlan): make each pod's label and runtime agree (repairs, finishing o
 flip an operator restart interrupted); then, under switchStrategy InPlace, the hysteresis state
 to write before any pod is touched and the flips (label first, so the mode Services route right,
 then the runtime's admin API, then a GET that confirms); under Rolling, the batching share the
-children plan steps toward. plan.plan_modes puts the steps together (with the one Rolling
-target rule, plan.rolling_batching_target) inside the iteration's one plan; io/executor.py
+children plan steps toward. iteration.plan_modes puts the steps together (with the one Rolling
+target rule, rolling.rolling_batching_target) inside the iteration's one plan; io/executor.py
 carries the entries out; report.report turns the outcomes into the status part and Events.
 
 Invariant: after a pass, each ready pod's label and runtime mode agree, or status says which
@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from autoglm_api.profiles import Mode
 from autoglm_operator.adaptive import policy as pol
 from autoglm_operator.adaptive import report
 from autoglm_operator.adaptive.pass_data import (
@@ -37,7 +38,6 @@ from autoglm_operator.adaptive.pass_data import (
 )
 from autoglm_operator.resource.pods import PodView
 from autoglm_operator.resource.spec import ModePolicy, SwitchStrategy
-from autoglm_runtime.profiles import Mode
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def pass_decision(inp: PassInput, seen: Seen) -> pol.PolicyDecision:
 def _rolling_phase(
     inp: PassInput, seen: Seen, decision: pol.PolicyDecision, target_rule: TargetRule
 ) -> tuple[Rolling, int, pol.HysteresisState]:
-    """The phase, the batching target (target_rule: plan.rolling_batching_target, the one
+    """The phase, the batching target (target_rule: rolling.rolling_batching_target, the one
     rule) and the hysteresis state to keep."""
     spec = inp.spec
     batching = sum(1 for p in inp.pods if p.mode is Mode.BATCHING)
@@ -154,8 +154,9 @@ def _rolling_phase(
     target = target_rule(None if stored is None else int(stored))
     in_flight = batching != target or len(inp.pods) > spec.replicas
     last = report.last_decision(inp.status)
-    # While pods are replaced the loop holds its windows where they were; a pass that flips
-    # nothing keeps the policy's (when load turned high or low), or no window would ever fill.
+    # While pods are replaced the adaptive pass holds its windows where they were; a pass that
+    # flips nothing keeps the policy's (when load turned high or low), or no window would ever
+    # fill.
     kept = seen.state if in_flight or decision.flips else decision.state
     done = not in_flight and last.get("applied") is False and last.get("toBatching") == target
     if done:

@@ -57,6 +57,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from autoglm_api.profiles import Mode, ModeProfiles
 from autoglm_operator.adaptive import demand as dm
 from autoglm_operator.adaptive import threshold
 from autoglm_operator.adaptive.capacity import Capacity, learned
@@ -95,8 +96,8 @@ from autoglm_operator.adaptive.decision import (
     reset,
 )
 from autoglm_operator.adaptive.signals import Samples
-from autoglm_operator.resource.spec import AdaptiveSettings, MetricSample, ModePolicy
-from autoglm_runtime.profiles import Mode, ModeProfiles
+from autoglm_operator.resource.spec import AdaptiveSettings, ModePolicy
+from autoglm_operator.resource.status import MetricSample
 
 # The policy's public names: decide, what it reads and returns, and the reasons it gives (the
 # steps that produce them live in capacity, demand, threshold and decision).

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from autoglm_api.profiles import Mode
 from autoglm_operator.adaptive import policy as pol
 from autoglm_operator.adaptive.pass_data import (
     Event,
@@ -21,8 +22,8 @@ from autoglm_operator.adaptive.pass_data import (
 )
 from autoglm_operator.adaptive.signals import Availability, Reading
 from autoglm_operator.resource.conditions import merge_conditions, without_empty
-from autoglm_operator.resource.spec import AutoGLMDeploymentSpec, Condition, Decision, ModePolicy
-from autoglm_runtime.profiles import Mode
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec, ModePolicy
+from autoglm_operator.resource.status import Condition, Decision
 
 METRICS_AVAILABLE = "MetricsAvailable"
 MODE_TRANSITIONING = "ModeTransitioning"

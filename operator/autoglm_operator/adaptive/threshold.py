@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from autoglm_api.profiles import Mode
 from autoglm_operator.adaptive.decision import (
     ALL_STREAMING,
     COOLDOWN,
@@ -34,7 +35,6 @@ from autoglm_operator.adaptive.decision import (
 )
 from autoglm_operator.adaptive.signals import Samples
 from autoglm_operator.resource.spec import AdaptiveSettings
-from autoglm_runtime.profiles import Mode
 
 
 def step(

@@ -1,13 +1,13 @@
 """The adaptive pass's observe step and its I/O: Kubernetes, the runtime admin API, Prometheus.
 
-AdaptiveLoop.observe reads what the pass needs (each ready pod's runtime mode, the metrics:
-reads only) and hands the loop the pass's input; the loop's one plan (plan.plan_iteration)
-holds its repairs and flips, the executor carries them out through KubeIO, and
-AdaptiveLoop.finish counts what happened.
+AdaptivePass.observe reads what the pass needs (each ready pod's runtime mode, the metrics:
+reads only) and hands the reconcile loop the pass's input; its iteration's one plan
+(iteration.plan_iteration) holds its repairs and flips, the executor carries them out through
+KubeIO, and AdaptivePass.finish counts what happened.
 
 The pass runs inside each AutoGLMDeployment's one daemon (reconcile.reconcile), every
 spec.adaptive.intervalSeconds (read live from the body on every pass). Pods come from that
-daemon's pod index, not from a list call per pass, so a quiet loop costs the apiserver nothing:
+daemon's pod index, not from a list call per pass, so a quiet pass costs the apiserver nothing:
 API calls happen only to flip (pod label patch), to read the admin tokens (once per daemon,
 again after a runtime refuses one or a pod of a new template appears: each pod template, each
 rollout, has its own) and to write status when it changed.
@@ -24,6 +24,8 @@ from typing import Any, Protocol
 import aiohttp
 import kopf
 
+from autoglm_api.keepalive import UPSTREAM_POOL_IDLE_SECONDS
+from autoglm_api.profiles import Mode
 from autoglm_operator.adaptive import report
 from autoglm_operator.adaptive.pass_data import Observation, PassInput, PassResult
 from autoglm_operator.adaptive.planning import PodView
@@ -37,10 +39,7 @@ from autoglm_operator.io.runtime_client import (
     RuntimeUnauthorized,
     SetModeResult,
 )
-from autoglm_operator.resource import spec as crd
-from autoglm_operator.resource.spec import ModePolicy
-from autoglm_runtime.keepalive import UPSTREAM_POOL_IDLE_SECONDS
-from autoglm_runtime.profiles import Mode
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec, ModePolicy, PrometheusSource
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +57,8 @@ async def start_operator_metrics(logger: kopf.Logger, **_: Any) -> None:
         logger.info(f"Serving operator metrics on :{port}/metrics")
 
 
-# Writes the fields the pass decides over the latest status (the loop's one status writer).
+# Writes the fields the pass decides over the latest status (the reconcile loop's one status
+# writer).
 StatusWriter = Callable[[dict[str, Any]], Awaitable[None]]
 
 
@@ -175,7 +175,7 @@ def record(namespace: str, name: str, result: PassResult, dry_run: bool) -> None
     METRICS.observe_reading(namespace, name, result.reading)
 
 
-class AdaptiveLoop:
+class AdaptivePass:
     """What the adaptive pass keeps in memory between passes: HTTP sessions (runtime and
     Prometheus, kept alive between passes), the admin tokens, and when the next pass is due."""
 
@@ -196,7 +196,7 @@ class AdaptiveLoop:
         if self.prometheus is not None:
             self.prometheus.close()
 
-    def _prometheus(self, source: crd.PrometheusSource) -> PrometheusReader | None:
+    def _prometheus(self, source: PrometheusSource) -> PrometheusReader | None:
         """One reader per deployment, made again only when its Prometheus settings change."""
         if self.prometheus is not None and self.prometheus.source == source:
             return self.prometheus
@@ -211,7 +211,7 @@ class AdaptiveLoop:
         """A client per reachable pod, with the token of its pod template."""
         if self.session is None:
             # Idle connections retire before the runtime's keep-alive could close one under a
-            # flip (autoglm_runtime.keepalive).
+            # flip (autoglm_api.keepalive).
             self.session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(keepalive_timeout=UPSTREAM_POOL_IDLE_SECONDS)
             )
@@ -242,7 +242,7 @@ class AdaptiveLoop:
         metrics) and where its plan's entries land (`write_status`: the announce)."""
         # Set first: a spec this pass cannot read waits out retry_soon, not a pass per second.
         self.generation = (body.get("metadata") or {}).get("generation")
-        spec = crd.AutoGLMDeploymentSpec.model_validate(_plain(body.get("spec") or {}))
+        spec = AutoGLMDeploymentSpec.model_validate(_plain(body.get("spec") or {}))
         self.started = time.perf_counter()
         status = _plain(body.get("status") or {})
         io = KubeIO(

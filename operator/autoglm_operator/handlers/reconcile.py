@@ -7,11 +7,11 @@ costs none; a missed event, an operator restart or a hand edit is repaired on th
 One loop per object also means one writer per object: no two handlers race on its children.
 
 An iteration: observe (reconcile/observe.py, from the indexes; when spec.adaptive.intervalSeconds
-is due, adaptive_pass.AdaptiveLoop.observe reads each pod's runtime mode and the metrics), plan
-(plan.plan_iteration, pure: one plan holding the mode repairs and flips, the children and the
+is due, adaptive_pass.AdaptivePass.observe reads each pod's runtime mode and the metrics), plan
+(iteration.plan_iteration, pure: one plan holding the mode repairs and flips, the children and the
 planned status), execute (io/executor.py, which carries the plan out on the API server; after a
 repair that did not go as planned the iteration plans again before anything flips), status
-(plan.settle, pure, folds what the executor reported into the planned status; one write, only
+(iteration.settle, pure, folds what the executor reported into the planned status; one write, only
 when it changed, apart from the hysteresis state written before a flip touches a pod).
 """
 
@@ -31,15 +31,25 @@ from autoglm_operator.handlers import adaptive_pass
 from autoglm_operator.handlers import settings as settings_
 from autoglm_operator.io import executor
 from autoglm_operator.io.metrics import METRICS
-from autoglm_operator.reconcile import plan
 from autoglm_operator.reconcile import status as status_
 from autoglm_operator.reconcile.children import gateway, serving
+from autoglm_operator.reconcile.iteration import (
+    Inputs,
+    IterationPlan,
+    Settled,
+    latest_status,
+    plan_iteration,
+    settle,
+)
+from autoglm_operator.reconcile.memory import ReconcileMemory, admin_secret_read_due
 from autoglm_operator.reconcile.observe import INDEXES, Observed, admin_secret_view, observe
+from autoglm_operator.reconcile.pass_plan import Plan
+from autoglm_operator.reconcile.rolling import deployment_split
 from autoglm_operator.resource import names
 from autoglm_operator.resource import pods as pods_
-from autoglm_operator.resource import spec as crd
+from autoglm_operator.resource.spec import GROUP, PLURAL, VERSION, AutoGLMDeploymentSpec
 
-AGD = (crd.GROUP, crd.VERSION, crd.PLURAL)
+AGD = (GROUP, VERSION, PLURAL)
 CHILD_FILTER = {names.MANAGED_BY_LABEL: names.MANAGER}
 
 # -- indexes: the children, in memory, keyed by (namespace, owner name) ----------------------
@@ -123,9 +133,7 @@ def owned_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_:
     }
 
 
-# -- one loop iteration ----------------------------------------------------------------------
-
-ReconcileMemory = plan.ReconcileMemory
+# -- one iteration of the reconcile loop --------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -142,13 +150,14 @@ class ModeStep:
 class Done:
     """What an iteration did: the status it left, and whether its adaptive part failed."""
 
-    settled: plan.Settled
+    settled: Settled
     modes_failed: bool = False
 
 
 class Reconciler:
-    """One loop iteration after the indexes are read: check the spec and what it references
-    (observe), plan (one pure function, plan.plan_iteration), execute, write status once."""
+    """One iteration of the reconcile loop after the indexes are read: check the spec and what
+    it references (observe), plan (one pure function, iteration.plan_iteration), execute, write
+    status once."""
 
     def __init__(self, client: executor.Kube, logger: kopf.Logger):
         self.executor = executor.Executor(client, logger)
@@ -166,7 +175,7 @@ class Reconciler:
         children and the status go ahead without it."""
         inputs = await self._inputs(body, observed, state, step)
         now = time.monotonic()
-        the_plan = plan.plan_iteration(inputs, state, now)
+        the_plan = plan_iteration(inputs, state, now)
         flips: list[pass_data.FlipOutcome] = []
         failed = False
         if the_plan.modes is not None and step is not None:
@@ -177,23 +186,23 @@ class Reconciler:
             except Exception:
                 self.logger.exception("Adaptive pass failed; retrying")
                 failed = True
-                the_plan = plan.plan_iteration(replace(inputs, modes=None), state, now)
+                the_plan = plan_iteration(replace(inputs, modes=None), state, now)
         problem = await self._children(body, the_plan, state)
-        settled = plan.settle(the_plan, state, flips, problem or inputs.problem)
+        settled = settle(the_plan, state, flips, problem or inputs.problem)
         try:
             await self._write_status(body, inputs, state, settled)
         except executor.ApiError as err:
             state.fingerprint = None
             problem = _failed(self.logger, body, inputs, state, err)
-            settled = plan.settle(the_plan, state, flips, problem)
+            settled = settle(the_plan, state, flips, problem)
             await self._write_status(body, inputs, state, settled)  # reports the failure
         return Done(settled, failed)
 
     async def read_admin_secret(self, observed: Observed, state: ReconcileMemory) -> bool:
-        """Read the admin Secret by name when plan.admin_secret_read_due says so; whether it
+        """Read the admin Secret by name when memory.admin_secret_read_due says so; whether it
         was read (into state.admin_secret)."""
         now = time.monotonic()
-        if not plan.admin_secret_read_due(state, observed.pods, now):
+        if not admin_secret_read_due(state, observed.pods, now):
             return False
         meta = observed.body["metadata"]
         try:
@@ -210,15 +219,15 @@ class Reconciler:
 
     async def _inputs(
         self, body: kopf.Body, observed: Observed, state: ReconcileMemory, step: ModeStep | None
-    ) -> plan.Inputs:
+    ) -> Inputs:
         """The spec (or why it cannot be used) and the referenced objects (observe)."""
         meta = observed.body["metadata"]
         generation = int(meta.get("generation") or 1)
         problem: status_.Problem | None = None
         try:
-            spec = crd.AutoGLMDeploymentSpec.model_validate(observed.body.get("spec") or {})
+            spec = AutoGLMDeploymentSpec.model_validate(observed.body.get("spec") or {})
         except ValidationError as exc:
-            spec = crd.AutoGLMDeploymentSpec()
+            spec = AutoGLMDeploymentSpec()
             problem = status_.Problem("InvalidSpec", str(exc).replace("\n", " "))
         if state.blocked and state.blocked[0] != generation:
             state.blocked = None  # the spec changed: try again
@@ -226,7 +235,7 @@ class Reconciler:
             problem = state.blocked[1]
         elif problem is None and time.monotonic() >= state.retry_at:
             problem = await self._check_references(body, spec, meta["namespace"], generation, state)
-        return plan.Inputs(
+        return Inputs(
             owner=serving.Owner(meta["name"], meta["namespace"], meta["uid"]),
             observed=observed,
             spec=spec,
@@ -239,17 +248,17 @@ class Reconciler:
 
     async def _modes(
         self,
-        the_plan: plan.IterationPlan,
+        the_plan: IterationPlan,
         io: executor.ModeActuator,
         state: ReconcileMemory,
         now: float,
-    ) -> tuple[plan.IterationPlan, list[pass_data.FlipOutcome]]:
+    ) -> tuple[IterationPlan, list[pass_data.FlipOutcome]]:
         """The plan's mode entries; after a repair that did not go as planned, the whole
         iteration is planned again (the Rolling share, and so the children, may change)."""
         carried = [the_plan]
 
         def replan(repaired: list[pass_data.RepairOutcome]) -> pass_data.ModePlan:
-            carried.append(plan.plan_iteration(the_plan.inputs, state, now, repaired))
+            carried.append(plan_iteration(the_plan.inputs, state, now, repaired))
             assert carried[-1].modes is not None
             return carried[-1].modes
 
@@ -259,7 +268,7 @@ class Reconciler:
         return carried[-1], flips
 
     async def _children(
-        self, body: kopf.Body, the_plan: plan.IterationPlan, state: ReconcileMemory
+        self, body: kopf.Body, the_plan: IterationPlan, state: ReconcileMemory
     ) -> status_.Problem | None:
         """Apply the plan's children; an API error is the iteration's problem (retried)."""
         if not the_plan.reconcile:
@@ -282,7 +291,7 @@ class Reconciler:
         return None
 
     async def _gateway(
-        self, body: kopf.Body, children: plan.Plan, inputs: plan.Inputs, state: ReconcileMemory
+        self, body: kopf.Body, children: Plan, inputs: Inputs, state: ReconcileMemory
     ) -> None:
         """spec.gateway's objects: a problem with them is kept for the status (Degraded) and
         retried on its own backoff; the serving children went ahead already."""
@@ -303,7 +312,7 @@ class Reconciler:
     async def _check_references(
         self,
         body: kopf.Body,
-        spec: crd.AutoGLMDeploymentSpec,
+        spec: AutoGLMDeploymentSpec,
         namespace: str,
         generation: int,
         state: ReconcileMemory,
@@ -328,7 +337,7 @@ class Reconciler:
         return None
 
     async def _write_status(
-        self, body: kopf.Body, inputs: plan.Inputs, state: ReconcileMemory, settled: plan.Settled
+        self, body: kopf.Body, inputs: Inputs, state: ReconcileMemory, settled: Settled
     ) -> None:
         """The iteration's one status write, only when it changes status; then its Events."""
         observed = inputs.observed
@@ -347,7 +356,7 @@ class Reconciler:
     ) -> None:
         """Fields of the adaptive pass over the latest status: the announce before a flip, the
         one write an iteration makes besides its last (a crash mid-flip keeps the cooldown)."""
-        latest = plan.latest_status(observed, state)
+        latest = latest_status(observed, state)
         await self.executor.write_status_if_changed(observed, state, status_.overlay(latest, part))
 
 
@@ -388,27 +397,27 @@ async def reconcile(
     indexes = {index: kwargs[index] for index in INDEXES}
     reconciler = Reconciler(memo.kube, logger)
     state = ReconcileMemory()
-    adaptive_loop = adaptive_pass.AdaptiveLoop(reconciler.executor, str(namespace), name)
+    adaptive = adaptive_pass.AdaptivePass(reconciler.executor, str(namespace), name)
     try:
         while not stopped:
             observed = observe(body, str(namespace), name, uid, indexes, state.admin_secret)
             if await reconciler.read_admin_secret(observed, state):
                 observed = observe(body, str(namespace), name, uid, indexes, state.admin_secret)
             step = None
-            if adaptive_loop.due(observed.body):
-                step = await _observe_modes(adaptive_loop, reconciler, observed, state, logger)
+            if adaptive.due(observed.body):
+                step = await _observe_modes(adaptive, reconciler, observed, state, logger)
             try:
                 done = await reconciler.pass_once(body, observed, state, step)
             except executor.ApiError as err:
                 logger.warning(f"Could not write status; retrying: {err}")
-                adaptive_loop.retry_soon()
+                adaptive.retry_soon()
             else:
-                _after_modes(adaptive_loop, step, done, body)
+                _after_modes(adaptive, step, done, body)
                 if step is not None and step.io.unauthorized:
                     state.admin_secret_stale = True  # a token was refused: read it again
             await stopped.wait(settings_.RECONCILE_INTERVAL_SECONDS)
     finally:
-        await adaptive_loop.close()
+        await adaptive.close()
         METRICS.forget(str(namespace), name)
         for gauge in (METRICS.replicas, METRICS.ready_replicas):
             with contextlib.suppress(KeyError):
@@ -416,7 +425,7 @@ async def reconcile(
 
 
 async def _observe_modes(
-    adaptive_loop: adaptive_pass.AdaptiveLoop,
+    adaptive: adaptive_pass.AdaptivePass,
     reconciler: Reconciler,
     observed: Observed,
     state: ReconcileMemory,
@@ -425,13 +434,13 @@ async def _observe_modes(
     """The adaptive pass's observe step (each pod's runtime mode, the metrics); None when it
     cannot run now (it is retried soon)."""
     live = [pods_.view(p) for p in observed.pods if pods_.is_live(p)]
-    split = plan.deployment_split(observed.children, observed.body["metadata"]["name"])
+    split = deployment_split(observed.children, observed.body["metadata"]["name"])
 
     async def announce(part: dict[str, Any]) -> None:
         await reconciler.write_part(observed, state, part)
 
     try:
-        inp, observation, io = await adaptive_loop.observe(observed.body, live, announce, split)
+        inp, observation, io = await adaptive.observe(observed.body, live, announce, split)
     except asyncio.CancelledError:
         raise
     except executor.MissingAdminToken as missing:
@@ -441,12 +450,12 @@ async def _observe_modes(
         logger.exception("Adaptive pass failed; retrying")
     else:
         return ModeStep(inp, observation, io)
-    adaptive_loop.retry_soon()
+    adaptive.retry_soon()
     return None
 
 
 def _after_modes(
-    adaptive_loop: adaptive_pass.AdaptiveLoop,
+    adaptive: adaptive_pass.AdaptivePass,
     step: ModeStep | None,
     done: Done,
     body: kopf.Body,
@@ -454,16 +463,16 @@ def _after_modes(
     """The adaptive pass's metrics and Events, once its status is written."""
     report = done.settled.report
     if done.modes_failed:
-        adaptive_loop.retry_soon()
+        adaptive.retry_soon()
     elif step is not None and report is not None:
-        adaptive_loop.finish(step.input, report, step.io)
-        adaptive_loop.post_events(report, body)
+        adaptive.finish(step.input, report, step.io)
+        adaptive.post_events(report, body)
 
 
 def _failed(
     logger: kopf.Logger,
     body: kopf.Body,
-    inputs: plan.Inputs,
+    inputs: Inputs,
     state: ReconcileMemory,
     err: executor.ApiError,
 ) -> status_.Problem:

@@ -1,4 +1,4 @@
-"""The operator's own settings: kopf's configuration and the loop's timing, in one place."""
+"""The operator's own settings in one place: kopf's configuration, the reconcile loop's timing."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def configure_kopf(settings: kopf.OperatorSettings) -> None:
         prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
     )
     settings.persistence.finalizer = FINALIZER
-    # Only warnings become Events by themselves; the loop posts its own, one per change.
+    # Only warnings become Events by themselves; the operator posts its own, one per change.
     settings.posting.level = logging.WARNING
     # Watch only our children: no other Secret or Pod in the cluster reaches the operator.
     for group, plural in WATCHED_CHILDREN:

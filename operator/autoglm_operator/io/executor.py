@@ -1,12 +1,12 @@
 """Execute: the one module that carries out a pass's plan for an AutoGLMDeployment, on the API
 server (through kube.py's client) and on the runtimes' admin API.
 
-It carries out the parts of an iteration's plan (plan.IterationPlan): the mode entries
+It carries out the parts of an iteration's plan (iteration.IterationPlan): the mode entries
 (pass_data.ModePlan: repairs, the announce, in-place flips: pod labels, and the runtime admin API
-through runtime_client), reporting each entry's outcome; the children (plan.Plan), reporting what
-it wrote (in the reconcile memory, and as Events); it writes status (one writer, one field
-manager, only when it changed: write_status_if_changed); and it reads
-the two objects a pass needs beyond the indexes (a referenced Secret, the admin token). Apart
+through runtime_client), reporting each entry's outcome; the children (pass_plan.Plan),
+reporting what it wrote (in the reconcile memory, and as Events); it writes status (one writer,
+one field manager, only when it changed: write_status_if_changed); and it reads the two
+objects a pass needs beyond the indexes (a referenced Secret, the admin token). Apart
 from leader election (leader.py), nothing else in the operator uses the Kubernetes client
 (kube.py); the import contracts keep it so.
 """
@@ -21,17 +21,21 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
+from autoglm_api.profiles import MODE_LABEL, Mode
 from autoglm_operator.adaptive import pass_data
 from autoglm_operator.adaptive import policy as pol
 from autoglm_operator.adaptive.pass_data import FlipOutcome, RepairOutcome
 from autoglm_operator.io import kube
 from autoglm_operator.io.runtime_client import RuntimeAdminError, SetModeResult
-from autoglm_operator.reconcile import plan
 from autoglm_operator.reconcile.children import gateway, serving
+from autoglm_operator.reconcile.diff import describe_update
+from autoglm_operator.reconcile.iteration import latest_status
+from autoglm_operator.reconcile.memory import ReconcileMemory, Written
 from autoglm_operator.reconcile.observe import Observed, owned_by
+from autoglm_operator.reconcile.pass_plan import Action, AdminSecretWrite, Plan, is_rollout
+from autoglm_operator.reconcile.rolling import DELETION_COST_ANNOTATION, RETIRE_COST, Retire
 from autoglm_operator.reconcile.status import Problem
 from autoglm_operator.resource.conditions import without_empty
-from autoglm_runtime.profiles import MODE_LABEL, Mode
 
 ApiError = kube.ApiError
 Kube = kube.Kube
@@ -122,14 +126,14 @@ class Executor:
         return result
 
     async def write_status_if_changed(
-        self, observed: Observed, memory: plan.ReconcileMemory, full: Mapping[str, Any]
+        self, observed: Observed, memory: ReconcileMemory, full: Mapping[str, Any]
     ) -> bool:
-        """Apply the whole status `full` when it differs from the latest (plan.latest_status);
+        """Apply the whole status `full` when it differs from the latest (iteration.latest_status);
         whether it was written. The loop's memory keeps what was written until the watch
         delivers it, so a stale copy never takes a decision back."""
         meta = observed.body["metadata"]
         pruned = dict(without_empty(full))
-        if pruned == without_empty(plan.latest_status(observed, memory)):
+        if pruned == without_empty(latest_status(observed, memory)):
             return False
         await self.write_status(meta["namespace"], meta["name"], pruned)
         memory.status_written = (str(meta.get("resourceVersion")), pruned)
@@ -144,7 +148,7 @@ class Executor:
             raise LookupError(f"pod {pod} is gone")
 
     async def apply(
-        self, body: Any, the_plan: plan.Plan, observed: Observed, state: plan.ReconcileMemory
+        self, body: Any, the_plan: Plan, observed: Observed, state: ReconcileMemory
     ) -> None:
         """Apply a reconcile plan in order; record each write in the reconcile memory."""
         for retire in the_plan.retire:
@@ -165,7 +169,7 @@ class Executor:
             self._report(body, "Deleted", f"Deleted {kind} {name}: router.enabled is false")
 
     async def apply_gateway(
-        self, body: Any, the_plan: plan.Plan, observed: Observed, state: plan.ReconcileMemory
+        self, body: Any, the_plan: Plan, observed: Observed, state: ReconcileMemory
     ) -> Problem | None:
         """spec.gateway's writes, after the serving children and apart from them: what stops
         them (a same-named object not ours, a cluster without the InferencePool CRD, an API
@@ -194,11 +198,11 @@ class Executor:
         event(body, reason=reason, message=message)
         self.logger.info(message)
 
-    async def _retire(self, body: Any, owner: serving.Owner, retire: plan.Retire) -> None:
+    async def _retire(self, body: Any, owner: serving.Owner, retire: Retire) -> None:
         """Mark an old-mode pod a shrinking Deployment must remove (its replacement is ready,
         or cannot start without its GPUs): the ReplicaSet removes the lowest deletion cost
         first."""
-        patch = {"metadata": {"annotations": {plan.DELETION_COST_ANNOTATION: plan.RETIRE_COST}}}
+        patch = {"metadata": {"annotations": {DELETION_COST_ANNOTATION: RETIRE_COST}}}
         await self.call(self.kube.merge_patch, "Pod", owner.namespace, retire.pod, patch)
         new = "batching" if retire.mode is Mode.STREAMING else "streaming"
         self._report(
@@ -212,19 +216,19 @@ class Executor:
     async def _apply_child(
         self,
         body: Any,
-        the_plan: plan.Plan,
-        action: plan.Action,
+        the_plan: Plan,
+        action: Action,
         observed: Observed,
-        state: plan.ReconcileMemory,
+        state: ReconcileMemory,
         now: float,
     ) -> None:
         kind, child = action.key
-        rollout = plan.is_rollout(action, observed.children)
+        rollout = is_rollout(action, observed.children)
         old = observed.children.get(action.key)
         if action.verb == "create":
             await self._refuse_taken(the_plan.owner, kind, child)
         result = await self.call(self.kube.apply, action.manifest)
-        state.written[action.key] = plan.Written(
+        state.written[action.key] = Written(
             digest=serving.digest(action.manifest),
             resource_version=str(result["metadata"]["resourceVersion"]),
             based_on=str((old or {}).get("metadata", {}).get("resourceVersion") or ""),
@@ -236,7 +240,7 @@ class Executor:
             message = f"Rolling Deployment {child} to pod template {the_plan.desired_hash}"
             self._report(body, "RollingOut", message)
         else:
-            message = f"Updated {kind} {child}: {plan.describe_update(old, action.manifest)}"
+            message = f"Updated {kind} {child}: {describe_update(old, action.manifest)}"
             self._report(body, "Updated", message)
 
     async def _refuse_taken(self, owner: serving.Owner, kind: str, name: str) -> None:
@@ -250,9 +254,9 @@ class Executor:
         self,
         body: Any,
         owner: serving.Owner,
-        write: plan.AdminSecretWrite,
+        write: AdminSecretWrite,
         observed: Observed,
-        state: plan.ReconcileMemory,
+        state: ReconcileMemory,
     ) -> None:
         """New admin tokens for new pod templates, in a new Secret or the existing one; the
         tokens of templates no pod runs any more dropped."""
@@ -277,11 +281,11 @@ class Executor:
                 done.append(f"dropped {', '.join(write.drop)} (no pod or template uses it)")
             self._report(body, verb, f"{verb} Secret {key[1]}: {'; '.join(done)}")
         rv = str(((result or {}).get("metadata") or {}).get("resourceVersion") or "")
-        state.written[key] = plan.Written("", rv, seen, time.monotonic())
+        state.written[key] = Written("", rv, seen, time.monotonic())
         state.admin_secret_stale = True  # no watch brings it back: the next pass reads it
 
     async def _label(
-        self, the_plan: plan.Plan, observed: Observed, state: plan.ReconcileMemory
+        self, the_plan: Plan, observed: Observed, state: ReconcileMemory
     ) -> None:
         """A new pod starts in the initial mode; the label routes it to its mode's Service."""
         names = {p["metadata"]["name"] for p in observed.pods}

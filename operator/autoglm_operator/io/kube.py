@@ -27,7 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from autoglm_operator.reconcile.children import gateway
-from autoglm_operator.resource import spec as crd
+from autoglm_operator.resource import spec
 
 FIELD_MANAGER = "autoglm-operator"
 STATUS_FIELD_MANAGER = "autoglm-operator-status"
@@ -51,7 +51,7 @@ _RESOURCES = {
     "Pod": ("/api/v1", "pods"),
     "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
     gateway.KIND: (f"/apis/{gateway.API_VERSION}", gateway.PLURAL),
-    crd.KIND: (f"/apis/{crd.API_VERSION}", crd.PLURAL),
+    spec.KIND: (f"/apis/{spec.API_VERSION}", spec.PLURAL),
 }
 
 
@@ -252,14 +252,14 @@ class Kube:
         self, manager: str, namespace: str, name: str, content: Mapping[str, Any]
     ) -> dict[str, Any]:
         body = {
-            "apiVersion": crd.API_VERSION,
-            "kind": crd.KIND,
+            "apiVersion": spec.API_VERSION,
+            "kind": spec.KIND,
             "metadata": {"name": name, "namespace": namespace},
             **content,
         }
         return self.request(
             "PATCH",
-            path_for(crd.KIND, namespace, name, "status"),
+            path_for(spec.KIND, namespace, name, "status"),
             body=body,
             query=[("fieldManager", manager), ("force", "true")],
             content_type="application/apply-patch+yaml",

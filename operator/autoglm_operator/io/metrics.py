@@ -28,7 +28,7 @@ class OperatorMetrics:
         self.registry = registry
         self.decisions = Counter(
             "autoglm_operator_adaptive_decisions",
-            "Adaptive loop decisions, by reason (holds included).",
+            "Adaptive pass decisions, by reason (holds included).",
             [*_DEPLOYMENT, "reason"],
             registry=registry,
         )

@@ -328,7 +328,7 @@ class PrometheusReader:
         self.observer = observer
         self.max_sample_age_seconds = max_sample_age_seconds
         self.clock = clock
-        # No retries in the HTTP layer: the loop retries on its next pass, and a dead Prometheus
+        # No retries in the HTTP layer: the next adaptive pass tries again, and a dead Prometheus
         # must cost one timeout per round, not (1 + retries) x timeout per query.
         self.client = PrometheusConnect(
             url=source.url.rstrip("/"),

@@ -19,7 +19,7 @@ from typing import Any
 
 import aiohttp
 
-from autoglm_runtime.profiles import ADMIN_PORT, MODE_PATH, Mode
+from autoglm_api.profiles import ADMIN_PORT, MODE_PATH, Mode
 
 _RETRIED_STATUS = {500, 502, 503, 504}
 

@@ -3,7 +3,7 @@
 Inputs are the observed Deployment and pods (plain dicts), the spec, and the status as it is
 now. The result is the part of the status this reconciler owns; it is equal to what is already
 there when nothing changed (lastTransitionTime moves only when a condition's status flips), so
-the caller writes only when `changed` says so. Conditions owned by others (the adaptive loop's
+the caller writes only when `changed` says so. Conditions owned by others (the adaptive pass's
 MetricsAvailable and ModeTransitioning) are neither read nor written here.
 """
 
@@ -13,8 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autoglm_api.engine_args import without_newly_managed
+from autoglm_api.profiles import Mode
 from autoglm_operator.reconcile.children import gateway, serving
-from autoglm_operator.resource import spec as crd
 from autoglm_operator.resource.conditions import transition_time
 from autoglm_operator.resource.pods import (
     condition,
@@ -25,8 +26,7 @@ from autoglm_operator.resource.pods import (
     pod_template_hash,
     unschedulable_message,
 )
-from autoglm_runtime.engine_args import without_newly_managed
-from autoglm_runtime.profiles import Mode
+from autoglm_operator.resource.spec import MANAGED_FLAG_FIELDS, AutoGLMDeploymentSpec
 
 READY = "Ready"
 PROGRESSING = "Progressing"
@@ -97,7 +97,7 @@ def _cond(kind: str, status: bool, reason: str, message: str) -> dict[str, Any]:
 
 
 def _degraded(
-    spec: crd.AutoGLMDeploymentSpec,
+    spec: AutoGLMDeploymentSpec,
     deployment: dict[str, Any] | None,
     live: list[dict[str, Any]],
     routers: list[dict[str, Any]],
@@ -183,7 +183,7 @@ def _progressing(
     )
 
 
-def router_status(spec: crd.AutoGLMDeploymentSpec, router: dict[str, Any] | None) -> dict[str, Any]:
+def router_status(spec: AutoGLMDeploymentSpec, router: dict[str, Any] | None) -> dict[str, Any]:
     """status.router: whether the router is on, and its replicas from its Deployment's status."""
     if not spec.router.enabled:
         return {"enabled": False, "replicas": 0, "readyReplicas": 0}
@@ -196,7 +196,7 @@ def router_status(spec: crd.AutoGLMDeploymentSpec, router: dict[str, Any] | None
 
 
 def gateway_status(
-    name: str, spec: crd.AutoGLMDeploymentSpec, held: Sequence[tuple[str, str]]
+    name: str, spec: AutoGLMDeploymentSpec, held: Sequence[tuple[str, str]]
 ) -> dict[str, Any]:
     """status.gateway: whether it is on, and the pool and picker this deployment holds now."""
     on = spec.gateway.enabled
@@ -236,14 +236,14 @@ def _ready(
 # -- the whole -------------------------------------------------------------------------------
 
 
-def spec_warnings(spec: crd.AutoGLMDeploymentSpec) -> list[str]:
+def spec_warnings(spec: AutoGLMDeploymentSpec) -> list[str]:
     """What the spec asks that the pods do not get. An object admitted before the operator
     managed a flag keeps it in engine.extraArgs (the apiserver ratchets unchanged fields); its
     pods are built without it, so they start, and this says so."""
     _, ignored = without_newly_managed(spec.engine.extra_args)
     return [
         f"engine.extraArgs {flag} is ignored: the operator manages it "
-        f"({crd.MANAGED_FLAG_FIELDS[flag]}); remove it from engine.extraArgs"
+        f"({MANAGED_FLAG_FIELDS[flag]}); remove it from engine.extraArgs"
         for flag in dict.fromkeys(ignored)
     ]
 
@@ -253,7 +253,7 @@ def compute(
     name: str,
     namespace: str,
     generation: int,
-    spec: crd.AutoGLMDeploymentSpec,
+    spec: AutoGLMDeploymentSpec,
     deployment: dict[str, Any] | None,
     pods: list[dict[str, Any]],
     current: dict[str, Any] | None,

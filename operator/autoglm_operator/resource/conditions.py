@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from autoglm_operator.resource.spec import Condition
+from autoglm_operator.resource.status import Condition
 
 
 def transition_time(before: Mapping[str, Any] | None, status: str, now: str) -> str:

@@ -1,4 +1,4 @@
-"""Generate the CustomResourceDefinition from the pydantic model in resource/spec.py.
+"""Generate the CustomResourceDefinition from the pydantic models in spec.py and status.py.
 
 pydantic's JSON schema is close to a Kubernetes structural schema; this converts the rest:
 inline every $ref, drop titles and nulls, mark int-or-string and free-form objects, and give
@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from autoglm_api.profiles import CamelModel
 from autoglm_operator.resource import spec
+from autoglm_operator.resource.status import AutoGLMDeploymentStatus
 
 PRINTER_COLUMNS = [
     {"name": "Ready", "type": "string", "jsonPath": ".status.ready"},
@@ -84,7 +86,7 @@ def _structural(node: dict[str, Any]) -> dict[str, Any]:
     return node
 
 
-def _model_schema(model: type[spec.CamelModel]) -> dict[str, Any]:
+def _model_schema(model: type[CamelModel]) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
     return _structural(_resolve(raw, raw.get("$defs", {})))
 
@@ -110,7 +112,7 @@ def openapi_schema() -> dict[str, Any]:
         spec_schema,
         spec.AutoGLMDeploymentSpec().model_dump(by_alias=True, mode="json", exclude_none=True),
     )
-    status_schema = _model_schema(spec.AutoGLMDeploymentStatus)
+    status_schema = _model_schema(AutoGLMDeploymentStatus)
     status_schema.pop("default", None)
     status_schema["x-kubernetes-preserve-unknown-fields"] = True
     return {
@@ -169,7 +171,8 @@ def render_crd_yaml() -> str:
     import yaml
 
     header = (
-        "# Generated from operator/autoglm_operator/spec.py by `make crd`. Do not edit by hand.\n"
+        "# Generated from operator/autoglm_operator/resource/spec.py by `make crd`. "
+        "Do not edit by hand.\n"
     )
 
     class NoAliases(yaml.SafeDumper):

@@ -7,7 +7,7 @@ references, and tests/helm/test_images.py keeps them equal. The version is pypro
 
 from __future__ import annotations
 
-from autoglm_runtime import __version__
+from autoglm_api import __version__
 
 DEFAULT_REGISTRY = "ghcr.io/autoglm"
 OPERATOR_IMAGE = "autoglm-operator"

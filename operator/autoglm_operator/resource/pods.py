@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from autoglm_api.profiles import MODE_LABEL, Mode
 from autoglm_operator.resource import names
-from autoglm_runtime.profiles import MODE_LABEL, Mode
 
 Pod = Mapping[str, Any]
 

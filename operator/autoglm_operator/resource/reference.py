@@ -135,7 +135,7 @@ def render_reference_markdown() -> str:
     lines = [
         f"# {names['kind']} reference",
         "",
-        "<!-- Generated from operator/autoglm_operator/spec.py by `make crd`. "
+        "<!-- Generated from operator/autoglm_operator/resource/spec.py by `make crd`. "
         "Do not edit by hand. -->",
         "",
         f"`{resource['spec']['group']}/{version['name']}`, kind `{names['kind']}`, plural "

@@ -1,24 +1,21 @@
-"""The AutoGLMDeployment resource: one pydantic model that the CRD in crds/ is generated from.
+"""The AutoGLMDeployment resource's spec: the pydantic model the CRD in crds/ is generated from.
 
 Field names are snake_case here and camelCase in the CRD. Cross-field rules are CEL
-(`x-kubernetes-validations`) so the apiserver rejects bad objects at admission; the same rules
-are not repeated in Python, because every object the operator reads has passed them.
+(`x-kubernetes-validations`, written with rules.py) so the apiserver rejects bad objects at
+admission; the same rules are not repeated in Python, because every object the operator reads has
+passed them. spec.scheduling's schemas are in scheduling.py, the status in status.py; crd.py
+turns the two models into the CRD.
 """
 
 from __future__ import annotations
 
-import copy
-import json
-from collections.abc import Callable
 from enum import StrEnum
-from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import AfterValidator, ConfigDict, Field
+from pydantic import AfterValidator, Field
 from pydantic.json_schema import JsonDict, JsonValue
 
-from autoglm_operator.resource import images
-from autoglm_runtime.engine_args import (
+from autoglm_api.engine_args import (
     API_KEY_FLAG_MESSAGE,
     API_KEY_FLAG_PATTERN,
     CONFIG_FLAG_MESSAGE,
@@ -30,15 +27,18 @@ from autoglm_runtime.engine_args import (
     MODEL_CONTEXT_LIMIT,
     managed_flag_pattern,
 )
-from autoglm_runtime.image_budget import (
+from autoglm_api.image_budget import (
     MAX_PIXELS_CEILING,
     MIN_PIXELS,
     OFFICIAL_MAX_PIXELS,
     PIXELS_PER_TOKEN,
     max_pixels_for,
 )
-from autoglm_runtime.profiles import CamelModel, Mode, ModeProfiles
-from autoglm_runtime.requests import INTERNAL_HOST_SUFFIXES
+from autoglm_api.media_hosts import INTERNAL_HOST_SUFFIXES
+from autoglm_api.profiles import CamelModel, Mode, ModeProfiles
+from autoglm_operator.resource import images
+from autoglm_operator.resource.rules import DNS_SUBDOMAIN, cel, cel_strings, validations
+from autoglm_operator.resource.scheduling import SchedulingSettings
 
 GROUP = "autoglm.io"
 VERSION = "v1alpha1"
@@ -47,17 +47,12 @@ KIND = "AutoGLMDeployment"
 PLURAL = "autoglmdeployments"
 SINGULAR = "autoglmdeployment"
 SHORT_NAMES = ["agd"]
-# AutoGLM-Phone-9B's position embeddings end here; vLLM refuses a longer --max-model-len.
 # The runtime image `make images` pushes, at the project version (images.py).
 DEFAULT_IMAGE = images.reference(images.RUNTIME_IMAGE)
 # The router image (images/router.Dockerfile): CPU only, no vLLM.
 DEFAULT_ROUTER_IMAGE = images.reference(images.ROUTER_IMAGE)
 # Services are named <name>-streaming and <name>-batching: DNS-1035 labels of at most 63.
 MAX_NAME_LENGTH = 63 - len("-") - max(len(mode.value) for mode in Mode)
-# Names of the objects a field refers to (PVC, Secret, PriorityClass): DNS-1123 subdomains.
-_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-# A label value (nodeSelector): empty, or alphanumerics with -_. inside, at most 63 characters.
-_LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 # An extended resource: domain-qualified (nvidia.com/gpu, amd.com/gpu).
 _EXTENDED_RESOURCE = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 # A Kubernetes quantity (500m, 4, 16Gi) as the apiserver's own schema spells it, less the sign:
@@ -93,20 +88,9 @@ SYSTEM_DIRS = (
 )  # fmt: skip
 
 
-def _cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
-    validation: JsonDict = {"rule": rule, "message": message}
-    if field_path:
-        validation["fieldPath"] = field_path
-    return validation
-
-
-def _validations(*rules: JsonDict) -> ConfigDict:
-    return ConfigDict(json_schema_extra={"x-kubernetes-validations": list(rules)})
-
-
 # Rules on the whole object, at the CRD's root schema: the only place CEL sees metadata.name.
 OBJECT_VALIDATIONS: list[JsonDict] = [
-    _cel(
+    cel(
         f"self.metadata.name.size() <= {MAX_NAME_LENGTH} && "
         "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
         f"metadata.name must be a DNS-1035 label of at most {MAX_NAME_LENGTH} characters "
@@ -127,22 +111,19 @@ class SwitchStrategy(StrEnum):
     ROLLING = "Rolling"
 
 
-def _cel_strings(values: tuple[str, ...]) -> str:
-    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
-
 
 _MOUNT_PATH_RULES: list[JsonValue] = [
-    _cel(
+    cel(
         "self.matches('^(/[^/]+)+$') && !self.matches('/[.][.]?(/|$)')",
         "model.mountPath must be an absolute path other than '/', without empty, '.' or '..' "
         "segments and without a trailing '/'",
     ),
-    _cel(
-        f"{_cel_strings(SYSTEM_DIRS)}.all(d, self != d && !self.startsWith(d + '/'))",
+    cel(
+        f"{cel_strings(SYSTEM_DIRS)}.all(d, self != d && !self.startsWith(d + '/'))",
         f"model.mountPath may not be or lie inside a system directory ({', '.join(SYSTEM_DIRS)})",
     ),
-    _cel(
-        f"{_cel_strings(RUNTIME_MOUNT_PATHS)}.all(m, "
+    cel(
+        f"{cel_strings(RUNTIME_MOUNT_PATHS)}.all(m, "
         "self != m && !self.startsWith(m + '/') && !m.startsWith(self + '/'))",
         "model.mountPath may not be, contain or lie inside a path the runtime mounts "
         f"({', '.join(RUNTIME_MOUNT_PATHS)})",
@@ -151,12 +132,12 @@ _MOUNT_PATH_RULES: list[JsonValue] = [
 
 
 class ModelSource(CamelModel):
-    model_config = _validations(
-        _cel(
+    model_config = validations(
+        cel(
             "!(has(self.pvcName) && has(self.hostPath))",
             "model.pvcName and model.hostPath are alternatives: set at most one",
         ),
-        _cel(
+        cel(
             "self.servedName == oldSelf.servedName",
             "model.servedName is immutable: clients address the model by it; "
             "create a new AutoGLMDeployment to serve under another name",
@@ -181,7 +162,7 @@ class ModelSource(CamelModel):
     pvc_name: str | None = Field(
         default=None,
         max_length=253,
-        pattern=_DNS_SUBDOMAIN,
+        pattern=DNS_SUBDOMAIN,
         description="PersistentVolumeClaim holding the weights, mounted read-only.",
     )
     host_path: str | None = Field(
@@ -234,7 +215,7 @@ def _managed_flag_rules() -> list[JsonDict]:
             option if short == option else f"{option} or an abbreviation down to {short}"
             for option, short in managed.spellings.items()
         )
-        rules.append(_cel(
+        rules.append(cel(
             f"self.all(a, !a.matches('{managed_flag_pattern(flag)}'))",
             f"engine.extraArgs may not set a flag the operator manages: {flag} (refused as "
             f"vLLM reads it: {spellings}; _ for - too): {MANAGED_FLAG_FIELDS[flag]}",
@@ -269,11 +250,11 @@ class EngineOptions(CamelModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 *_managed_flag_rules(),
-                _cel(
+                cel(
                     "self.all(a, !a.matches('^" + CONFIG_FLAG_PATTERN + "$'))",
                     "engine.extraArgs " + CONFIG_FLAG_MESSAGE,
                 ),
-                _cel(
+                cel(
                     "self.all(a, !a.matches('^" + API_KEY_FLAG_PATTERN + "$'))",
                     "engine.extraArgs: " + API_KEY_FLAG_MESSAGE,
                 ),
@@ -327,7 +308,7 @@ class MultimodalSettings(CamelModel):
             description="Hosts an http(s) image URL may name; none by default: images come "
             "inline as data: URLs, as the phone agent sends them. The pods fetch from these "
             "hosts, so the serving pods' egress must reach them.",
-            json_schema_extra={"x-kubernetes-validations": [_cel(
+            json_schema_extra={"x-kubernetes-validations": [cel(
                 "self.all(d, " + " && ".join(
                     f"!d.endsWith('{suffix}')" for suffix in INTERNAL_HOST_SUFFIXES) + ")",
                 "multimodal.allowedMediaDomains may not name a cluster-internal or local host "
@@ -365,7 +346,7 @@ class PrometheusSource(CamelModel):
     queries: QueryOverrides = Field(default_factory=QueryOverrides)
 
 
-_LOW_BELOW_HIGH = _cel(
+_LOW_BELOW_HIGH = cel(
     "self.low < self.high", "low must be below high: the gap between them is the hysteresis band"
 )
 
@@ -373,7 +354,7 @@ _LOW_BELOW_HIGH = _cel(
 class MilliThreshold(CamelModel):
     """Per-replica requests per second, in thousandths (1500 = 1.5 req/s)."""
 
-    model_config = _validations(_LOW_BELOW_HIGH)
+    model_config = validations(_LOW_BELOW_HIGH)
     high: int = Field(default=3000, ge=1)
     low: int = Field(default=1500, ge=0)
 
@@ -383,13 +364,13 @@ class PercentThreshold(CamelModel):
     start-up, so used memory sits there at any load: the band must lie above the reservation
     and only real pressure beyond it (other processes, fragmentation) counts."""
 
-    model_config = _validations(_LOW_BELOW_HIGH)
+    model_config = validations(_LOW_BELOW_HIGH)
     high: int = Field(default=98, ge=1, le=100)
     low: int = Field(default=95, ge=0, le=99)
 
 
 class CountThreshold(CamelModel):
-    model_config = _validations(_LOW_BELOW_HIGH)
+    model_config = validations(_LOW_BELOW_HIGH)
     high: int = Field(default=4, ge=1)
     low: int = Field(default=1, ge=0)
 
@@ -404,14 +385,14 @@ class ServiceLevelObjectives(CamelModel):
     """What a request must get to count as served (DistServe's goodput): a streamed chat meets
     both chat targets, any other request completes within batchCompletionSeconds."""
 
-    model_config = _validations(
-        _cel(
+    model_config = validations(
+        cel(
             "self.chatTimeToFirstTokenMillis <= self.batchCompletionSeconds * 1000",
             "chatTimeToFirstTokenMillis must not exceed batchCompletionSeconds: batch jobs are "
             "the class that waits",
             ".chatTimeToFirstTokenMillis",
         ),
-        _cel(
+        cel(
             "self.chatTimePerOutputTokenMillis <= self.chatTimeToFirstTokenMillis * 10",
             "chatTimePerOutputTokenMillis must be at most ten times chatTimeToFirstTokenMillis: "
             "a target that loose is a typo of units",
@@ -521,11 +502,12 @@ Quantity = Annotated[
 
 
 # CPU and memory beside the GPUs, sized for AutoGLM-Phone-9B in FP16 on 2 GPUs. Memory: the
-# load streams ~20 GB of safetensors through the page cache (charged to the pod), while the API
-# server, the engine core and one worker per GPU each hold torch and a CUDA context (3-5 GB
-# each): ~32 GB at the peak. The request keeps the pod off nodes where it would be OOM-killed
-# mid-load; the limit, twice that, is headroom for page cache and image batches. CPU: the
-# engine core and each worker keep a core busy, and the API server tokenizes and decodes images.
+# load streams the FP16 safetensors (two bytes per parameter) through the page cache (charged to
+# the pod), while the API server, the engine core and one worker per GPU each hold torch and a
+# CUDA context. The request covers that peak and keeps the pod off nodes where it would be
+# OOM-killed mid-load; the limit, twice that, is headroom for page cache and image batches. CPU:
+# the engine core and each worker keep a core busy, and the API server tokenizes and decodes
+# images.
 DEFAULT_RESOURCE_REQUESTS: dict[str, int | str] = {"cpu": "8", "memory": "32Gi"}
 DEFAULT_RESOURCE_LIMITS: dict[str, int | str] = {"cpu": "16", "memory": "64Gi"}
 
@@ -533,12 +515,12 @@ DEFAULT_RESOURCE_LIMITS: dict[str, int | str] = {"cpu": "16", "memory": "64Gi"}
 class ResourceSettings(CamelModel):
     """CPU and memory per replica (the operator sets the GPUs); a map set replaces its default."""
 
-    model_config = _validations(
-        _cel(
+    model_config = validations(
+        cel(
             "!has(self.limits) || !self.limits.exists(k, k.endsWith('/gpu'))",
             "resources.limits may not name a GPU: use gpusPerReplica",
         ),
-        _cel(
+        cel(
             "!has(self.requests) || !self.requests.exists(k, k.endsWith('/gpu'))",
             "resources.requests may not name a GPU: use gpusPerReplica",
         ),
@@ -555,271 +537,9 @@ class ResourceSettings(CamelModel):
     )
 
 
-# -- scheduling: Kubernetes' own Toleration and Affinity schemas, plus the pod validator's rules --
-# The schemas come from the Kubernetes source (hack/k8s_schema.py writes the JSON); the rules
-# below are those of k8s.io/kubernetes pkg/apis/core/validation (ValidateTolerations,
-# validateAffinity, ValidateLabelSelector), so an object the apiserver accepts here never has
-# its Deployment refused. Lists and strings are bounded so CEL's cost estimate stays in budget.
-
-_K8S_DEFINITIONS: dict[str, Any] = json.loads(
-    Path(__file__).with_name("k8s_scheduling_schema.json").read_text()
-)["definitions"]
-# A label key (IsQualifiedName): an optional DNS-subdomain prefix and '/', then a name of at
-# most 63 characters; the prefix's own limit of 253 is a second rule.
-_QUALIFIED_NAME = (
-    r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
-)
-_PREFIX_AT_MOST_253 = r"^([^/]{1,253}/)?[^/]*$"
-_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
-_MAX_TERMS = 32  # terms, requirements or keys in one list
-_MAX_VALUES = 64  # values of one requirement, tolerations, namespaces, matchLabels
-
-
-def _label_key(field: str, *, optional: bool = False) -> JsonDict:
-    return {
-        "maxLength": 253 + 1 + 63,
-        "pattern": f"^({_QUALIFIED_NAME})?$" if optional else f"^{_QUALIFIED_NAME}$",
-        "x-kubernetes-validations": [
-            _cel(
-                f"self.matches(r'{_PREFIX_AT_MOST_253}')",
-                f"{field}: a label key's prefix (before '/') is at most 253 characters",
-            )
-        ],
-    }
-
-
-_LABEL_VALUE_SCHEMA: JsonDict = {"maxLength": 63, "pattern": _LABEL_VALUE}
-_SELECTOR_VALUES: JsonDict = {"maxItems": _MAX_VALUES, "items": _LABEL_VALUE_SCHEMA}
-_WEIGHT: JsonDict = {"properties": {"weight": {"minimum": 1, "maximum": 100}}}
-_AFFINITY = "scheduling.affinity"
-
-
-def _values_by_operator(what: str) -> list[JsonDict]:
-    return [
-        _cel(
-            "!(self.operator in ['In', 'NotIn']) || (has(self.values) && size(self.values) > 0)",
-            f"{_AFFINITY}: a {what} with operator In or NotIn needs values",
-            ".values",
-        ),
-        _cel(
-            "!(self.operator in ['Exists', 'DoesNotExist']) || !has(self.values) || "
-            "size(self.values) == 0",
-            f"{_AFFINITY}: a {what} with operator Exists or DoesNotExist takes no values",
-            ".values",
-        ),
-    ]
-
-
-def _pod_affinity_lists() -> dict[str, Any]:
-    terms = {"maxItems": _MAX_TERMS}
-    return {
-        "properties": {
-            "requiredDuringSchedulingIgnoredDuringExecution": terms,
-            "preferredDuringSchedulingIgnoredDuringExecution": terms,
-        }
-    }
-
-
-_MATCH_FIELD_RULES: dict[str, Any] = {
-    "properties": {"values": {"items": {"maxLength": 253, "pattern": _DNS_SUBDOMAIN}}},
-    "x-kubernetes-validations": [
-        _cel(
-            "self.key == 'metadata.name'",
-            f"{_AFFINITY}: matchFields can only select on the key metadata.name",
-            ".key",
-        ),
-        _cel(
-            "self.operator in ['In', 'NotIn'] && has(self.values) && size(self.values) == 1",
-            f"{_AFFINITY}: matchFields needs operator In or NotIn with exactly one node name",
-            ".operator",
-        ),
-    ],
-}
-
-_POD_AFFINITY_TERM_RULES: list[JsonDict] = [
-    _cel(
-        f"(!has(self.{keys}) || size(self.{keys}) == 0) || has(self.labelSelector)",
-        f"{_AFFINITY}: {keys} needs labelSelector",
-        f".{keys}",
-    )
-    for keys in ("matchLabelKeys", "mismatchLabelKeys")
-] + [
-    _cel(
-        "!has(self.matchLabelKeys) || !has(self.mismatchLabelKeys) || "
-        "!self.matchLabelKeys.exists(k, k in self.mismatchLabelKeys)",
-        f"{_AFFINITY}: a key may not be in both matchLabelKeys and mismatchLabelKeys",
-        ".matchLabelKeys",
-    ),
-    _cel(
-        "!has(self.matchLabelKeys) || !has(self.labelSelector) || "
-        "!self.matchLabelKeys.exists(k, "
-        "(has(self.labelSelector.matchLabels) && k in self.labelSelector.matchLabels) || "
-        "(has(self.labelSelector.matchExpressions) && "
-        "self.labelSelector.matchExpressions.exists(e, e.key == k)))",
-        f"{_AFFINITY}: a key in matchLabelKeys may not also be in labelSelector",
-        ".matchLabelKeys",
-    ),
-]
-
-_K8S_RULES: dict[str, dict[str, Any]] = {
-    "Toleration": {
-        "properties": {
-            "key": _label_key("scheduling.tolerations", optional=True),
-            "operator": {"enum": ["", "Equal", "Exists"]},
-            "value": _LABEL_VALUE_SCHEMA,
-            "effect": {"enum": ["", "NoSchedule", "PreferNoSchedule", "NoExecute"]},
-        },
-        "x-kubernetes-validations": [
-            _cel(
-                "(has(self.key) && self.key != '') || "
-                "(has(self.operator) && self.operator == 'Exists')",
-                "scheduling.tolerations: a toleration without a key must have operator Exists "
-                "(it then tolerates every taint)",
-                ".operator",
-            ),
-            _cel(
-                "!(has(self.operator) && self.operator == 'Exists') || "
-                "!has(self.value) || self.value == ''",
-                "scheduling.tolerations: value must be empty when operator is Exists",
-                ".value",
-            ),
-            _cel(
-                "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
-                "scheduling.tolerations: tolerationSeconds needs effect NoExecute",
-                ".effect",
-            ),
-        ],
-    },
-    "NodeAffinity": {
-        "properties": {"preferredDuringSchedulingIgnoredDuringExecution": {"maxItems": _MAX_TERMS}}
-    },
-    "NodeSelector": {"properties": {"nodeSelectorTerms": {"minItems": 1, "maxItems": _MAX_TERMS}}},
-    "NodeSelectorTerm": {
-        "properties": {
-            "matchExpressions": {"maxItems": _MAX_TERMS},
-            "matchFields": {"maxItems": _MAX_TERMS, "items": _MATCH_FIELD_RULES},
-        }
-    },
-    "NodeSelectorRequirement": {
-        "properties": {
-            "key": _label_key(_AFFINITY),
-            "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]},
-            "values": _SELECTOR_VALUES,
-        },
-        "x-kubernetes-validations": [
-            *_values_by_operator("node selector requirement"),
-            _cel(
-                "!(self.operator in ['Gt', 'Lt']) || (has(self.values) && "
-                "size(self.values) == 1 && self.values[0].matches('^-?[0-9]+$'))",
-                f"{_AFFINITY}: a node selector requirement with operator Gt or Lt needs "
-                "exactly one integer value",
-                ".values",
-            ),
-        ],
-    },
-    "PreferredSchedulingTerm": _WEIGHT,
-    "WeightedPodAffinityTerm": _WEIGHT,
-    "PodAffinity": _pod_affinity_lists(),
-    "PodAntiAffinity": _pod_affinity_lists(),
-    "PodAffinityTerm": {
-        "properties": {
-            "topologyKey": _label_key(_AFFINITY),
-            "namespaces": {
-                "maxItems": _MAX_VALUES,
-                "items": {"maxLength": 63, "pattern": _DNS_LABEL},
-            },
-            "matchLabelKeys": {"maxItems": _MAX_TERMS, "items": _label_key(_AFFINITY)},
-            "mismatchLabelKeys": {"maxItems": _MAX_TERMS, "items": _label_key(_AFFINITY)},
-        },
-        "x-kubernetes-validations": _POD_AFFINITY_TERM_RULES,
-    },
-    "LabelSelector": {
-        "properties": {
-            "matchExpressions": {"maxItems": _MAX_TERMS},
-            "matchLabels": {
-                "maxProperties": _MAX_VALUES,
-                "additionalProperties": _LABEL_VALUE_SCHEMA,
-                "x-kubernetes-validations": [
-                    _cel(
-                        f"self.all(k, k.size() <= 317 && k.matches(r'^{_QUALIFIED_NAME}$') && "
-                        f"k.matches(r'{_PREFIX_AT_MOST_253}'))",
-                        f"{_AFFINITY}: every matchLabels key must be a label key",
-                    )
-                ],
-            },
-        }
-    },
-    "LabelSelectorRequirement": {
-        "properties": {
-            "key": _label_key(_AFFINITY),
-            "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
-            "values": _SELECTOR_VALUES,
-        },
-        "x-kubernetes-validations": _values_by_operator("label selector requirement"),
-    },
-}
-
-
-def _merged(base: Any, extra: Any) -> Any:
-    """`base` with `extra` laid over it; CEL rule lists add up."""
-    if not (isinstance(base, dict) and isinstance(extra, dict)):
-        return copy.deepcopy(extra)
-    merged = dict(base)
-    for key, value in extra.items():
-        if key == "x-kubernetes-validations":
-            merged[key] = [*base.get(key, []), *value]
-        else:
-            merged[key] = _merged(base[key], value) if key in base else copy.deepcopy(value)
-    return merged
-
-
-def _inlined(node: Any) -> Any:
-    if isinstance(node, list):
-        return [_inlined(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    if "$ref" in node:
-        return k8s_schema(node["$ref"])
-    return {key: _inlined(value) for key, value in node.items()}
-
-
-def k8s_schema(name: str) -> JsonDict:
-    """Kubernetes' structural schema of core/v1 `name`, inlined, with the pod validator's rules."""
-    result: JsonDict = _merged(_inlined(_K8S_DEFINITIONS[name]), _K8S_RULES.get(name, {}))
-    return result
-
-
-def _schema_is(schema: JsonDict) -> Callable[[JsonDict], None]:
-    """For json_schema_extra: the field's whole schema is `schema` (the Python type stays a
-    plain dict, passed to the pod template as it is)."""
-
-    def replace(field_schema: JsonDict) -> None:
-        field_schema.clear()
-        field_schema.update(copy.deepcopy(schema))
-
-    return replace
-
-
-class SchedulingSettings(CamelModel):
-    node_selector: dict[str, Annotated[str, Field(max_length=63, pattern=_LABEL_VALUE)]] | None = (
-        None
-    )
-    tolerations: list[dict[str, Any]] | None = Field(
-        default=None,
-        json_schema_extra=_schema_is(
-            {"type": "array", "maxItems": _MAX_VALUES, "items": k8s_schema("Toleration")}
-        ),
-    )
-    affinity: dict[str, Any] | None = Field(
-        default=None, json_schema_extra=_schema_is(k8s_schema("Affinity"))
-    )
-    priority_class_name: str | None = Field(default=None, max_length=253, pattern=_DNS_SUBDOMAIN)
-
-
 class ServiceSettings(CamelModel):
-    model_config = _validations(
-        _cel(
+    model_config = validations(
+        cel(
             "!has(self.nodePort) || self.type == 'NodePort'",
             "service.nodePort needs service.type NodePort",
         ),
@@ -831,13 +551,13 @@ class ServiceSettings(CamelModel):
 
 
 class SecretKeyRef(CamelModel):
-    name: str = Field(min_length=1, max_length=253, pattern=_DNS_SUBDOMAIN)
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)
     key: str = Field(default="api-key", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
 
 
-# The router per replica: it measured 56 MB RSS and under 1 ms of CPU per request
-# (router/README.md), so a quarter core serves a few hundred requests a second, far above what
-# the engines behind it take; the memory limit is twice the 150 MB target of issue 13.
+# The router per replica: its resident memory and CPU per request are small
+# (docs/benchmarks/router_overhead.md), so a quarter core serves far more requests than the
+# engines behind it take; the memory limit leaves room above its resident size.
 DEFAULT_ROUTER_REQUESTS: dict[str, int | str] = {"cpu": "250m", "memory": "128Mi"}
 DEFAULT_ROUTER_LIMITS: dict[str, int | str] = {"cpu": "1", "memory": "320Mi"}
 # What a router container may ask for: it runs on CPU, never on an accelerator.
@@ -847,8 +567,8 @@ MAX_LOAD_FACTOR = 10.0
 
 
 def _router_resource_rule(field: str) -> JsonDict:
-    return _cel(
-        f"!has(self.{field}) || self.{field}.all(k, k in {_cel_strings(ROUTER_RESOURCE_NAMES)})",
+    return cel(
+        f"!has(self.{field}) || self.{field}.all(k, k in {cel_strings(ROUTER_RESOURCE_NAMES)})",
         f"router.resources.{field} may name only {', '.join(ROUTER_RESOURCE_NAMES)}: "
         "the router runs on CPU (no GPU or other extended resource)",
         f".{field}",
@@ -858,7 +578,7 @@ def _router_resource_rule(field: str) -> JsonDict:
 class RouterResources(CamelModel):
     """CPU and memory per router replica; a map set replaces its default."""
 
-    model_config = _validations(_router_resource_rule("requests"), _router_resource_rule("limits"))
+    model_config = validations(_router_resource_rule("requests"), _router_resource_rule("limits"))
     requests: dict[str, Quantity] | None = Field(
         default=DEFAULT_ROUTER_REQUESTS, max_length=3, description="What the scheduler reserves."
     )
@@ -879,7 +599,7 @@ class SessionAffinity(CamelModel):
         ),
         json_schema_extra={
             "x-kubernetes-validations": [
-                _cel(
+                cel(
                     f"double(self) >= 1.0 && double(self) <= {MAX_LOAD_FACTOR}",
                     "router.sessionAffinity.loadFactor must be from 1.0 to "
                     f"{MAX_LOAD_FACTOR:g}: below 1 no replica fits the bound",
@@ -983,32 +703,32 @@ class GatewaySettings(CamelModel):
 
 
 class AutoGLMDeploymentSpec(CamelModel):
-    model_config = _validations(
-        _cel(
+    model_config = validations(
+        cel(
             "self.replicas == 0 || self.adaptive.minStreamingReplicas <= self.replicas",
             "adaptive.minStreamingReplicas must not exceed replicas",
             ".adaptive.minStreamingReplicas",
         ),
-        _cel(
+        cel(
             "self.modePolicy != 'Adaptive' || self.adaptive.paused || "
             "has(self.adaptive.prometheus.url)",
             "modePolicy Adaptive needs adaptive.prometheus.url (or adaptive.paused: true)",
             ".adaptive.prometheus.url",
         ),
-        _cel(
+        cel(
             "self.adaptive.gpuMemoryPercent.low > self.engine.gpuMemoryUtilizationPercent",
             "adaptive.gpuMemoryPercent.low must be above engine.gpuMemoryUtilizationPercent: "
             "vLLM holds that much of each GPU from start-up, so a lower band would keep "
             "replicas in batching for good",
             ".adaptive.gpuMemoryPercent.low",
         ),
-        _cel(
+        cel(
             "self.maxModelLen <= " + str(MODEL_CONTEXT_LIMIT),
             f"maxModelLen must be at most {MODEL_CONTEXT_LIMIT}, the positions "
             "AutoGLM-Phone-9B's architecture (GLM-4.1V) has",
             ".maxModelLen",
         ),
-        _cel(
+        cel(
             "!has(self.multimodal.maxPixels) || self.multimodal.maxPixels / "
             f"{PIXELS_PER_TOKEN} + {DEFAULT_MAX_TOKENS} <= self.maxModelLen",
             f"multimodal.maxPixels leaves no room in maxModelLen: one image costs up to "
@@ -1017,14 +737,14 @@ class AutoGLMDeploymentSpec(CamelModel):
             "maxModelLen",
             ".multimodal.maxPixels",
         ),
-        _cel(
+        cel(
             "!has(self.engine.maxNumBatchedTokens) || "
             "self.engine.maxNumBatchedTokens >= self.profiles.batching.maxConcurrency",
             "engine.maxNumBatchedTokens must be at least profiles.batching.maxConcurrency "
             "(one token per running sequence per step)",
             ".engine.maxNumBatchedTokens",
         ),
-        _cel(
+        cel(
             "!self.gateway.enabled || self.router.enabled",
             "gateway.enabled needs router.enabled: the InferencePool's endpoint picker runs in "
             "the router pods",
@@ -1073,123 +793,3 @@ class AutoGLMDeploymentSpec(CamelModel):
                 streamed_chat, self.engine_max_num_seqs(mode if rolling else None))
             for mode in Mode
         }  # fmt: skip
-
-
-class Condition(CamelModel):
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str
-    message: str = ""
-    observed_generation: int | None = None
-    last_transition_time: str | None = None
-
-
-class MetricSample(CamelModel):
-    """Metric values behind a decision, as strings: the CRD carries no floats."""
-
-    qps: str | None = None
-    qps_per_replica: str | None = None
-    gpu_memory_percent: str | None = None
-    queue_depth: str | None = None
-    kv_cache_percent: str | None = None
-    ttft_p95_seconds: str | None = None
-
-
-class Decision(CamelModel):
-    time: str
-    from_batching: int
-    to_batching: int
-    reason: str
-    message: str = ""
-    applied: bool = True
-    metrics: MetricSample = Field(default_factory=MetricSample)
-
-
-class ReplicaFlip(CamelModel):
-    """When the adaptive loop last flipped one pod: the per-replica cooldown reads it."""
-
-    pod: str
-    time: str
-    mode: str
-
-
-class LearnedCapacity(CamelModel):
-    """Requests per second per replica that each mode was measured to serve, in thousandths."""
-
-    streaming_milli: int = Field(ge=1)
-    batching_milli: int = Field(ge=1)
-
-
-class AdaptiveLoopState(CamelModel):
-    """What the adaptive loop must remember across passes and operator restarts."""
-
-    high_since: str | None = Field(
-        default=None,
-        description=(
-            "Since when the loop has wanted more replicas batching (demand that needs it, or, "
-            "without per-class demand, load above a high threshold)."
-        ),
-    )
-    low_since: str | None = Field(
-        default=None,
-        description=(
-            "Since when the loop has wanted fewer replicas batching (demand that needs it, or, "
-            "without per-class demand, load below every low threshold)."
-        ),
-    )
-    last_flips: list[ReplicaFlip] = Field(default_factory=list, max_length=256)
-    batching_target: int | None = Field(
-        default=None,
-        ge=0,
-        description="switchStrategy Rolling: how many replicas the loop decided run batching pods.",
-    )
-    capacity: LearnedCapacity | None = Field(
-        default=None,
-        description="What replicas were measured to serve near saturation (none: the seeds).",
-    )
-
-
-class RouterStatus(CamelModel):
-    enabled: bool = True
-    replicas: int = Field(default=0, description="Router pods that exist.")
-    ready_replicas: int = Field(default=0, description="Router pods ready to route.")
-
-
-class GatewayStatus(CamelModel):
-    enabled: bool = False
-    inference_pool: str = Field(
-        default="", description="The InferencePool the operator holds (none while it has none)."
-    )
-    endpoint_picker: str = Field(
-        default="", description="The endpoint picker's Service and port, as service:port."
-    )
-
-
-class AutoGLMDeploymentStatus(CamelModel):
-    model_config = ConfigDict(extra="allow")
-
-    observed_generation: int | None = None
-    replicas: int = 0
-    ready_replicas: int = 0
-    ready: str = Field(default="0/0", description="readyReplicas/replicas, for kubectl get.")
-    streaming_replicas: int = 0
-    batching_replicas: int = 0
-    selector: str = ""
-    endpoint: str = ""
-    router: RouterStatus | None = Field(
-        default=None, description="The router in front of the replicas (spec.router)."
-    )
-    gateway: GatewayStatus | None = Field(
-        default=None, description="The InferencePool for gateways (spec.gateway)."
-    )
-    conditions: list[Condition] = Field(
-        default_factory=list,
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-    )
-    warnings: list[str] = Field(
-        default_factory=list, max_length=16,
-        description="Settings of the spec the operator does not apply, and what to set instead.",
-    )  # fmt: skip
-    last_decision: Decision | None = None
-    decision_history: list[Decision] = Field(default_factory=list, max_length=10)
-    adaptive_state: AdaptiveLoopState | None = None

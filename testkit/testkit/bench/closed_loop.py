@@ -23,7 +23,8 @@ from typing import Any
 import httpx
 from openai import AsyncOpenAI
 
-from autoglm_runtime.profiles import MODE_PATH
+from autoglm_api.profiles import MODE_PATH
+from testkit.admin import bearer, set_mode_async
 from testkit.engine import ADMIN_TOKEN, CLIENT_TIMEOUT, MODEL, OPENAI_TIMEOUT
 from testkit.stats import percentile
 
@@ -162,9 +163,8 @@ def figures(samples: Sequence[Sample], seconds: float) -> dict[str, float | None
 async def set_mode(admin_url: str, mode: str) -> None:
     """Set the mode through the admin API (its own port), as the operator does, and wait until
     the last load's requests have left the middleware."""
+    await set_mode_async(admin_url, ADMIN_TOKEN, mode, timeout=CLIENT_TIMEOUT)
     async with httpx.AsyncClient(base_url=admin_url, timeout=CLIENT_TIMEOUT,
-                                 headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as admin:
-        answer = await admin.put(MODE_PATH, json={"mode": mode})
-        answer.raise_for_status()
+                                 headers=bearer(ADMIN_TOKEN)) as admin:
         while (state := (await admin.get(MODE_PATH)).json())["inflight"] or state["queued"]:
             await asyncio.sleep(0.2)

@@ -7,7 +7,7 @@ from typing import Any
 
 from testkit.bench import policy_traces as traces
 from testkit.bench.policy_sim import BATCH, CHAT, Outcome, Workload
-from testkit.stats import nearest_rank
+from testkit.stats import percentile
 
 REPLICAS = 4
 # A phone-agent step's TTFT target: its light-load streaming TTFT in this sim (0.52 s, the
@@ -33,7 +33,7 @@ def summarize(outcomes: Sequence[Outcome], duration: float, arrivals: int) -> di
         "batch_attainment": sum(o.met for o in batch) / len(batch) if batch else 1.0,
         "throughput": len(done) / duration,
         "rejected": sum(1 for o in outcomes if o.e2e < 0 and o.ttft < 0),
-        "ttft_p50": nearest_rank(ttfts, 0.5),
-        "ttft_p95": nearest_rank(ttfts, 0.95),
-        "batch_e2e_p95": nearest_rank([o.e2e for o in batch if o.e2e >= 0], 0.95),
+        "ttft_p50": percentile(ttfts, 0.5),
+        "ttft_p95": percentile(ttfts, 0.95),
+        "batch_e2e_p95": percentile([o.e2e for o in batch if o.e2e >= 0], 0.95),
     }

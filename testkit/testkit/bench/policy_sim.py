@@ -5,15 +5,15 @@ wait queue with a timeout, micro-batch window, SSE coalescing, stream priority),
 server preprocessing, then the engine's continuous batching with chunked prefill. The admission
 is the middleware's own code (`autoglm_runtime.admission.AdmissionQueue` and `BatchWindow`) on
 the pool's simulated clock. The engine plans each step with the sim's own `fill_step` and times
-it with the sim's step model (`autoglm_runtime.sim.model.LatencyModel`, the same equations
-`autoglm_runtime.sim.engine` runs in real time):
+it with the sim's step model (`testkit.sim.model.LatencyModel`, the same equations
+`testkit.sim.engine` runs in real time):
 
     step T = max(floor, t0 + t1 * b + c_p * p + c_img * i / IMAGE_TOKENS)
 
 and its preprocessing runs where the model says (`ApiServer`: in parallel, or in one API-server
 process in arrival order), on the whole prompt, images included.
 
-Prefix caching is vLLM's automatic one as the sim models it (`autoglm_runtime.sim.prefix_cache`,
+Prefix caching is vLLM's automatic one as the sim models it (`testkit.sim.prefix_cache`,
 16-token blocks, least recently used evicted from the part of `kv_cache_tokens` running
 sequences leave free). Only phone-agent steps share prefixes (policy_traces.AgentPrompt): every
 step's system prompt, and within a conversation the text of the earlier steps; a step's own
@@ -25,7 +25,7 @@ run of them at once (to the next completion, or to the end of the step in progre
 request reaches the engine). That is exact for the step model and makes a simulated day take
 seconds to minutes instead of a day.
 
-Memory is `autoglm_runtime.sim.model.MemoryModel` (what the sim reports as autoglm_gpu_memory_*).
+Memory is `testkit.sim.model.MemoryModel` (what the sim reports as autoglm_gpu_memory_*).
 
 Routing is the router's own `autoglm_router.routing.decide` (`routing="router"`): each request's
 features as `autoglm_router.features` would read them (a streamed chat or other; an agent step
@@ -53,6 +53,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
+from autoglm_api.profiles import Mode, ModeProfile, ModeProfiles
 from autoglm_router import routing
 from autoglm_router.features import (
     IMAGE_DELIMITER_TOKENS,
@@ -69,18 +70,18 @@ from autoglm_router.sessions import (
     settled,
 )
 from autoglm_runtime.admission import AdmissionQueue, BatchWindow, Woken
-from autoglm_runtime.profiles import Mode, ModeProfile, ModeProfiles
 from autoglm_runtime.requests import DEFAULT_PRIORITY, STREAM_PRIORITY
-from autoglm_runtime.sim.model import (
+from testkit.bench.policy_traces import AGENT, AgentPrompt
+from testkit.bench.policy_traces import Arrival as ShapedArrival
+from testkit.sim.model import (
     IMAGE_TOKENS,
     ApiServer,
     LatencyModel,
     MemoryModel,
     fill_step,
 )
-from autoglm_runtime.sim.prefix_cache import BLOCK_TOKENS, PrefixCache, blocks_for
-from testkit.bench.policy_traces import AGENT, AgentPrompt
-from testkit.bench.policy_traces import Arrival as ShapedArrival
+from testkit.sim.prefix_cache import BLOCK_TOKENS, PrefixCache, blocks_for
+from testkit.stats import percentile
 
 CHAT = 0  # interactive, streamed; SLO on time to first visible token
 BATCH = 1  # batch job, not streamed; SLO on completion time
@@ -108,7 +109,7 @@ class EngineEnvelope:
 
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
-    kv_cache_tokens: int = 65536  # the sim's default (autoglm-runtime sim --kv-cache-tokens)
+    kv_cache_tokens: int = 65536  # the sim's default (python -m testkit.sim --kv-cache-tokens)
     latency: LatencyModel = field(default_factory=LatencyModel)
     memory: MemoryModel = field(default_factory=MemoryModel)
 
@@ -672,8 +673,8 @@ class Pool:
         qps: sum(rate(vllm:request_success_total[1m])) -- completions in the last minute / 60
         (the elapsed time while the trace is younger than a minute); queue: vLLM waiting plus the
         middleware's admission queue, of streaming replicas only; gpu memory: 100 * max over
-        pods of used / total; TTFT p95 over the last minute (exact quantile, not histogram
-        buckets).
+        pods of used / total; TTFT p95 over the last minute (the exact values' nearest rank,
+        not histogram buckets).
         """
         now = self.now
         self.expire_queues()
@@ -693,10 +694,7 @@ class Pool:
             100.0 * mem.used_bytes(r.running, r.step_prefill_tokens if r.busy else 0) / total
             for r in self.replicas
         )
-        ttft_p95 = None
-        if self.ttfts:
-            values = sorted(v for _, v in self.ttfts)
-            ttft_p95 = values[min(len(values) - 1, math.ceil(0.95 * len(values)) - 1)]
+        ttft_p95 = percentile((v for _, v in self.ttfts), 0.95)
         kv = None
         return {
             "qps": qps,

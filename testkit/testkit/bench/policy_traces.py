@@ -58,8 +58,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from autoglm_api.image_budget import AGENT_SYSTEM_TOKENS, AGENT_TEXT_TOKENS, image_tokens
 from autoglm_router.features import DEFAULT_IMAGE_MAX_PIXELS
-from autoglm_runtime.image_budget import AGENT_SYSTEM_TOKENS, AGENT_TEXT_TOKENS, image_tokens
 from testkit.paths import OUT_DIR
 
 CHAT, BATCH = 0, 1

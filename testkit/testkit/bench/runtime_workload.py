@@ -14,7 +14,7 @@ from typing import Any
 import openai
 
 MODEL = "autoglm-phone-9b"
-# The calibration's phone screenshot (`autoglm_runtime.sim.model`'s docstring): 224x896 pixels,
+# The calibration's phone screenshot (`testkit.sim.model`'s docstring): 224x896 pixels,
 # which GLM-4.1V's processor makes 8x32 = IMAGE_TOKENS prompt tokens at the default pixel budget.
 SCREENSHOT_SIZE = (224, 896)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import subprocess
 
-from autoglm_runtime.sim.process import free_port
 from testkit.paths import REPO
+from testkit.processes import free_port
 
 
 def find_binary() -> str:

@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from autoglm_runtime.sim.process import free_port
 from testkit.loopback import ServedOnLoopback
+from testkit.processes import free_port
 
 Message = MutableMapping[str, Any]
 FLOOD_CHUNK = b"x" * 65536

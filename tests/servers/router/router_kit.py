@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import httpx
-
-from autoglm_runtime.profiles import MODE_PATH
-from autoglm_runtime.sim.process import RouterProcess, SimProcess
 from testkit.probe import metric
+from testkit.processes import RouterProcess, SimProcess
 
 __all__ = ["ADMIN_TOKEN", "MODEL", "RouterProcess", "StartRouter", "StartSim", "admitted",
-           "metric", "set_mode"]
+           "metric"]
 
 ADMIN_TOKEN = "router-test-token"
 MODEL = "autoglm-phone-9b"
@@ -26,9 +23,3 @@ StartRouter = Callable[..., RouterProcess]
 
 def admitted(sim: SimProcess) -> float:
     return metric(sim.base_url, "autoglm_requests_admitted_total")
-
-
-def set_mode(sim: SimProcess, mode: str) -> None:
-    response = httpx.put(sim.admin_url + MODE_PATH, json={"mode": mode},
-                         headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=5)
-    response.raise_for_status()

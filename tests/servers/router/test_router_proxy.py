@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 from collections.abc import Iterator
@@ -13,10 +12,11 @@ import pytest
 from fake_replica import FLOOD_CHUNK, FakeReplica
 from router_kit import RouterProcess, StartRouter, metric
 
+from autoglm_api.profiles import Mode
 from autoglm_router.discovery import Endpoint, StaticDiscovery
 from autoglm_router.proxy import ProxySettings, RouterApp
 from autoglm_router.routing import RoutingConfig
-from autoglm_runtime.profiles import Mode
+from testkit.waiting import eventually, eventually_async
 
 pytestmark = pytest.mark.timeout(60)
 CHAT = "/v1/chat/completions"
@@ -93,6 +93,19 @@ def test_a_429_goes_elsewhere_only_when_another_replica_has_room(
     assert metric(router.ops_url, "autoglm_router_requests_total") == 13
 
 
+def load_read(replica: FakeReplica, since: int) -> None:
+    """Wait until the router has read `replica`'s load as it is now: read `since`+1 began
+    after the change (the test changed it, then noted `since`), and the router's next read
+    starts only once the poll that made it has finished."""
+    eventually(lambda: replica.metrics_reads >= since + 2, 5, every=0.02,
+               what=f"the router reading {replica.base_url}'s load after read {since}")
+
+
+def taking(router: RouterProcess) -> dict[str, int]:
+    """The replicas the router takes as taking requests, by mode."""
+    return httpx.get(router.ops_url + "/health", timeout=5).json()["replicas"]
+
+
 def test_requests_avoid_a_replica_that_other_routers_keep_busy(
     start_router: StartRouter, fakes: list[FakeReplica]
 ) -> None:
@@ -100,7 +113,9 @@ def test_requests_avoid_a_replica_that_other_routers_keep_busy(
     router's): with the bound at 1.25 x the mean, every session goes to the second."""
     fakes[0].held = 6
     router = start_router([f.base_url for f in fakes], "--poll-interval", "0.2")
-    time.sleep(0.6)  # a few polls of the replicas' load
+    load_read(fakes[0], since=0)
+    # Both are taking requests: the first is avoided for its load, not left out.
+    assert taking(router) == {"streaming": 0, "batching": 2, "unknown": 0}
     for i in range(20):
         assert post(router, {"messages": [], "session_id": f"s{i}"}).status_code == 200
     assert (len(fakes[0].seen), len(fakes[1].seen)) == (0, 20)
@@ -114,14 +129,14 @@ def test_a_conversation_stays_where_its_first_turn_was_placed(
     where its cache is."""
     fakes[0].held = 6
     router = start_router([f.base_url for f in fakes], "--poll-interval", "0.2")
-    time.sleep(0.6)  # a few polls of the replicas' load
+    load_read(fakes[0], since=0)
     firsts = [{"messages": [{"role": "user", "content": "open settings"}], "session_id": f"s{i}"}
               for i in range(20)]  # fmt: skip
     for body in firsts:
         assert post(router, body).status_code == 200
     assert (len(fakes[0].seen), len(fakes[1].seen)) == (0, 20)
     fakes[0].held = 0
-    time.sleep(0.6)
+    load_read(fakes[0], since=fakes[0].metrics_reads)
     for body in firsts:
         history = [*body["messages"], {"role": "assistant", "content": "Launch(settings)"},
                    {"role": "user", "content": "next"}]  # type: ignore[misc]
@@ -129,6 +144,10 @@ def test_a_conversation_stays_where_its_first_turn_was_placed(
     assert (len(fakes[0].seen), len(fakes[1].seen)) == (0, 40)
     assert metric(router.ops_url, "autoglm_router_session_placements_total",
                   placement="hit") == 20  # fmt: skip
+    # The first replica is idle again in the router's view: new conversations go there too.
+    for i in range(20, 40):
+        assert post(router, {**firsts[0], "session_id": f"s{i}"}).status_code == 200
+    assert len(fakes[0].seen) > 0
 
 
 def test_nothing_is_retried_after_the_first_byte(
@@ -165,6 +184,14 @@ def rss_bytes(router: RouterProcess) -> int:
     return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024  # type: ignore[union-attr]
 
 
+def _stalled(flood: FakeReplica) -> int | None:
+    """What the flooding replica has sent, once it has sent some and then nothing more for
+    0.5 s (None until then)."""
+    sent = flood.flood_sent
+    time.sleep(0.5)
+    return sent if 0 < sent == flood.flood_sent else None
+
+
 def test_a_slow_client_does_not_make_the_router_buffer(
     start_router: StartRouter, fakes: list[FakeReplica]
 ) -> None:
@@ -176,8 +203,9 @@ def test_a_slow_client_does_not_make_the_router_buffer(
                       timeout=30) as response:
         # Read nothing: once the socket buffers on the way are full the replica stalls, and
         # nothing in the router grows.
-        time.sleep(1.5)
-        stalled_at = flood.flood_sent
+        stalled_at = eventually(lambda: _stalled(flood), 10, every=0.05,
+                                what="the flooding replica sending, then stalled")
+        # Time is the behaviour here: a client that reads nothing holds the replica still.
         time.sleep(1.0)
         assert flood.flood_sent == stalled_at < total
         assert rss_bytes(router) < 150 * 2**20
@@ -244,7 +272,8 @@ async def test_one_metrics_scrape_per_replica_per_poll_gives_mode_and_load(
     discovery = StaticDiscovery([f.base_url for f in fakes], interval=0.1)
     app = RouterApp(discovery, RoutingConfig(), ProxySettings(load_poll_interval=0.1))
     await app.start()
-    await asyncio.sleep(1.0)
+    await eventually_async(lambda: discovery.polls >= 3, 5, every=0.02,
+                           what="three polls of the replicas")
     await app.stop()
     polls = discovery.polls
     assert polls >= 3
@@ -261,6 +290,7 @@ async def test_a_discovery_that_scrapes_nothing_still_gets_the_load_polled(
     busy.held = 6
     app = RouterApp(_ListedReplicas(fakes), RoutingConfig(), ProxySettings(load_poll_interval=0.1))
     await app.start()
-    await asyncio.sleep(0.5)
+    await eventually_async(lambda: busy.metrics_reads >= 2, 5, every=0.02,
+                           what="two reads of the busy replica's load")
     await app.stop()
     assert app.others.of(busy.base_url) == 6.0 and busy.metrics_reads >= 2

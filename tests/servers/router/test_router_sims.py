@@ -1,4 +1,4 @@
-"""The router in front of `autoglm-runtime sim` replicas on loopback, driven by real clients."""
+"""The router in front of `testkit.sim` replicas on loopback, driven by real clients."""
 
 from __future__ import annotations
 
@@ -21,14 +21,17 @@ from router_kit import (
     StartSim,
     admitted,
     metric,
-    set_mode,
 )
 
-from autoglm_runtime.profiles import DRAIN_PATH
-from autoglm_runtime.sim.process import SimProcess
+from autoglm_api.profiles import DRAIN_PATH
+from testkit.admin import set_mode
+from testkit.processes import SimProcess
 from testkit.waiting import eventually
 
 pytestmark = pytest.mark.timeout(90)
+# Requests a drain test's load serves after the drain before it stops: about what 2 s of it
+# serves on a 2-core machine (over 100 a second).
+SERVED_AFTER_DRAIN = 200
 SCREENSHOT = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42"
               "mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
 
@@ -154,8 +157,8 @@ def test_a_flip_is_seen_within_two_seconds_and_routing_follows(
 ) -> None:
     streaming, batching, other = replicas
     try:
-        set_mode(streaming, "batching")
-        set_mode(batching, "streaming")
+        set_mode(streaming.admin_url, ADMIN_TOKEN, "batching")
+        set_mode(batching.admin_url, ADMIN_TOKEN, "streaming")
         started = time.monotonic()
         eventually(lambda: _streaming_is(router, batching), 2.5, every=0.05,
                    what="the router routing streamed chats to the flipped replica")
@@ -170,8 +173,8 @@ def test_a_flip_is_seen_within_two_seconds_and_routing_follows(
         assert admitted(batching) - before[0] == 3
         assert admitted(streaming) + admitted(other) == before[1]
     finally:
-        set_mode(streaming, "streaming")
-        set_mode(batching, "batching")
+        set_mode(streaming.admin_url, ADMIN_TOKEN, "streaming")
+        set_mode(batching.admin_url, ADMIN_TOKEN, "batching")
         eventually(lambda: _streaming_is(router, streaming), 2.5, every=0.05,
                    what="the router routing streamed chats to the streaming replica again")
 
@@ -285,6 +288,9 @@ def test_sigterm_answers_the_next_request_on_a_kept_alive_connection_and_closes_
         router.terminate()
         eventually(lambda: _refuses_connections(router), 3, every=0.05,
                    what="the router refusing connections")
+        # The behaviour is that nothing happens: the drain has begun (no new connection gets
+        # in) and the connection answered above is live; a close of it would reach this client
+        # within this while, and the request below would meet it.
         time.sleep(0.3)
         late = http.post(router.base_url + "/v1/chat/completions", json=body)
     assert late.status_code == 200
@@ -326,16 +332,24 @@ def test_a_draining_replica_fails_no_client_request(
             except Exception as exc:  # counted, not raised: the test asserts there are none
                 failures.append(exc)
 
+    before = admitted(first), admitted(second)
     workers = [threading.Thread(target=load, args=(w,)) for w in range(3)]
     for worker in workers:
         worker.start()
     try:
-        time.sleep(1.0)
+        # The drained replica was taking its share of the load.
+        eventually(lambda: admitted(first) > before[0] and admitted(second) > before[1], 10,
+                   every=0.05, what="the load reaching both replicas")
         drained = httpx.post(first.admin_url + DRAIN_PATH, timeout=5,
                              headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
         assert drained.status_code == 202
-        at_drain = admitted(first)
-        time.sleep(2.0)
+        at_drain, served_at_drain = admitted(first), served[0]
+        # Load goes on through the drain, before the next poll finds it, until the router has
+        # retried a request the draining replica refused and many more have been served.
+        eventually(lambda: metric(router.ops_url, "autoglm_router_retries_total",
+                                  reason="draining") >= 1
+                   and served[0] >= served_at_drain + SERVED_AFTER_DRAIN, 30, every=0.05,
+                   what=f"a retry and {SERVED_AFTER_DRAIN} requests served after the drain")
     finally:
         stop.set()
         for worker in workers:

@@ -1,4 +1,4 @@
-"""Real servers on loopback: `autoglm-runtime sim` subprocesses with the mode middleware."""
+"""Real servers on loopback: `testkit.sim` subprocesses with the mode middleware."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from sim_kit import ADMIN_TOKEN, StartSim
 
-from autoglm_runtime.sim.process import SimProcess
+from testkit.processes import SimProcess
 from testkit.sims import sim_starter
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from autoglm_runtime.sim.process import SimProcess
+from testkit.processes import SimProcess
 
 ADMIN_TOKEN = "runtime-test-token"
 MODEL = "autoglm-phone-9b"

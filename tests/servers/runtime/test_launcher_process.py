@@ -13,15 +13,16 @@ import os
 import signal
 import subprocess
 import sys
-import time
+from collections.abc import Awaitable
 from pathlib import Path
 
 import httpx
 import pytest
 
-from autoglm_runtime.profiles import MODE_PATH
-from autoglm_runtime.sim.process import free_port
+from autoglm_api.profiles import MODE_PATH
+from testkit.processes import free_port
 from testkit.procfs import descendants, environ
+from testkit.waiting import eventually_async
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -30,12 +31,16 @@ FAKE_VLLM = """#!{python}
 # Stands in for `vllm serve <model> --port N ...`: runs the sim on that port instead, with the
 # environment the launcher gives vLLM (its middleware listens on AUTOGLM_ADMIN_SOCKET).
 import sys
-from autoglm_runtime.cli import main
+from testkit.sim.__main__ import main
 args = sys.argv[1:]
 assert args[0] == "serve", args
 port = args[args.index("--port") + 1]
-sys.exit(main(["sim", "--port", port, "--time-factor", "0.25"]))
+sys.exit(main(["--port", port, "--time-factor", "0.25"]))
 """
+
+
+async def _status_is(reply: Awaitable[httpx.Response], status: int) -> bool:
+    return (await reply).status_code == status
 
 
 async def test_the_launcher_serves_the_admin_api_and_drains_before_forwarding(
@@ -67,13 +72,9 @@ async def test_the_launcher_serves_the_admin_api_and_drains_before_forwarding(
     auth = {"Authorization": f"Bearer {TOKEN}"}
     try:
         async with httpx.AsyncClient(base_url=base, timeout=60) as http:
-            for _ in range(200):
-                try:
-                    if (await http.get("/health")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                await asyncio.sleep(0.1)
+            await eventually_async(lambda: _status_is(http.get("/health"), 200), 20,
+                                   ignoring=(httpx.TransportError,),
+                                   what="the engine under the launcher healthy")
 
             # The engine (the launcher's child) has the relay socket, never the token.
             (engine,) = descendants(launcher.pid)
@@ -98,15 +99,15 @@ async def test_the_launcher_serves_the_admin_api_and_drains_before_forwarding(
             body = {"model": "autoglm-phone-9b", "max_tokens": 150, "ignore_eos": True,
                     "messages": [{"role": "user", "content": "long task"}]}
             running = asyncio.create_task(http.post("/v1/chat/completions", json=body))
-            deadline = time.monotonic() + 10  # admitted before the signal, or it is refused
-            while (await http.get(admin_url, headers=rotated)).json()["inflight"] < 1:
-                assert time.monotonic() < deadline, "the request was never admitted"
-                await asyncio.sleep(0.05)
+
+            async def admitted() -> bool:
+                return (await http.get(admin_url, headers=rotated)).json()["inflight"] >= 1
+
+            # Admitted before the signal, or it is refused.
+            await eventually_async(admitted, 10, every=0.05, what="the request admitted")
             launcher.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + 5
-            while (await http.get("/health")).status_code != 503:
-                assert time.monotonic() < deadline, "health never went 503"
-                await asyncio.sleep(0.05)
+            await eventually_async(lambda: _status_is(http.get("/health"), 503), 5, every=0.05,
+                                   what="health going 503")
             assert (await http.post("/v1/chat/completions", json=body)).status_code == 503
             response = await running
         assert response.status_code == 200

@@ -5,13 +5,17 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from collections.abc import Awaitable
 
 import httpx
 import openai
 import pytest
 from sim_kit import MODEL, StartSim, admin_headers, log_of
 
-from autoglm_runtime.profiles import MODE_PATH
+from autoglm_api.profiles import MODE_PATH
+from testkit.probe import metric
+from testkit.processes import SimProcess
+from testkit.waiting import eventually_async
 
 pytestmark = pytest.mark.timeout(120)
 # Long enough that every stream is still open when the test flips the mode or sends SIGTERM,
@@ -39,13 +43,32 @@ async def stream_one(aclient: openai.AsyncOpenAI, index: int, tokens: int,
 async def all_arrived(admin: httpx.AsyncClient, mode_url: str, count: int) -> None:
     """Wait until the runtime holds all `count` requests, admitted or queued behind the mode's
     cap: the first tokens of some streams are no sign that the others have arrived."""
-    deadline = time.monotonic() + 30
-    while True:
+
+    async def holds_all() -> bool:
         state = (await admin.get(mode_url)).json()
-        if state["inflight"] + state["queued"] >= count:
-            return
-        assert time.monotonic() < deadline, f"only {state} of {count} arrived"
-        await asyncio.sleep(0.02)
+        if state["inflight"] + state["queued"] < count:
+            raise _NotYet(state)  # the last one goes into the failure's message
+        return True
+
+    await eventually_async(holds_all, 30, every=0.02, ignoring=(_NotYet,),
+                           what=f"the runtime holding all {count} requests")
+
+
+class _NotYet(Exception):
+    """A state read before the one waited for."""
+
+
+async def received(sim: SimProcess) -> float:
+    """Valid requests the runtime has been offered (admitted, queued or turned away)."""
+    return await asyncio.to_thread(metric, sim.base_url, "autoglm_requests_received_total")
+
+
+async def _at_least(value: Awaitable[float], floor: float) -> bool:
+    return await value >= floor
+
+
+async def _status_is(reply: Awaitable[httpx.Response], status: int) -> bool:
+    return (await reply).status_code == status
 
 
 async def test_switch_under_load_drops_nothing(start_sim: StartSim) -> None:
@@ -65,7 +88,8 @@ async def test_switch_under_load_drops_nothing(start_sim: StartSim) -> None:
         assert state["mode"] == "batching" and state["inflight"] == 12
         # New requests follow the new mode while the old streams continue.
         late = [asyncio.create_task(stream_one(aclient, 100 + i, 20, [])) for i in range(4)]
-        await asyncio.sleep(0.2)
+        await eventually_async(lambda: _at_least(received(sim), 16), 10, every=0.02,
+                               what="the 4 late requests reaching the runtime in batching")
         back = (await admin.put(mode_url, json={"mode": "streaming"})).json()
         assert back["switches"] == 2
         results = await asyncio.gather(*streams, *late)
@@ -92,10 +116,9 @@ async def test_sigterm_drains_then_exits(start_sim: StartSim) -> None:
         async with httpx.AsyncClient(headers=admin_headers()) as admin:
             await all_arrived(admin, sim.admin_url + MODE_PATH, 8)
         sim.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 5  # the signal's handler runs on the sim's next loop turn
-        while (await http.get("/health")).status_code != 503:
-            assert time.monotonic() < deadline, "health never went 503"
-            await asyncio.sleep(0.05)
+        # The signal's handler runs on the sim's next loop turn.
+        await eventually_async(lambda: _status_is(http.get("/health"), 503), 5, every=0.05,
+                               what="health going 503")
         refused = await http.post("/v1/chat/completions", json={
             "model": MODEL, "messages": [{"role": "user", "content": "late"}]})
         assert refused.status_code == 503

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
@@ -11,10 +12,11 @@ from langchain_core.messages import AIMessageChunk, HumanMessage
 from langchain_openai import ChatOpenAI
 from sim_kit import MODEL, admin_headers
 
-from autoglm_runtime.image_budget import IMAGE_DELIMITER_TOKENS, image_tokens
-from autoglm_runtime.profiles import MODE_PATH
-from autoglm_runtime.sim.process import SimProcess
-from autoglm_runtime.sim.serve.chat import DEFAULT_IMAGE_MAX_PIXELS
+from autoglm_api.image_budget import IMAGE_DELIMITER_TOKENS, image_tokens
+from autoglm_api.profiles import MODE_PATH
+from testkit.processes import SimProcess
+from testkit.sim.serve.chat import DEFAULT_IMAGE_MAX_PIXELS
+from testkit.waiting import eventually
 
 pytestmark = pytest.mark.timeout(60)
 SCREENSHOT = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42"
@@ -184,13 +186,10 @@ def test_health_waits_for_the_model_load(start_sim: Any) -> None:
     loading = httpx.post(sim.base_url + "/v1/chat/completions", json={
         "model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
     assert loading.status_code == 503
-    import time
-
-    deadline = time.monotonic() + 10
-    while httpx.get(sim.base_url + "/health").status_code != 200:
-        assert time.monotonic() < deadline, "never became healthy"
-        time.sleep(0.1)
-    assert time.monotonic() - (deadline - 10) > 0.3  # 30 simulated s at 20x: 1.5 s from start
+    started = time.monotonic()
+    eventually(lambda: httpx.get(sim.base_url + "/health").status_code == 200, 10,
+               what="the sim healthy once its model has loaded")
+    assert time.monotonic() - started > 0.3  # 30 simulated s at 20x: 1.5 s from start
 
 
 def test_a_client_that_leaves_aborts_its_request(sim_server: SimProcess) -> None:
@@ -205,12 +204,8 @@ def test_a_client_that_leaves_aborts_its_request(sim_server: SimProcess) -> None
         httpx.post(sim_server.base_url + "/v1/chat/completions", timeout=0.15, json={
             "model": MODEL, "max_tokens": 2000, "ignore_eos": True,
             "messages": [{"role": "user", "content": "a long answer"}]})
-    import time
-
-    deadline = time.monotonic() + 5
-    while aborted() == before:
-        assert time.monotonic() < deadline, "the engine kept generating for nobody"
-        time.sleep(0.05)
+    eventually(lambda: aborted() != before, 5, every=0.05,
+               what="the engine aborting the request whose client left")
 
 
 def test_an_api_key_is_checked_before_admission(start_sim: Any) -> None:

@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from sim_kit import ADMIN_TOKEN, StartSim
 
-from autoglm_runtime.profiles import DRAIN_PATH, MODE_PATH
-from autoglm_runtime.sim.process import SimProcess
+from autoglm_api.profiles import DRAIN_PATH, MODE_PATH
+from testkit.processes import SimProcess
 
 pytestmark = pytest.mark.timeout(300)
 

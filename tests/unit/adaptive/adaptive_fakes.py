@@ -1,4 +1,4 @@
-"""Test doubles for the adaptive loop: a runtime admin API on loopback, and an in-memory IO."""
+"""Test doubles for the adaptive pass: a runtime admin API on loopback, and an in-memory IO."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
+from autoglm_api.profiles import MODE_PATH, Mode
 from autoglm_operator.adaptive.signals import Availability, Reading
 from autoglm_operator.io.runtime_client import RuntimeMode as RuntimeModeState
 from autoglm_operator.io.runtime_client import (
@@ -18,14 +19,14 @@ from autoglm_operator.io.runtime_client import (
     RuntimeUnreachable,
     SetModeResult,
 )
-from autoglm_runtime.profiles import MODE_PATH, Mode
 
 TOKEN = "s3cret-admin-token"
 
 
 @dataclass
 class FakeRuntime:
-    """The runtime's admin endpoint as issue 4 specifies it, with knobs for failures."""
+    """The runtime's admin endpoint (GET and PUT of its mode, behind its token), with knobs for
+    failures."""
 
     mode: Mode = Mode.STREAMING
     token: str = TOKEN

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
+from autoglm_api.profiles import Mode
 from autoglm_operator.adaptive import policy as pol
 from autoglm_operator.adaptive import report
 from autoglm_operator.adaptive.pass_data import FlipOutcome, PassResult, RepairOutcome
@@ -14,7 +15,6 @@ from autoglm_operator.adaptive.signals import Availability, QueryOutcome, Readin
 from autoglm_operator.handlers import adaptive_pass as ah
 from autoglm_operator.io.metrics import OperatorMetrics
 from autoglm_operator.resource import pods
-from autoglm_runtime.profiles import Mode
 
 
 def test_owned_status_carries_every_owned_field_and_no_empty_object() -> None:
@@ -133,7 +133,7 @@ def test_record_counts_decisions_flips_repairs_and_query_errors(
 
 
 def test_a_pass_is_due_every_interval_and_at_once_after_a_spec_change() -> None:
-    loop = ah.AdaptiveLoop(None, "ns", "x")  # type: ignore[arg-type]  # no I/O in due()
+    loop = ah.AdaptivePass(None, "ns", "x")  # type: ignore[arg-type]  # no I/O in due()
     body = {"metadata": {"generation": 3}}
     assert loop.due(body)  # the first pass runs at once
     loop.generation, loop.due_at = 3, float("inf")  # as a pass of generation 3 leaves it
@@ -156,7 +156,7 @@ class TokenSecret:
 
 async def test_each_pod_is_called_with_its_templates_token_and_a_new_template_rereads() -> None:
     secret = TokenSecret({"old": "t-old", "new": "t-new"})
-    loop = ah.AdaptiveLoop(secret, "ns", "x")  # type: ignore[arg-type]
+    loop = ah.AdaptivePass(secret, "ns", "x")  # type: ignore[arg-type]
     try:
         pods_ = [PodView("a", "10.0.0.1", Mode.STREAMING, True, template="old"),
                  PodView("b", "10.0.0.2", Mode.STREAMING, True, template="new"),

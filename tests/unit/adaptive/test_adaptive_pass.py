@@ -7,6 +7,7 @@ from typing import Any
 
 from adaptive_fakes import FakeIO, FakePod
 
+from autoglm_api.profiles import Mode
 from autoglm_operator.adaptive import pass_data, report
 from autoglm_operator.adaptive import policy as pol
 from autoglm_operator.adaptive.pass_data import PassInput
@@ -14,10 +15,11 @@ from autoglm_operator.adaptive.planning import PodView
 from autoglm_operator.adaptive.signals import Availability, Reading
 from autoglm_operator.handlers.adaptive_pass import ReadIO, read_observation
 from autoglm_operator.io import executor
-from autoglm_operator.reconcile import plan
+from autoglm_operator.reconcile.iteration import plan_modes
+from autoglm_operator.reconcile.rolling import rolling_batching_target
 from autoglm_operator.resource.conditions import merge_conditions
-from autoglm_operator.resource.spec import AutoGLMDeploymentSpec, Condition
-from autoglm_runtime.profiles import Mode
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
+from autoglm_operator.resource.status import Condition
 
 NOW = 1_800_000_000.0
 
@@ -58,7 +60,7 @@ async def run_pass(inp: PassInput, io: ReadIO) -> pass_data.PassResult:
     (pure), the executor's repairs, flips and replan rule, report (pure)."""
     observation = await read_observation(inp, io)
     the_plan, outcomes = await executor.execute_modes(
-        plan.plan_modes(inp, observation), io, lambda done: plan.plan_modes(inp, observation, done)
+        plan_modes(inp, observation), io, lambda done: plan_modes(inp, observation, done)
     )
     return report.report(inp, the_plan, outcomes)
 
@@ -479,7 +481,7 @@ async def test_rolling_target_keeps_min_streaming_replicas_as_the_plan_does() ->
     status = {"adaptiveState": {"batchingTarget": 3}}
     result = await one_pass(io, rolling_spec(), status)
     split = {Mode.STREAMING: 1, Mode.BATCHING: 2}
-    assert plan.rolling_batching_target(rolling_spec(), 3, split) == 2
+    assert rolling_batching_target(rolling_spec(), 3, split) == 2
     assert result.batching_target == 2
     assert result.status_patch["adaptiveState"]["batchingTarget"] == 2
     assert condition(result.status_patch, "ModeTransitioning")["reason"] != "Replacing"

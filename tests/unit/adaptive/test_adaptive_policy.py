@@ -12,10 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from autoglm_api.profiles import Mode
 from autoglm_operator.adaptive import policy as pol
 from autoglm_operator.replay import Step, simulate, summarize
-from autoglm_operator.resource.spec import AdaptiveLoopState, AdaptiveSettings, ModePolicy
-from autoglm_runtime.profiles import Mode
+from autoglm_operator.resource.spec import AdaptiveSettings, ModePolicy
+from autoglm_operator.resource.status import AdaptiveState
 
 INTERVAL = 15.0
 
@@ -351,7 +352,7 @@ def test_loop_state_round_trips_through_status_json() -> None:
         "mode": "batching",
     }
     assert pol.HysteresisState.from_status(stored) == state
-    assert pol.HysteresisState.from_status(AdaptiveLoopState.model_validate(stored)) == state
+    assert pol.HysteresisState.from_status(AdaptiveState.model_validate(stored)) == state
     assert pol.HysteresisState.from_status(None) == pol.HysteresisState()
 
 

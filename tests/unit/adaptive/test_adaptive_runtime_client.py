@@ -8,6 +8,7 @@ import aiohttp
 import pytest
 from adaptive_fakes import TOKEN, FakeRuntime, serving
 
+from autoglm_api.profiles import Mode
 from autoglm_operator.io.runtime_client import (
     RuntimeClient,
     RuntimeModeMismatch,
@@ -15,7 +16,6 @@ from autoglm_operator.io.runtime_client import (
     RuntimeUnauthorized,
     RuntimeUnreachable,
 )
-from autoglm_runtime.profiles import Mode
 
 
 class Sleeps:

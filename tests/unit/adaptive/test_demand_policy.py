@@ -7,12 +7,12 @@ from dataclasses import replace
 
 import pytest
 
+from autoglm_api.profiles import Mode
 from autoglm_operator.adaptive import capacity
 from autoglm_operator.adaptive import demand as dm
 from autoglm_operator.adaptive import policy as pol
 from autoglm_operator.replay import read_trace, simulate
 from autoglm_operator.resource.spec import AdaptiveSettings, ModePolicy, ServiceLevelObjectives
-from autoglm_runtime.profiles import Mode
 
 T0 = 1_000_000.0
 SEEDS = {Mode.STREAMING: 4.1, Mode.BATCHING: 11.5}  # the CRD's capacity seeds

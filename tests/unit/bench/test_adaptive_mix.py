@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from autoglm_operator.adaptive.policy import Capacity
-from autoglm_operator.resource import spec as crd
+from autoglm_operator.resource import spec
 from autoglm_runtime.metrics import TRAFFIC_CLASSES
 from testkit.loadgen import RequestResult
 from testkit.paths import load_script
@@ -27,8 +27,8 @@ met_slo = adaptive_mix.met_slo
 side_by_side = adaptive_mix.side_by_side
 
 
-def settings() -> crd.AdaptiveSettings:
-    return crd.AdaptiveSettings.model_validate(adaptive_spec("http://127.0.0.1:9090"))
+def settings() -> spec.AdaptiveSettings:
+    return spec.AdaptiveSettings.model_validate(adaptive_spec("http://127.0.0.1:9090"))
 
 
 def test_every_phase_moves_the_split_the_demand_sizing_chooses_from_the_seeds() -> None:

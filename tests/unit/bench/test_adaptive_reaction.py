@@ -82,7 +82,8 @@ def test_a_confirmation_counts_for_one_flip_only() -> None:
 def test_spread_takes_nearest_rank_percentiles_of_what_was_measured() -> None:
     values = [float(v) for v in range(1, 21)]  # 1..20
     stats = spread([*values, None])
-    assert stats == {"n": 20, "p50": 11.0, "p95": 20.0, "max": 20.0}
+    # The 10th and the 19th smallest of 20 (a rule taking index floor(q * n) gave 11 and 20).
+    assert stats == {"n": 20, "p50": 10.0, "p95": 19.0, "max": 20.0}
     assert spread([None]) == {"n": 0, "p50": None, "p95": None, "max": None}
 
 

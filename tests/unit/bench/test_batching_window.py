@@ -6,7 +6,7 @@ from testkit.paths import load_script
 
 bench = load_script("bench/batching_window.py")
 
-from autoglm_runtime.profiles import BatchingProfile  # noqa: E402
+from autoglm_api.profiles import BatchingProfile  # noqa: E402
 
 
 def _row(config: str, goodput: float) -> dict[str, object]:

@@ -10,9 +10,9 @@ from testkit.paths import load_script
 
 bench = load_script("bench/engine_modes.py")
 
+from autoglm_api.engine_args import build_vllm_argv  # noqa: E402
 from autoglm_operator.reconcile.children import serving  # noqa: E402
-from autoglm_operator.resource import spec as crd  # noqa: E402
-from autoglm_runtime.engine_args import build_vllm_argv  # noqa: E402
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec  # noqa: E402
 from testkit.engine import cpu_argv, cpu_overrides  # noqa: E402
 
 
@@ -40,8 +40,8 @@ def test_a_figure_one_mode_lacks_has_no_winner() -> None:
 
 
 def test_the_pod_runners_cpu_argv_is_the_cpu_settings_argv() -> None:
-    for spec in (crd.AutoGLMDeploymentSpec(),
-                 crd.AutoGLMDeploymentSpec.model_validate({"maxModelLen": 25480})):
+    for spec in (AutoGLMDeploymentSpec(),
+                 AutoGLMDeploymentSpec.model_validate({"maxModelLen": 25480})):
         pod_argv = build_vllm_argv(serving.engine_settings(spec))
         assert "--mm-encoder-tp-mode" in pod_argv  # two GPUs: the case that must change
         local = cpu_overrides(serving.engine_settings(spec)).model_copy(

@@ -16,8 +16,8 @@ from testkit.paths import load_script
 
 bench = load_script("bench/policy_goodput.py")
 
+from autoglm_api.profiles import Mode  # noqa: E402
 from autoglm_router import routing  # noqa: E402
-from autoglm_runtime.profiles import Mode  # noqa: E402
 
 
 def _poisson(

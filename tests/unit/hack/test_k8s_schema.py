@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from autoglm_operator.resource import spec
+from autoglm_operator.resource import scheduling
 from testkit.paths import load_script
 
 k8s_schema = load_script("hack/k8s_schema.py")
@@ -73,8 +73,8 @@ def test_the_committed_file_holds_every_definition_toleration_and_affinity_reach
     assert {"Toleration", "Affinity", "LabelSelector", "NodeSelectorRequirement"} <= set(
         definitions
     )
-    # spec.py inlines all of it: no reference is left in the CRD's scheduling fields
-    assert "$ref" not in json.dumps(spec.k8s_schema("Affinity"))
+    # scheduling.py inlines all of it: no reference is left in the CRD's scheduling fields
+    assert "$ref" not in json.dumps(scheduling.k8s_schema("Affinity"))
 
 
 def _refs(node: Any) -> list[str]:

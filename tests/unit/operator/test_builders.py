@@ -8,25 +8,25 @@ from typing import Any
 
 import pytest
 
-from autoglm_operator.reconcile.children import serving as builders
-from autoglm_operator.resource import spec as crd
-from autoglm_runtime.config import ConfigFile
-from autoglm_runtime.engine_args import (
+from autoglm_api.engine_args import (
     MIDDLEWARE_IMPORT_PATH,
     NO_MEDIA_DOMAIN,
     build_vllm_argv,
     refused_extra_arg,
 )
-from autoglm_runtime.profiles import MODE_LABEL, Mode
+from autoglm_api.profiles import MODE_LABEL, Mode
+from autoglm_operator.reconcile.children import serving as builders
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
+from autoglm_runtime.config import ConfigFile
 
 OWNER = builders.Owner(name="phone-9b", namespace="serving", uid="0000-1111")
 
 
-def make_spec(**fields: Any) -> crd.AutoGLMDeploymentSpec:
-    return crd.AutoGLMDeploymentSpec.model_validate(fields)
+def make_spec(**fields: Any) -> AutoGLMDeploymentSpec:
+    return AutoGLMDeploymentSpec.model_validate(fields)
 
 
-def container(spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
+def container(spec: AutoGLMDeploymentSpec) -> dict[str, Any]:
     return builders.deployment(OWNER, spec)["spec"]["template"]["spec"]["containers"][0]
 
 
@@ -270,7 +270,7 @@ def test_template_hash_is_stable_and_matches_its_content() -> None:
 
 def test_each_pod_template_mounts_a_token_of_its_own() -> None:
     """A rollout (a new template) gives its pods a new admin token; the old pods keep theirs."""
-    def token_key(spec: crd.AutoGLMDeploymentSpec) -> str:
+    def token_key(spec: AutoGLMDeploymentSpec) -> str:
         pod = builders.pod_template("phone-9b", spec)
         (admin,) = [v for v in pod["spec"]["volumes"] if v["name"] == "admin"]
         assert admin["secret"]["secretName"] == "phone-9b-admin"
@@ -407,20 +407,20 @@ def test_an_object_admitted_with_a_now_managed_media_flag_still_gets_pods_that_s
     apiserver ratchets unchanged fields); their pods are built without them, so the launcher,
     which refuses them, still starts the engine."""
     extra_args = [*legacy, "--seed", "7"]
-    spec = crd.AutoGLMDeploymentSpec.model_validate({"engine": {"extraArgs": extra_args}})
+    spec = AutoGLMDeploymentSpec.model_validate({"engine": {"extraArgs": extra_args}})
     settings = builders.engine_settings(spec)
     assert settings.extra_args == ("--seed", "7")
     assert not [arg for arg in settings.extra_args if refused_extra_arg(arg)]
 
 
 def test_spec_multimodal_sets_the_engines_image_limit_and_media_hosts() -> None:
-    spec = crd.AutoGLMDeploymentSpec.model_validate(
+    spec = AutoGLMDeploymentSpec.model_validate(
         {"multimodal": {"imagesPerPrompt": 4, "allowedMediaDomains": ["cdn.example.com"]}}
     )
     argv = build_vllm_argv(builders.engine_settings(spec))
     assert argv[argv.index("--limit-mm-per-prompt") + 1] == '{"image":4,"video":0}'
     assert argv[argv.index("--allowed-media-domains") + 1 :][:1] == ["cdn.example.com"]
-    default = build_vllm_argv(builders.engine_settings(crd.AutoGLMDeploymentSpec()))
+    default = build_vllm_argv(builders.engine_settings(AutoGLMDeploymentSpec()))
     # None allowed: a name that never resolves, since vLLM takes any host when the list is empty.
     assert default[default.index("--allowed-media-domains") + 1] == NO_MEDIA_DOMAIN
 
@@ -433,7 +433,7 @@ def test_spec_multimodal_sets_the_engines_image_limit_and_media_hosts() -> None:
 def test_the_image_budget_follows_the_context_unless_set(
     spec: dict[str, Any], max_pixels: int
 ) -> None:
-    argv = build_vllm_argv(builders.engine_settings(crd.AutoGLMDeploymentSpec.model_validate(spec)))
+    argv = build_vllm_argv(builders.engine_settings(AutoGLMDeploymentSpec.model_validate(spec)))
     kwargs = json.loads(argv[argv.index("--mm-processor-kwargs") + 1])
     # As the processor takes it: `size`, in pixels of area (transformers 5 has no max_pixels).
     assert kwargs == {"size": {"shortest_edge": 12544, "longest_edge": max_pixels}}
@@ -442,6 +442,6 @@ def test_the_image_budget_follows_the_context_unless_set(
 @pytest.mark.parametrize("domain", ["localhost", "10.0.0.1", "metadata.internal", "a.svc", "X.io"])
 def test_spec_multimodal_refuses_hosts_inside_the_cluster_or_node(domain: str) -> None:
     with pytest.raises(ValueError):
-        crd.AutoGLMDeploymentSpec.model_validate(
+        AutoGLMDeploymentSpec.model_validate(
             {"multimodal": {"allowedMediaDomains": [domain]}}
         )

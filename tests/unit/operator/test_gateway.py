@@ -13,19 +13,25 @@ import pytest
 from operator_fakes import FakeKube
 from test_reconcile_pass import NAME, NS, UID, body, observed, writes
 
+from autoglm_api.profiles import Mode
 from autoglm_operator.handlers import reconcile as handlers
 from autoglm_operator.io import kube
-from autoglm_operator.reconcile import plan
 from autoglm_operator.reconcile import status as status_
 from autoglm_operator.reconcile.children import gateway, router, serving
+from autoglm_operator.reconcile.memory import ReconcileMemory, gateway_due
 from autoglm_operator.reconcile.observe import Observed, owned_by
-from autoglm_operator.resource import spec as crd
-from autoglm_runtime.profiles import Mode
+from autoglm_operator.reconcile.pass_plan import Plan, key_of, plan_pass
+from autoglm_operator.resource.spec import (
+    AutoGLMDeploymentSpec,
+    FailureMode,
+    GatewaySettings,
+    SwitchStrategy,
+)
 from testkit.paths import REPO
 
 OWNER = serving.Owner(name=NAME, namespace=NS, uid=UID)
-ON = crd.AutoGLMDeploymentSpec.model_validate({"replicas": 2, "gateway": {"enabled": True}})
-OFF = crd.AutoGLMDeploymentSpec.model_validate({"replicas": 2})
+ON = AutoGLMDeploymentSpec.model_validate({"replicas": 2, "gateway": {"enabled": True}})
+OFF = AutoGLMDeploymentSpec.model_validate({"replicas": 2})
 POOL = ("InferencePool", NAME)
 PICKER = ("Service", f"{NAME}-epp")
 ROUTING = {"app.kubernetes.io/name": "autoglm-router", "app.kubernetes.io/instance": NAME}
@@ -67,7 +73,7 @@ def test_the_pool_is_the_gie_v1_object_for_the_serving_pods_and_the_picker() -> 
     labels = pool["spec"]["selector"]["matchLabels"]
     selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
     assert selector == serving.serving_pod_selector(NAME)
-    open_ = crd.AutoGLMDeploymentSpec.model_validate(
+    open_ = AutoGLMDeploymentSpec.model_validate(
         {"gateway": {"enabled": True, "failureMode": "FailOpen"}}
     )
     assert gateway.inference_pool(OWNER, open_)["spec"]["endpointPickerRef"]["failureMode"] == (
@@ -80,7 +86,7 @@ def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
 
 
 def test_the_pool_selects_both_modes_deployments_under_rolling_and_no_router_pod() -> None:
-    rolling = ON.model_copy(update={"switch_strategy": crd.SwitchStrategy.ROLLING})
+    rolling = ON.model_copy(update={"switch_strategy": SwitchStrategy.ROLLING})
     selector = gateway.inference_pool(OWNER, rolling)["spec"]["selector"]["matchLabels"]
     deployments = [c for c in serving.children(OWNER, rolling, split={Mode.STREAMING: 1,
                    Mode.BATCHING: 1}) if c["kind"] == "Deployment"]  # fmt: skip
@@ -133,16 +139,16 @@ def test_the_tested_gie_release_is_the_one_the_repo_installs() -> None:
 
 
 def _observed(children: list[dict[str, Any]]) -> Observed:
-    live = {plan.key_of(c): copy.deepcopy(c) for c in children}
+    live = {key_of(c): copy.deepcopy(c) for c in children}
     meta = {"name": NAME, "namespace": NS, "uid": UID}
     return Observed(body={"metadata": meta}, deployment=None, children=live, secret=None, pods=[])
 
 
 def _planned(
-    spec: crd.AutoGLMDeploymentSpec, obs: Observed, memory: plan.ReconcileMemory | None = None,
+    spec: AutoGLMDeploymentSpec, obs: Observed, memory: ReconcileMemory | None = None,
     now: float = 0.0,
-) -> plan.Plan:
-    return plan.plan_pass(OWNER, spec, obs, memory or plan.ReconcileMemory(), now=now)
+) -> Plan:
+    return plan_pass(OWNER, spec, obs, memory or ReconcileMemory(), now=now)
 
 
 def test_a_pass_plans_the_picker_then_the_pool_apart_from_the_serving_children() -> None:
@@ -153,16 +159,16 @@ def test_a_pass_plans_the_picker_then_the_pool_apart_from_the_serving_children()
     # Published and in sync: nothing; a changed failure mode: the pool only.
     published = _observed(gateway.children(OWNER, ON))
     assert _planned(ON, published).gateway == ()
-    open_ = ON.model_copy(update={"gateway": crd.GatewaySettings(enabled=True,
-                          failure_mode=crd.FailureMode.FAIL_OPEN)})  # fmt: skip
+    open_ = ON.model_copy(update={"gateway": GatewaySettings(enabled=True,
+                          failure_mode=FailureMode.FAIL_OPEN)})  # fmt: skip
     assert [(a.verb, a.key) for a in _planned(open_, published).gateway] == [("update", POOL)]
 
 
 def test_a_failed_attempt_is_not_planned_again_before_its_backoff() -> None:
     problem = status_.Problem("InferencePoolCRDMissing", "no CRD")
-    memory = plan.ReconcileMemory(gateway_problem=problem, gateway_retry_at=30.0)
+    memory = ReconcileMemory(gateway_problem=problem, gateway_retry_at=30.0)
     assert _planned(ON, _observed([]), memory, now=10.0).gateway == ()
-    assert not plan.gateway_due(memory, 10.0) and plan.gateway_due(memory, 30.0)
+    assert not gateway_due(memory, 10.0) and gateway_due(memory, 30.0)
     assert len(_planned(ON, _observed([]), memory, now=30.0).gateway) == 2
 
 

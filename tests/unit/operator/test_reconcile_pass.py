@@ -15,10 +15,10 @@ from prometheus_client import REGISTRY
 
 from autoglm_operator.handlers import reconcile as handlers
 from autoglm_operator.io import executor, kube
-from autoglm_operator.reconcile import plan
 from autoglm_operator.reconcile.children import serving as builders
-from autoglm_operator.reconcile.observe import owned_by
-from autoglm_operator.resource import spec as crd
+from autoglm_operator.reconcile.memory import ADMIN_SECRET_RECHECK_SECONDS
+from autoglm_operator.reconcile.observe import Key, owned_by
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
 
 NS, NAME, UID = "serving", "phone-9b", "uid-1"
 
@@ -57,7 +57,7 @@ def observed(
 ) -> handlers.Observed:
     """What the indexes would hold, built from the fake apiserver's objects: this object's
     children (an ownerReference to it), as observe.py files them."""
-    children: dict[plan.Key, dict[str, Any]] = {}
+    children: dict[Key, dict[str, Any]] = {}
     secret = None
     for (kind, _ns, name), obj in api.objects.items():
         if not owned_by(obj, UID):
@@ -89,7 +89,7 @@ def tokens(api: FakeKube) -> dict[str, str]:
 
 
 def template_of(spec: dict[str, Any]) -> str:
-    digests = builders.desired_template_hashes(NAME, crd.AutoGLMDeploymentSpec.model_validate(spec))
+    digests = builders.desired_template_hashes(NAME, AutoGLMDeploymentSpec.model_validate(spec))
     (digest,) = digests
     return digest
 
@@ -143,7 +143,7 @@ async def test_first_pass_creates_everything_and_the_next_writes_nothing() -> No
     api.calls.clear()
     status = handlers.status_.compute(
         name=NAME, namespace=NS, generation=1,
-        spec=handlers.crd.AutoGLMDeploymentSpec.model_validate({"replicas": 2}),
+        spec=AutoGLMDeploymentSpec.model_validate({"replicas": 2}),
         deployment=api.objects[("Deployment", NS, NAME)], pods=[], current=None, now="t",
     ).status  # fmt: skip
     await run_pass(api, body({"replicas": 2}, status=status), handlers.ReconcileMemory())
@@ -314,7 +314,7 @@ async def test_a_secret_deleted_by_hand_is_made_again_once_a_new_pod_needs_it() 
     api.calls.clear()
     await loop_pass(api, body({}), state, pods=replaced)
     assert secret_reads(api) == 0
-    state.admin_secret_read_at -= plan.ADMIN_SECRET_RECHECK_SECONDS  # that long later
+    state.admin_secret_read_at -= ADMIN_SECRET_RECHECK_SECONDS  # that long later
     await loop_pass(api, body({}), state, pods=replaced)
     assert secret_reads(api) == 1 and writes(api) == []
 

@@ -6,17 +6,17 @@ from typing import Any
 
 import pytest
 
-from autoglm_operator.reconcile import plan
+from autoglm_api.engine_args import EngineSettings, build_vllm_argv
+from autoglm_api.profiles import MODE_LABEL, Mode
 from autoglm_operator.reconcile.children import serving as builders
-from autoglm_operator.resource import spec as crd
-from autoglm_runtime.engine_args import EngineSettings, build_vllm_argv
-from autoglm_runtime.profiles import MODE_LABEL, Mode
+from autoglm_operator.reconcile.rolling import rolling_batching_target, rolling_step
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec, ModePolicy, SwitchStrategy
 
 OWNER = builders.Owner(name="phone-9b", namespace="serving", uid="u1")
-ROLLING = crd.AutoGLMDeploymentSpec.model_validate(
+ROLLING = AutoGLMDeploymentSpec.model_validate(
     {"replicas": 2, "switchStrategy": "Rolling", "modePolicy": "Streaming"}
 )
-IN_PLACE = ROLLING.model_copy(update={"switch_strategy": crd.SwitchStrategy.IN_PLACE})
+IN_PLACE = ROLLING.model_copy(update={"switch_strategy": SwitchStrategy.IN_PLACE})
 
 
 def flag(args: list[str], name: str) -> str | None:
@@ -75,7 +75,7 @@ def test_stream_coalescing_happens_once_engine_or_middleware() -> None:
 
 
 def test_rolling_without_a_split_starts_all_in_the_initial_mode() -> None:
-    batching = ROLLING.model_copy(update={"mode_policy": crd.ModePolicy.BATCHING})
+    batching = ROLLING.model_copy(update={"mode_policy": ModePolicy.BATCHING})
     by_name = {
         c["metadata"]["name"]: c["spec"]["replicas"]
         for c in builders.children(OWNER, batching)
@@ -98,7 +98,7 @@ def test_rolling_without_a_split_starts_all_in_the_initial_mode() -> None:
 def test_batching_target(
     policy: str, dry_run: bool, stored: int | None, current: dict[Mode, int] | None, expected: int
 ) -> None:
-    spec = crd.AutoGLMDeploymentSpec.model_validate(
+    spec = AutoGLMDeploymentSpec.model_validate(
         {
             "replicas": 2,
             "switchStrategy": "Rolling",
@@ -106,7 +106,7 @@ def test_batching_target(
             "adaptive": {"prometheus": {"url": "http://p:9090"}, "dryRun": dry_run},
         }
     )
-    assert plan.rolling_batching_target(spec, stored, current) == expected
+    assert rolling_batching_target(spec, stored, current) == expected
 
 
 # -- the steps, simulated: Deployments scale, the ReplicaSets create and remove pods -----------
@@ -136,7 +136,7 @@ def simulate(replicas: int, target: int, pods: list[dict[str, Any]]) -> list[tup
     counter = len(pods)
     log: list[tuple[str, Any]] = []
     for _ in range(50):
-        step = plan.rolling_step(replicas, target, split, pods, HASHES)
+        step = rolling_step(replicas, target, split, pods, HASHES)
         for name in step.retire:  # the operator marks, the ReplicaSet removes the marked pod
             pods = [p for p in pods if p["metadata"]["name"] != name]
             log.append(("delete", name))
@@ -179,19 +179,19 @@ def test_back_to_streaming_and_a_partial_share() -> None:
 
 def test_no_old_pod_goes_while_its_replacement_is_not_ready() -> None:
     pods = [pod("streaming-1", Mode.STREAMING), pod("batching-2", Mode.BATCHING, ready=False)]
-    step = plan.rolling_step(1, 1, {Mode.STREAMING: 1, Mode.BATCHING: 1}, pods, HASHES)
+    step = rolling_step(1, 1, {Mode.STREAMING: 1, Mode.BATCHING: 1}, pods, HASHES)
     assert step.split == {Mode.STREAMING: 1, Mode.BATCHING: 1} and step.retire == ()
     pods[1]["status"]["conditions"][0]["status"] = "True"
-    step = plan.rolling_step(1, 1, {Mode.STREAMING: 1, Mode.BATCHING: 1}, pods, HASHES)
+    step = rolling_step(1, 1, {Mode.STREAMING: 1, Mode.BATCHING: 1}, pods, HASHES)
     assert step.split == {Mode.STREAMING: 0, Mode.BATCHING: 1}
     assert step.retire == ("streaming-1",)
 
 
 def test_a_plain_scale_needs_no_replacement() -> None:
     pods = [pod("streaming-1", Mode.STREAMING), pod("streaming-2", Mode.STREAMING)]
-    up = plan.rolling_step(4, 0, {Mode.STREAMING: 2}, pods, HASHES)
+    up = rolling_step(4, 0, {Mode.STREAMING: 2}, pods, HASHES)
     assert up.split == {Mode.STREAMING: 4, Mode.BATCHING: 0}
-    down = plan.rolling_step(1, 0, {Mode.STREAMING: 2}, pods, HASHES)
+    down = rolling_step(1, 0, {Mode.STREAMING: 2}, pods, HASHES)
     assert down.split == {Mode.STREAMING: 1, Mode.BATCHING: 0}
     assert down.retire == ()  # the ReplicaSet picks; no pod is being replaced
 
@@ -208,6 +208,6 @@ def test_without_a_spare_gpu_one_old_pod_goes_first() -> None:
         }
     )
     pods = [pod("streaming-1", Mode.STREAMING), pod("streaming-2", Mode.STREAMING), pending]
-    step = plan.rolling_step(2, 2, {Mode.STREAMING: 2, Mode.BATCHING: 1}, pods, HASHES)
+    step = rolling_step(2, 2, {Mode.STREAMING: 2, Mode.BATCHING: 1}, pods, HASHES)
     assert step.split == {Mode.STREAMING: 1, Mode.BATCHING: 1}
     assert step.retire == ("streaming-1",)

@@ -8,23 +8,25 @@ from typing import Any
 
 import pytest
 
-from autoglm_operator.reconcile import plan
 from autoglm_operator.reconcile.children import router as router_builders
 from autoglm_operator.reconcile.children import serving as builders
+from autoglm_operator.reconcile.diff import describe_update
+from autoglm_operator.reconcile.memory import ReconcileMemory
 from autoglm_operator.reconcile.observe import CHILD_INDEXES, Observed, observe
-from autoglm_operator.resource import spec as crd
+from autoglm_operator.reconcile.pass_plan import Plan, key_of, plan_pass
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
 from autoglm_router import cli as router_cli
 
 OWNER = builders.Owner(name="phone-9b", namespace="serving", uid="u1")
-SPEC = crd.AutoGLMDeploymentSpec.model_validate({"replicas": 2})
-OFF = crd.AutoGLMDeploymentSpec.model_validate({"replicas": 2, "router": {"enabled": False}})
+SPEC = AutoGLMDeploymentSpec.model_validate({"replicas": 2})
+OFF = AutoGLMDeploymentSpec.model_validate({"replicas": 2, "router": {"enabled": False}})
 ROUTER = "phone-9b-router"
 SERVING = {"app.kubernetes.io/name": "autoglm", "app.kubernetes.io/instance": "phone-9b"}
 ROUTING = {"app.kubernetes.io/name": "autoglm-router", "app.kubernetes.io/instance": "phone-9b"}
 
 
 def by_key(manifests: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
-    return {plan.key_of(m): m for m in manifests}
+    return {key_of(m): m for m in manifests}
 
 
 def test_the_router_has_its_account_rights_deployment_and_budget() -> None:
@@ -92,7 +94,7 @@ def test_router_pods_are_cpu_only_restricted_and_spread() -> None:
 
 
 def test_router_args_are_what_the_router_cli_accepts() -> None:
-    spec = crd.AutoGLMDeploymentSpec.model_validate({
+    spec = AutoGLMDeploymentSpec.model_validate({
         "router": {"sessionAffinity": {"loadFactor": "2"}, "spill": False},
         "profiles": {"streaming": {"maxConcurrency": 6}, "batching": {"maxConcurrency": 48}},
         "engine": {"shutdownTimeoutSeconds": 90},
@@ -126,7 +128,7 @@ def test_under_a_rolling_switch_a_streaming_replica_counts_full_at_its_own_engin
 ) -> None:
     # Rolling starts each mode with its own flags: the streaming engine has 8 sequences, so
     # streamed chats are admitted up to 8 there, and the router counts it full at 8.
-    spec = crd.AutoGLMDeploymentSpec.model_validate({"switchStrategy": "Rolling"})
+    spec = AutoGLMDeploymentSpec.model_validate({"switchStrategy": "Rolling"})
     parsed = router_cli.build_parser().parse_args(router_builders.router_args(OWNER, spec))
     assert (parsed.streaming_chat_cap, parsed.streaming_cap) == (8, 8)
     in_place = router_cli.build_parser().parse_args(router_builders.router_args(OWNER, SPEC))
@@ -134,7 +136,7 @@ def test_under_a_rolling_switch_a_streaming_replica_counts_full_at_its_own_engin
 
 
 def test_with_the_gateway_on_the_router_serves_the_picker_where_the_epp_service_points() -> None:
-    spec = crd.AutoGLMDeploymentSpec.model_validate({"gateway": {"enabled": True}})
+    spec = AutoGLMDeploymentSpec.model_validate({"gateway": {"enabled": True}})
     parsed = router_cli.build_parser().parse_args(router_builders.router_args(OWNER, spec))
     assert router_cli.check_discovery_flags(parsed) is None
     assert router_cli.check_picker_flags(parsed) is None
@@ -152,7 +154,7 @@ LIMITS = {"maxHeaderBytes": 16384, "maxHeaders": 50, "headerTimeoutSeconds": 5,
 
 
 def test_each_router_limit_in_the_spec_reaches_the_routers_own_flag() -> None:
-    spec = crd.AutoGLMDeploymentSpec.model_validate({"router": {"limits": LIMITS}})
+    spec = AutoGLMDeploymentSpec.model_validate({"router": {"limits": LIMITS}})
     parsed = vars(router_cli.build_parser().parse_args(router_builders.router_args(OWNER, spec)))
     dest = {"max_client_connections": "max_client_connections",
             "header_timeout_seconds": "header_timeout", "body_timeout_seconds": "body_timeout",
@@ -191,7 +193,7 @@ def test_no_serving_selector_matches_router_pods() -> None:
 
 
 def observed(children: list[dict[str, Any]], router_ready: int | None = None) -> Observed:
-    live = {plan.key_of(c): copy.deepcopy(c) for c in children}
+    live = {key_of(c): copy.deepcopy(c) for c in children}
     if router_ready is not None:
         live[("Deployment", ROUTER)]["status"] = {"replicas": 2, "readyReplicas": router_ready}
     body = {"metadata": {"name": "phone-9b", "namespace": "serving", "uid": "u1"}}
@@ -201,11 +203,11 @@ def observed(children: list[dict[str, Any]], router_ready: int | None = None) ->
     )  # fmt: skip
 
 
-def planned(spec: crd.AutoGLMDeploymentSpec, obs: Observed) -> plan.Plan:
-    return plan.plan_pass(OWNER, spec, obs, plan.ReconcileMemory(), now=0.0)
+def planned(spec: AutoGLMDeploymentSpec, obs: Observed) -> Plan:
+    return plan_pass(OWNER, spec, obs, ReconcileMemory(), now=0.0)
 
 
-def service_selector(the_plan: plan.Plan) -> dict[str, str] | None:
+def service_selector(the_plan: Plan) -> dict[str, str] | None:
     for action in the_plan.actions:
         if action.key == ("Service", "phone-9b"):
             return dict(action.manifest["spec"]["selector"])
@@ -263,8 +265,8 @@ def test_a_router_child_being_deleted_is_not_deleted_again(kind: str) -> None:
 def test_the_service_move_is_described_as_such() -> None:
     direct = builders.service(OWNER, SPEC)
     via = builders.service(OWNER, SPEC, via_router=True)
-    assert plan.describe_update(direct, via) == "now selects the router pods"
-    assert plan.describe_update(via, direct) == "now selects the serving pods"
+    assert describe_update(direct, via) == "now selects the router pods"
+    assert describe_update(via, direct) == "now selects the serving pods"
 
 
 def test_observe_files_router_pods_apart_from_the_serving_pods_and_the_router_children() -> None:

@@ -6,9 +6,9 @@ from typing import Any
 
 from autoglm_operator.reconcile import status
 from autoglm_operator.reconcile.children import serving as builders
-from autoglm_operator.resource import spec as crd
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
 
-SPEC = crd.AutoGLMDeploymentSpec.model_validate({"replicas": 2})
+SPEC = AutoGLMDeploymentSpec.model_validate({"replicas": 2})
 HASH = builders.template_hash(builders.pod_template("phone-9b", SPEC))
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 GPU_MESSAGE = (
@@ -215,7 +215,7 @@ def test_conditions_of_other_writers_are_left_alone() -> None:
 
 
 def test_scaled_to_zero_is_ready() -> None:
-    spec = crd.AutoGLMDeploymentSpec.model_validate(
+    spec = AutoGLMDeploymentSpec.model_validate(
         {"replicas": 0, "adaptive": {"minStreamingReplicas": 0}}
     )
     update = compute([], spec=spec)
@@ -253,7 +253,7 @@ def test_the_router_reports_its_replicas_and_none_ready_means_not_ready() -> Non
 
 
 def test_with_the_router_off_status_says_so_and_ready_needs_only_the_replicas() -> None:
-    off = crd.AutoGLMDeploymentSpec.model_validate({"replicas": 2, "router": {"enabled": False}})
+    off = AutoGLMDeploymentSpec.model_validate({"replicas": 2, "router": {"enabled": False}})
     update = compute([pod("a"), pod("b")], spec=off, router=None)
     assert update.status["router"] == {"enabled": False, "replicas": 0, "readyReplicas": 0}
     ready = conditions(update)["Ready"]
@@ -287,7 +287,7 @@ def test_a_serving_pod_stuck_is_named_before_a_router_pod_and_gone_router_pods_a
     leaving = pod("phone-9b-router-x", mode=None, waiting="CrashLoopBackOff", terminating=True)
     fine = compute([pod("a"), pod("b")], router_pods=[leaving, pod("phone-9b-router-y", mode=None)])
     assert conditions(fine)["Degraded"]["status"] == "False"
-    off = crd.AutoGLMDeploymentSpec.model_validate({"replicas": 2, "router": {"enabled": False}})
+    off = AutoGLMDeploymentSpec.model_validate({"replicas": 2, "router": {"enabled": False}})
     turned_off = compute([pod("a"), pod("b")], spec=off, router=None, router_pods=[stuck_router])
     assert conditions(turned_off)["Degraded"]["status"] == "False"
 
@@ -295,7 +295,7 @@ def test_a_serving_pod_stuck_is_named_before_a_router_pod_and_gone_router_pods_a
 def test_a_media_flag_left_in_extra_args_from_before_is_named_in_the_warnings() -> None:
     """Objects admitted before the operator managed --limit-mm-per-prompt keep it (the apiserver
     ratchets unchanged fields); the pods start without it and the status says what to set."""
-    legacy = crd.AutoGLMDeploymentSpec.model_validate({"engine": {"extraArgs": [
+    legacy = AutoGLMDeploymentSpec.model_validate({"engine": {"extraArgs": [
         "--limit-mm-per-prompt", '{"image":4}', "--seed", "7"]}})  # fmt: skip
     warnings = compute([pod("a")], spec=legacy).status["warnings"]
     assert warnings == [

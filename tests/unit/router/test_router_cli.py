@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from autoglm_api.profiles import Mode
 from autoglm_router.cli import build_parser, create_app, main
 from autoglm_router.kube import KubernetesDiscovery
-from autoglm_runtime.profiles import Mode
 
 
 @pytest.mark.parametrize(("argv", "message"), [

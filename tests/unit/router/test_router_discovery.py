@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from autoglm_api.profiles import Mode
 from autoglm_router.discovery import parse_runtime_metrics
-from autoglm_runtime.profiles import Mode
 
 METRICS = """\
 # HELP autoglm_mode 1 for the replica's active mode.

@@ -46,7 +46,7 @@ def test_streamed_chats_are_interactive_unless_the_client_declares_otherwise() -
     assert features(turn("a")).traffic_class is TrafficClass.OTHER
     completion = {"prompt": "a", "stream": True}
     assert features(completion, path=COMPLETIONS_PATH).traffic_class is TrafficClass.OTHER
-    # Declared (autoglm_runtime.traffic, the rule the replicas apply too): a body field the
+    # Declared (autoglm_api.traffic, the rule the replicas apply too): a body field the
     # scan keeps, or the header.
     flex = {**turn("a", stream=True), "service_tier": "flex"}
     assert features(scan_request(json.dumps(flex).encode())).traffic_class is TrafficClass.OTHER

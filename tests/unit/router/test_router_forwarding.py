@@ -12,10 +12,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from autoglm_api.profiles import Mode
 from autoglm_router.discovery import Endpoint
 from autoglm_router.proxy import RouterApp
 from autoglm_router.routing import RoutingConfig
-from autoglm_runtime.profiles import Mode
 
 REPLICA = "http://127.0.0.1:9"
 

@@ -8,8 +8,8 @@ import io
 import pytest
 from PIL import Image
 
+from autoglm_api.image_size import data_url_size
 from autoglm_router.scan import IMAGE_HEAD_CHARS
-from autoglm_runtime.image_size import data_url_size
 
 
 def data_url(fmt: str, width: int, height: int, **save: object) -> str:

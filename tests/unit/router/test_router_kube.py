@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from autoglm_api.profiles import Mode
 from autoglm_router.discovery import Endpoint
 from autoglm_router.kube import (
     AccessError,
@@ -19,7 +20,6 @@ from autoglm_router.kube import (
     kubeconfig_access,
     replica_of_pod,
 )
-from autoglm_runtime.profiles import Mode
 
 
 def pod(name: str, ip: str | None = "10.1.0.7", mode: str | None = "streaming",

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from autoglm_api.profiles import Mode
 from autoglm_router.kube import ApiAccess, KubernetesDiscovery
-from autoglm_runtime.profiles import Mode
 from testkit.waiting import eventually_async
 
 pytestmark = pytest.mark.timeout(30)

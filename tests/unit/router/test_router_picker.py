@@ -16,6 +16,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2
 
+from autoglm_api.profiles import Mode
 from autoglm_router import answers
 from autoglm_router.discovery import Endpoint
 from autoglm_router.epp import address_of, destinations, in_subset
@@ -23,7 +24,6 @@ from autoglm_router.features import NEUTRAL, KeyKind, RequestFeatures, TrafficCl
 from autoglm_router.picker import EXT_PROC_SERVICE, Health, Picker
 from autoglm_router.proxy import ProxySettings, RouterApp
 from autoglm_router.routing import Refusal, ReplicaState, RoutingConfig
-from autoglm_runtime.profiles import Mode
 
 Mode_ = processing_mode_pb2.ProcessingMode.BodySendMode
 STREAMING, BATCHING, OTHER = "http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.3:8000"

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from autoglm_api.profiles import Mode
 from autoglm_router.features import KeyKind, RequestFeatures, TrafficClass
 from autoglm_router.metrics import router_metrics
 from autoglm_router.proxy import LoadBook
@@ -23,7 +24,6 @@ from autoglm_router.routing import (
     has_room,
     retry_route,
 )
-from autoglm_runtime.profiles import Mode
 
 S, B = Mode.STREAMING, Mode.BATCHING
 CONFIG = RoutingConfig()  # caps: streaming 8 (64 for streamed chats), batching 64; load 1.25
@@ -151,8 +151,8 @@ def test_caps_come_from_the_config() -> None:
 def test_the_router_counts_a_replica_full_where_its_admission_queues() -> None:
     """The default caps are the middleware's rule (ModeProfile.admission_cap) at the defaults:
     a replica the router counts as having room admits the request without a queue."""
+    from autoglm_api.profiles import ModeProfiles
     from autoglm_runtime.admission import AdmissionQueue
-    from autoglm_runtime.profiles import ModeProfiles
     from autoglm_runtime.requests import DEFAULT_PRIORITY, STREAM_PRIORITY
 
     profiles = ModeProfiles()

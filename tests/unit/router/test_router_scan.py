@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from autoglm_router.features import CHAT_PATH, COMPLETIONS_PATH, request_features
+from autoglm_api.paths import CHAT_PATH, COMPLETIONS_PATH
+from autoglm_router.features import request_features
 from autoglm_router.scan import IMAGE_HEAD_CHARS, scan_request
 
 PNG = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAABDgAAAlg" + "A" * 200_000

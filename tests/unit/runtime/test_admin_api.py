@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from asgi_kit import FakeEngine, MakeClient
 
+from autoglm_api.profiles import DRAIN_PATH, MODE_PATH
 from autoglm_runtime import admin
 from autoglm_runtime.admin import AdminServer, RelayError, relay_to
-from autoglm_runtime.profiles import DRAIN_PATH, MODE_PATH
 from testkit.virtual_time import on_virtual_clock
 from testkit.waiting import eventually_async
 

@@ -4,6 +4,7 @@ import asyncio
 
 import pytest
 
+from autoglm_api.profiles import ModeProfile
 from autoglm_runtime.admission import (
     AdmissionController,
     AdmissionQueue,
@@ -13,7 +14,6 @@ from autoglm_runtime.admission import (
     QueueTimeout,
     Ticket,
 )
-from autoglm_runtime.profiles import ModeProfile
 from autoglm_runtime.requests import DEFAULT_PRIORITY, STREAM_PRIORITY
 from testkit.virtual_time import on_virtual_clock
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from autoglm_runtime.image_budget import (
+from autoglm_api.image_budget import (
     MAX_PIXELS_CEILING,
     MIN_PIXELS,
     OFFICIAL_MAX_PIXELS,

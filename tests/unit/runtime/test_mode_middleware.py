@@ -264,6 +264,28 @@ async def test_a_client_leaving_the_queue_frees_its_place(make_client: MakeClien
     assert len(engine.bodies) == 1 and middleware.controller.inflight == 0
 
 
+async def test_a_client_leaving_mid_body_is_neither_forwarded_nor_answered(
+        make_client: MakeClient, engine: FakeEngine) -> None:
+    middleware, _ = make_client()
+    whole = httpx.Request("POST", "http://t", json=chat()).read()
+    # The first chunk alone parses: it must not reach the engine as a shorter request.
+    pending = [{"type": "http.request", "body": whole, "more_body": True},
+               {"type": "http.disconnect"}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return pending.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": CHAT, "headers": [], "query_string": b""}
+    await middleware(scope, receive, send)
+    assert engine.bodies == [] and sent == []
+    assert sample(middleware, "autoglm_requests_rejected_total", {"reason": "client_gone"}) == 1
+    assert sample(middleware, "autoglm_requests_rejected_total", {"reason": "bad_request"}) == 0
+
+
 async def test_counts_received_requests_by_traffic_class(make_client: MakeClient) -> None:
     # The operator sizes each mode for its class's demand: streamed chats vs everything else,
     # as the router classes them, counted whether admitted or turned away.

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from autoglm_api.paths import CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH
 from autoglm_runtime.requests import (
     RequestError,
     RequestRules,
@@ -12,7 +13,6 @@ from autoglm_runtime.requests import (
     parse_json_object,
     prepare,
 )
-from autoglm_runtime.routes import CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH
 
 RULES = RequestRules("autoglm-phone-9b", 2048, 512, 32)
 

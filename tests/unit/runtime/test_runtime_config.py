@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from autoglm_api.profiles import Mode
 from autoglm_runtime.config import (
     ConfigError,
     RuntimeSettings,
@@ -14,7 +15,6 @@ from autoglm_runtime.config import (
     parse_labels,
     read_admin_token,
 )
-from autoglm_runtime.profiles import Mode
 
 
 def settings(tmp_path: Path, config: object | None = None, labels: str | None = None,

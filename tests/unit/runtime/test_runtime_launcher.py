@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from autoglm_api.engine_args import MIDDLEWARE_IMPORT_PATH
+from autoglm_api.keepalive import SERVER_KEEP_ALIVE_SECONDS
 from autoglm_runtime import cli, launcher
 from autoglm_runtime.config import ConfigError, RuntimeSettings
-from autoglm_runtime.engine_args import MIDDLEWARE_IMPORT_PATH
-from autoglm_runtime.keepalive import SERVER_KEEP_ALIVE_SECONDS
-from autoglm_runtime.sim.process import free_port
+from testkit.processes import free_port
 
 
 def settings(tmp_path: Path, **kwargs: object) -> RuntimeSettings:
@@ -108,7 +108,7 @@ def test_missing_vllm_points_at_sim(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(launcher.importlib.util, "find_spec", lambda _: None)
     assert cli.main(["serve", "--", "/models/x"]) == 127
     err = capsys.readouterr().err
-    assert "vLLM is not installed" in err and "autoglm-runtime sim" in err
+    assert "vLLM is not installed" in err and "python -m testkit.sim" in err
 
 
 def test_dry_run_prints_the_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,

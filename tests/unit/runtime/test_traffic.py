@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from autoglm_runtime.traffic import TRAFFIC_CLASS_HEADER, TrafficClass, traffic_class
+from autoglm_api.traffic import TRAFFIC_CLASS_HEADER, TrafficClass, traffic_class
 
 CHAT, COMPLETIONS, RESPONSES = "/v1/chat/completions", "/v1/completions", "/v1/responses"
 INTERACTIVE, BATCH = TrafficClass.STREAMED_CHAT, TrafficClass.OTHER

@@ -18,7 +18,7 @@ from typing import Any
 
 from autoglm_operator.reconcile.children import router, serving
 from autoglm_operator.reconcile.children.serving import Manifest, Owner
-from autoglm_operator.resource import spec as crd
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
 
 # The GIE release the tests install (hack/gie-crds.sh pins the same; a unit test keeps them so).
 GIE_VERSION = "v1.5.0"
@@ -69,7 +69,7 @@ def _metadata(owner: Owner, name: str) -> dict[str, Any]:
     }
 
 
-def inference_pool(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> Manifest:
+def inference_pool(owner: Owner, spec: AutoGLMDeploymentSpec) -> Manifest:
     """Every serving pod of this deployment (both modes' Deployments under Rolling, never the
     router's pods), on their OpenAI port; the router's picker chooses among them."""
     return {
@@ -115,7 +115,7 @@ def picker_service(owner: Owner) -> Manifest:
     }
 
 
-def children(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> list[Manifest]:
+def children(owner: Owner, spec: AutoGLMDeploymentSpec) -> list[Manifest]:
     """The picker's Service, then the pool that names it, when spec.gateway.enabled; else none."""
     if not spec.gateway.enabled:
         return []

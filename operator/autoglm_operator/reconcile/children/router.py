@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from autoglm_api.profiles import Mode
 from autoglm_operator.reconcile.children import serving
 from autoglm_operator.reconcile.children.serving import Manifest, Owner
 from autoglm_operator.resource import names
-from autoglm_operator.resource import spec as crd
 from autoglm_operator.resource.names import router_name
-from autoglm_runtime.profiles import Mode
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
 
 ROUTER_COMPONENT = "router"
 CONTAINER_NAME = "router"
@@ -52,16 +52,16 @@ def _metadata(owner: Owner, **extra: Any) -> dict[str, Any]:
     }
 
 
-def drain_seconds(spec: crd.AutoGLMDeploymentSpec) -> int:
+def drain_seconds(spec: AutoGLMDeploymentSpec) -> int:
     """How long a stopping router lets its streams finish: as long as a serving pod drains."""
     return spec.engine.shutdown_timeout_seconds
 
 
-def termination_grace_seconds(spec: crd.AutoGLMDeploymentSpec) -> int:
+def termination_grace_seconds(spec: AutoGLMDeploymentSpec) -> int:
     return PRESTOP_SLEEP_SECONDS + drain_seconds(spec) + 10
 
 
-def router_args(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> list[str]:
+def router_args(owner: Owner, spec: AutoGLMDeploymentSpec) -> list[str]:
     """`autoglm-router`'s flags (router/autoglm_router/cli.py) for this deployment."""
     router = spec.router
     caps, chat_caps = spec.admission_caps(streamed_chat=False), spec.admission_caps(True)
@@ -108,7 +108,7 @@ ROUTER_LIMIT_FLAGS = {
 }
 
 
-def _resources(spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
+def _resources(spec: AutoGLMDeploymentSpec) -> dict[str, Any]:
     resources = spec.router.resources
     return {
         "requests": {k: str(v) for k, v in (resources.requests or {}).items()},
@@ -116,7 +116,7 @@ def _resources(spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
     }
 
 
-def _container(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
+def _container(owner: Owner, spec: AutoGLMDeploymentSpec) -> dict[str, Any]:
     return {
         "name": CONTAINER_NAME,
         "image": spec.router.image,
@@ -147,7 +147,7 @@ def _container(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
     }
 
 
-def _ports(spec: crd.AutoGLMDeploymentSpec) -> list[dict[str, Any]]:
+def _ports(spec: AutoGLMDeploymentSpec) -> list[dict[str, Any]]:
     ports = [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
              {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}]  # fmt: skip
     if spec.gateway.enabled:
@@ -157,7 +157,7 @@ def _ports(spec: crd.AutoGLMDeploymentSpec) -> list[dict[str, Any]]:
     return ports
 
 
-def _api_key_env(spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
+def _api_key_env(spec: AutoGLMDeploymentSpec) -> dict[str, Any]:
     """The replicas' key, so the router refuses a keyless request before reading its body."""
     ref = spec.api_key_secret_ref
     if ref is None:
@@ -166,7 +166,7 @@ def _api_key_env(spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
                      "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]}
 
 
-def pod_template(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
+def pod_template(owner: Owner, spec: AutoGLMDeploymentSpec) -> dict[str, Any]:
     selector = serving.router_selector_labels(owner.name)
     labels = {**router_labels(owner.name), names.COMPONENT_LABEL: ROUTER_COMPONENT}
     pod_spec: dict[str, Any] = {
@@ -192,7 +192,7 @@ def pod_template(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any
     return {"metadata": {"labels": labels}, "spec": pod_spec}
 
 
-def deployment(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> Manifest:
+def deployment(owner: Owner, spec: AutoGLMDeploymentSpec) -> Manifest:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -256,7 +256,7 @@ def role_binding(owner: Owner) -> Manifest:
 KINDS = ("ServiceAccount", "Role", "RoleBinding", "Deployment", "PodDisruptionBudget")
 
 
-def children(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> list[Manifest]:
+def children(owner: Owner, spec: AutoGLMDeploymentSpec) -> list[Manifest]:
     """The router's children when spec.router.enabled, else none."""
     if not spec.router.enabled:
         return []

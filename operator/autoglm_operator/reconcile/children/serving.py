@@ -16,7 +16,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from autoglm_operator.resource import spec as crd
+from autoglm_api.engine_args import (
+    DEFAULT_MAX_TOKENS,
+    EngineSettings,
+    build_vllm_argv,
+    without_newly_managed,
+)
+from autoglm_api.profiles import ADMIN_PORT, DRAIN_PATH, MODE_LABEL, Mode
 from autoglm_operator.resource.names import (
     APP_NAME,
     COMPONENT_LABEL,
@@ -27,31 +33,37 @@ from autoglm_operator.resource.names import (
     ROUTER_APP_NAME,
     TEMPLATE_HASH_ANNOTATION,
 )
-from autoglm_runtime.engine_args import (
-    DEFAULT_MAX_TOKENS,
-    EngineSettings,
-    build_vllm_argv,
-    without_newly_managed,
+from autoglm_operator.resource.spec import (
+    ADMIN_MOUNT_PATH,
+    API_VERSION,
+    CONFIG_MOUNT_PATH,
+    HOME_MOUNT_PATH,
+    KIND,
+    PODINFO_MOUNT_PATH,
+    SHM_MOUNT_PATH,
+    TMP_MOUNT_PATH,
+    AutoGLMDeploymentSpec,
+    ModePolicy,
+    SwitchStrategy,
 )
-from autoglm_runtime.profiles import ADMIN_PORT, DRAIN_PATH, MODE_LABEL, Mode
 
 Manifest = dict[str, Any]
 
 CONTAINER_NAME = "runtime"
 HTTP_PORT = 8000
-CONFIG_DIR = crd.CONFIG_MOUNT_PATH
+CONFIG_DIR = CONFIG_MOUNT_PATH
 CONFIG_KEY = "config.json"
-ADMIN_DIR = crd.ADMIN_MOUNT_PATH
+ADMIN_DIR = ADMIN_MOUNT_PATH
 # The file the launcher reads the admin token from; the Secret holds one per pod template.
 ADMIN_TOKEN_FILE = "token"
 ADMIN_TOKEN_KEY_PREFIX = "token-"
-PODINFO_DIR = crd.PODINFO_MOUNT_PATH
+PODINFO_DIR = PODINFO_MOUNT_PATH
 # The root filesystem is read-only; what vLLM 0.32 and its libraries write goes to emptyDirs:
 # $HOME holds their caches (vLLM's ~/.cache/vllm with the torch.compile cache and
 # ~/.config/vllm, triton's ~/.triton, flashinfer's ~/.cache/flashinfer, tilelang's
 # ~/.tilelang), /tmp torch inductor's cache and vLLM's IPC sockets (VLLM_RPC_BASE_PATH).
-HOME_DIR = crd.HOME_MOUNT_PATH
-TMP_DIR = crd.TMP_MOUNT_PATH
+HOME_DIR = HOME_MOUNT_PATH
+TMP_DIR = TMP_MOUNT_PATH
 HOME_SIZE_LIMIT = "16Gi"
 TMP_SIZE_LIMIT = "8Gi"
 # After the drain call: time for endpoint controllers to drop the pod before SIGTERM arrives.
@@ -72,8 +84,8 @@ class Owner:
 
     def reference(self) -> dict[str, Any]:
         return {
-            "apiVersion": crd.API_VERSION,
-            "kind": crd.KIND,
+            "apiVersion": API_VERSION,
+            "kind": KIND,
             "name": self.name,
             "uid": self.uid,
             "controller": True,
@@ -144,13 +156,13 @@ def selector_string(name: str) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(name).items()))
 
 
-def endpoint_url(name: str, namespace: str, spec: crd.AutoGLMDeploymentSpec) -> str:
+def endpoint_url(name: str, namespace: str, spec: AutoGLMDeploymentSpec) -> str:
     return f"http://{service_name(name)}.{namespace}.svc:{spec.service.port}/v1"
 
 
-def initial_mode(spec: crd.AutoGLMDeploymentSpec) -> Mode:
+def initial_mode(spec: AutoGLMDeploymentSpec) -> Mode:
     """The mode a new pod starts in: batching only when the policy pins batching."""
-    return Mode.BATCHING if spec.mode_policy == crd.ModePolicy.BATCHING else Mode.STREAMING
+    return Mode.BATCHING if spec.mode_policy == ModePolicy.BATCHING else Mode.STREAMING
 
 
 def _metadata(owner: Owner, name: str, **extra: Any) -> dict[str, Any]:
@@ -172,7 +184,7 @@ def digest(obj: Any) -> str:
 # -- the engine ------------------------------------------------------------------------------
 
 
-def model_path(spec: crd.AutoGLMDeploymentSpec) -> str:
+def model_path(spec: AutoGLMDeploymentSpec) -> str:
     """What vLLM loads: a path under the mounted volume, or a model id when none is mounted."""
     model = spec.model
     if model.pvc_name or model.host_path:
@@ -182,12 +194,12 @@ def model_path(spec: crd.AutoGLMDeploymentSpec) -> str:
     return model.source
 
 
-def rolling(spec: crd.AutoGLMDeploymentSpec) -> bool:
+def rolling(spec: AutoGLMDeploymentSpec) -> bool:
     """switchStrategy Rolling: each mode has its own pod template, with that mode's engine flags."""
-    return spec.switch_strategy is crd.SwitchStrategy.ROLLING
+    return spec.switch_strategy is SwitchStrategy.ROLLING
 
 
-def engine_settings(spec: crd.AutoGLMDeploymentSpec, mode: Mode | None = None) -> EngineSettings:
+def engine_settings(spec: AutoGLMDeploymentSpec, mode: Mode | None = None) -> EngineSettings:
     """The envelope both modes fit in (mode None), or one mode's own engine flags (Rolling)."""
     engine = spec.engine
     max_num_seqs = spec.engine_max_num_seqs(mode)
@@ -217,7 +229,7 @@ def engine_settings(spec: crd.AutoGLMDeploymentSpec, mode: Mode | None = None) -
     )
 
 
-def runtime_config(spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
+def runtime_config(spec: AutoGLMDeploymentSpec) -> dict[str, Any]:
     """The runtime's config file (the ConfigMap): live settings, read without a restart."""
     profiles = spec.profiles
     if rolling(spec):
@@ -237,7 +249,7 @@ def runtime_config(spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
     }
 
 
-def termination_grace_seconds(spec: crd.AutoGLMDeploymentSpec) -> int:
+def termination_grace_seconds(spec: AutoGLMDeploymentSpec) -> int:
     """preStop drain and sleep, then vLLM's own shutdown timeout, then a margin to exit."""
     return PRESTOP_SLEEP_SECONDS + spec.engine.shutdown_timeout_seconds + 15
 
@@ -259,7 +271,7 @@ def _prestop_command() -> list[str]:
     return ["python3", "-c", script]
 
 
-def _resources(spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
+def _resources(spec: AutoGLMDeploymentSpec) -> dict[str, Any]:
     gpus = str(spec.gpus_per_replica)
     requests = {k: str(v) for k, v in (spec.resources.requests or {}).items()}
     limits = {k: str(v) for k, v in (spec.resources.limits or {}).items()}
@@ -268,7 +280,7 @@ def _resources(spec: crd.AutoGLMDeploymentSpec) -> dict[str, Any]:
     return {"requests": requests, "limits": limits}
 
 
-def _volumes(name: str, spec: crd.AutoGLMDeploymentSpec) -> list[dict[str, Any]]:
+def _volumes(name: str, spec: AutoGLMDeploymentSpec) -> list[dict[str, Any]]:
     model = spec.model
     if model.pvc_name:
         model_volume: dict[str, Any] = {
@@ -313,7 +325,7 @@ def _admin_volume(name: str, template_digest: str) -> dict[str, Any]:
     }
 
 
-def _env(spec: crd.AutoGLMDeploymentSpec) -> list[dict[str, Any]]:
+def _env(spec: AutoGLMDeploymentSpec) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": "AUTOGLM_CONFIG_FILE", "value": f"{CONFIG_DIR}/{CONFIG_KEY}"},
         # The launcher's: it serves the admin API and keeps both out of the engine's env.
@@ -361,7 +373,7 @@ def restricted_pod_security() -> dict[str, Any]:
     }
 
 
-def _container(spec: crd.AutoGLMDeploymentSpec, mode: Mode | None) -> dict[str, Any]:
+def _container(spec: AutoGLMDeploymentSpec, mode: Mode | None) -> dict[str, Any]:
     http_probe = {"path": "/health", "port": "http", "scheme": "HTTP"}
     startup_failures = -(-spec.engine.startup_timeout_seconds // STARTUP_PROBE_PERIOD_SECONDS)
     model_read_only = bool(spec.model.pvc_name or spec.model.host_path)
@@ -379,7 +391,7 @@ def _container(spec: crd.AutoGLMDeploymentSpec, mode: Mode | None) -> dict[str, 
         "env": _env(spec),
         "resources": _resources(spec),
         "volumeMounts": [
-            {"name": "dshm", "mountPath": crd.SHM_MOUNT_PATH},
+            {"name": "dshm", "mountPath": SHM_MOUNT_PATH},
             {"name": "model", "mountPath": spec.model.mount_path}
             | ({"readOnly": True} if model_read_only else {}),
             {"name": "home", "mountPath": HOME_DIR},
@@ -416,7 +428,7 @@ def _container(spec: crd.AutoGLMDeploymentSpec, mode: Mode | None) -> dict[str, 
 
 
 def pod_template(
-    name: str, spec: crd.AutoGLMDeploymentSpec, mode: Mode | None = None
+    name: str, spec: AutoGLMDeploymentSpec, mode: Mode | None = None
 ) -> dict[str, Any]:
     """The pod template, with its own digest as an annotation (pods inherit it).
 
@@ -463,7 +475,7 @@ def pod_template(
     return template
 
 
-def desired_template_hashes(name: str, spec: crd.AutoGLMDeploymentSpec) -> frozenset[str]:
+def desired_template_hashes(name: str, spec: AutoGLMDeploymentSpec) -> frozenset[str]:
     """The digests of the pod templates current for this spec (one per mode under Rolling)."""
     modes: tuple[Mode | None, ...] = tuple(Mode) if rolling(spec) else (None,)
     return frozenset(template_hash(pod_template(name, spec, m)) or "" for m in modes)
@@ -487,7 +499,7 @@ def rolling_strategy(*, surge: bool) -> dict[str, Any]:
 
 def deployment(
     owner: Owner,
-    spec: crd.AutoGLMDeploymentSpec,
+    spec: AutoGLMDeploymentSpec,
     *,
     surge: bool = True,
     mode: Mode | None = None,
@@ -521,7 +533,7 @@ def deployment(
 
 def service(
     owner: Owner,
-    spec: crd.AutoGLMDeploymentSpec,
+    spec: AutoGLMDeploymentSpec,
     mode: Mode | None = None,
     *,
     via_router: bool = False,
@@ -565,7 +577,7 @@ def pod_disruption_budget(owner: Owner) -> Manifest:
     }
 
 
-def config_map(owner: Owner, spec: crd.AutoGLMDeploymentSpec) -> Manifest:
+def config_map(owner: Owner, spec: AutoGLMDeploymentSpec) -> Manifest:
     body = json.dumps(runtime_config(spec), sort_keys=True, indent=2) + "\n"
     return {
         "apiVersion": "v1",
@@ -593,7 +605,7 @@ def admin_secret(owner: Owner, tokens: Mapping[str, str]) -> Manifest:
 
 def children(
     owner: Owner,
-    spec: crd.AutoGLMDeploymentSpec,
+    spec: AutoGLMDeploymentSpec,
     *,
     surge: bool = True,
     split: Mapping[Mode, int] | None = None,

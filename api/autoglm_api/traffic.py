@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
-from autoglm_runtime.profiles import Mode
-from autoglm_runtime.routes import CHAT_PATH, RESPONSES_PATH
+from autoglm_api.paths import CHAT_PATH, RESPONSES_PATH
+from autoglm_api.profiles import Mode
 
 TRAFFIC_CLASS_HEADER = "x-autoglm-traffic-class"
 # OpenAI's tiers: flex is deferrable work, priority the fastest service.

@@ -11,42 +11,23 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from autoglm_runtime import engine_args
+from autoglm_api import engine_args
+from autoglm_api.image_budget import max_pixels_for
 from autoglm_runtime.config import RuntimeSettings, load_runtime_config
-from autoglm_runtime.image_budget import max_pixels_for
 from autoglm_runtime.metrics import runtime_metrics
 from autoglm_runtime.middleware import ModeMiddleware
 from autoglm_runtime.requests import error_body
-from autoglm_runtime.sim.engine import EngineConfig, SimEngine
-from autoglm_runtime.sim.metrics import SimMetrics
-from autoglm_runtime.sim.model import LatencyModel, MemoryModel
-from autoglm_runtime.sim.serve import ROUTERS
-from autoglm_runtime.sim.serve.common import SimContext, SimError
+from testkit.sim.engine import EngineConfig, SimEngine
+from testkit.sim.metrics import SimMetrics
+from testkit.sim.serve import ROUTERS
+from testkit.sim.serve.common import SimContext, SimError
+from testkit.sim.settings import SimSettings
 
 __all__ = ["SimError", "SimSettings", "create_app"]
-
-
-@dataclass(frozen=True)
-class SimSettings:
-    time_factor: float = 1.0
-    model_load_seconds: float = 0.0
-    max_num_seqs: int | None = None  # None: the profiles' envelope, as the operator sets it
-    max_num_batched_tokens: int = 2048
-    kv_cache_tokens: int = 65536
-    enable_prefix_caching: bool = True
-    with_middleware: bool = True
-    runtime: RuntimeSettings | None = None  # None: the middleware reads the environment
-    latency: LatencyModel = field(default_factory=LatencyModel)
-    memory: MemoryModel = field(default_factory=MemoryModel)
-
-    def __post_init__(self) -> None:
-        if self.time_factor <= 0:
-            raise ValueError("time_factor must be above 0")
 
 
 def create_app(settings: SimSettings | None = None) -> FastAPI:
@@ -67,7 +48,7 @@ def create_app(settings: SimSettings | None = None) -> FastAPI:
         latency=settings.latency,
         memory=settings.memory,
     )
-    app = FastAPI(title="autoglm-runtime sim", lifespan=_lifespan(context, engine_config))
+    app = FastAPI(title="testkit.sim", lifespan=_lifespan(context, engine_config))
     app.state.sim = context
     if settings.with_middleware:
         runtime_settings = settings.runtime

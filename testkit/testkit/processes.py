@@ -1,5 +1,6 @@
-"""Start a server (`autoglm-runtime sim`, the router) as a child process on a free loopback port,
-for tests and benchmarks."""
+"""Start a server (the sim, `python -m testkit.sim`; the router) as a child process on a free
+loopback port, for tests and benchmarks. Only the standard library: `make cluster-down` imports
+it (through testkit.localcluster) with the system Python."""
 
 from __future__ import annotations
 
@@ -118,7 +119,7 @@ class ServerProcess:
 
 
 class SimProcess(ServerProcess):
-    """`autoglm-runtime sim`; args are the sim's own flags. Its admin API is on a port of its
+    """`python -m testkit.sim`; args are the sim's own flags. Its admin API is on a port of its
     own, as the launcher serves it beside the engine."""
 
     kind = "sim"
@@ -133,7 +134,7 @@ class SimProcess(ServerProcess):
         return f"http://127.0.0.1:{self.admin_port}"
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "autoglm_runtime.cli", "sim", "--host", "127.0.0.1",
+        return [sys.executable, "-m", "testkit.sim", "--host", "127.0.0.1",
                 "--port", str(self.port), "--admin-port", str(self.admin_port), *self.args]
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from autoglm_runtime.sim.serve.common import context_of, engine_of
+from testkit.sim.serve.common import context_of, engine_of
 
 router = APIRouter()
 

@@ -14,8 +14,8 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import Field
 
-from autoglm_runtime.image_budget import MAX_PIXELS_CEILING, MIN_PIXELS, max_pixels_for
-from autoglm_runtime.profiles import CamelModel
+from autoglm_api.image_budget import MAX_PIXELS_CEILING, MIN_PIXELS, max_pixels_for
+from autoglm_api.profiles import CamelModel
 
 PINNED_VLLM_VERSION = "0.32.0"
 MIDDLEWARE_IMPORT_PATH = "autoglm_runtime.middleware.ModeMiddleware"

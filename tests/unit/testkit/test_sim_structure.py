@@ -11,12 +11,12 @@ import io
 import pytest
 from PIL import Image
 
-from autoglm_runtime.image_budget import image_tokens
-from autoglm_runtime.sim.engine import EngineConfig, SimEngine, SimRequest
-from autoglm_runtime.sim.metrics import SimMetrics
-from autoglm_runtime.sim.model import IMAGE_TOKENS, ApiServer, LatencyModel
-from autoglm_runtime.sim.serve.chat import DEFAULT_IMAGE_MAX_PIXELS, chat_prompt
-from autoglm_runtime.sim.serve.common import SimError
+from autoglm_api.image_budget import image_tokens
+from testkit.sim.engine import EngineConfig, SimEngine, SimRequest
+from testkit.sim.metrics import SimMetrics
+from testkit.sim.model import IMAGE_TOKENS, ApiServer, LatencyModel
+from testkit.sim.serve.chat import DEFAULT_IMAGE_MAX_PIXELS, chat_prompt
+from testkit.sim.serve.common import SimError
 from testkit.virtual_time import run_virtual
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-from autoglm_runtime.sim.engine import EngineConfig, SimEngine, SimRequest
-from autoglm_runtime.sim.metrics import SimMetrics
-from autoglm_runtime.sim.model import IMAGE_TOKENS
-from autoglm_runtime.sim.prefix_cache import BLOCK_TOKENS, PrefixCache, block_hashes
-from autoglm_runtime.sim.serve.chat import chat_prompt
+from testkit.sim.engine import EngineConfig, SimEngine, SimRequest
+from testkit.sim.metrics import SimMetrics
+from testkit.sim.model import IMAGE_TOKENS
+from testkit.sim.prefix_cache import BLOCK_TOKENS, PrefixCache, block_hashes
+from testkit.sim.serve.chat import chat_prompt
 from testkit.virtual_time import on_virtual_clock
 
 FAST = 0.01
@@ -195,8 +195,8 @@ def test_chat_prompts_share_ids_up_to_the_first_difference() -> None:
 
 
 def test_the_sim_flag_is_vllms() -> None:
-    from autoglm_runtime.cli import _parser
+    from testkit.sim.__main__ import _parser
 
     parser = _parser()
-    assert parser.parse_args(["sim"]).enable_prefix_caching is True
-    assert parser.parse_args(["sim", "--no-enable-prefix-caching"]).enable_prefix_caching is False
+    assert parser.parse_args([]).enable_prefix_caching is True
+    assert parser.parse_args(["--no-enable-prefix-caching"]).enable_prefix_caching is False

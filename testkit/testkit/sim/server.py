@@ -14,13 +14,14 @@ from typing import Any
 
 import uvicorn
 
+from autoglm_api.keepalive import SERVER_KEEP_ALIVE_SECONDS
 from autoglm_runtime.admin import AdminServer, relay_socket, relay_to
 from autoglm_runtime.config import RuntimeSettings, read_admin_token
-from autoglm_runtime.keepalive import SERVER_KEEP_ALIVE_SECONDS
 from autoglm_runtime.middleware import drain_all
-from autoglm_runtime.sim.app import SimSettings, create_app
+from testkit.sim.app import create_app
+from testkit.sim.settings import SimSettings
 
-log = logging.getLogger("autoglm_runtime.sim")
+log = logging.getLogger("testkit.sim")
 
 
 class _DrainingServer(uvicorn.Server):

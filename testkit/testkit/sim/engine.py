@@ -20,15 +20,15 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from autoglm_runtime.sim.metrics import SimMetrics
-from autoglm_runtime.sim.model import (
+from testkit.sim.metrics import SimMetrics
+from testkit.sim.model import (
     IMAGE_TOKENS,
     ApiServer,
     LatencyModel,
     MemoryModel,
     fill_step,
 )
-from autoglm_runtime.sim.prefix_cache import BLOCK_TOKENS, PrefixCache, block_hashes, blocks_for
+from testkit.sim.prefix_cache import BLOCK_TOKENS, PrefixCache, block_hashes, blocks_for
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from autoglm_runtime.sim.serve.common import (
+from testkit.sim.serve.common import (
     Prompt,
     SimError,
     context_of,
@@ -23,7 +23,7 @@ from autoglm_runtime.sim.serve.common import (
     stream_wanted,
     usage_of,
 )
-from autoglm_runtime.sim.tokens import generate, text_token_ids
+from testkit.sim.tokens import generate, text_token_ids
 
 router = APIRouter()
 

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 
-from autoglm_runtime.sim.engine import SimEngine, SimRequest
-from autoglm_runtime.sim.tokens import natural_length
+from testkit.sim.engine import SimEngine, SimRequest
+from testkit.sim.tokens import natural_length
 
 if TYPE_CHECKING:
-    from autoglm_runtime.sim.app import SimSettings
+    from testkit.sim.settings import SimSettings
 
 
 class SimError(Exception):

@@ -12,10 +12,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from autoglm_runtime.engine_args import DEFAULT_MAX_TOKENS
-from autoglm_runtime.image_budget import RefusedImage, max_pixels_for
-from autoglm_runtime.sim.engine import SimEngine, SimRequest
-from autoglm_runtime.sim.serve.common import (
+from autoglm_api.engine_args import DEFAULT_MAX_TOKENS
+from autoglm_api.image_budget import RefusedImage, max_pixels_for
+from testkit.sim.engine import SimEngine, SimRequest
+from testkit.sim.serve.common import (
     Prompt,
     SimError,
     context_of,
@@ -28,7 +28,7 @@ from autoglm_runtime.sim.serve.common import (
     stream_wanted,
     usage_of,
 )
-from autoglm_runtime.sim.tokens import (
+from testkit.sim.tokens import (
     generate,
     image_prompt_tokens,
     image_token_ids,

@@ -18,9 +18,9 @@ import hashlib
 import random
 import re
 
-from autoglm_runtime.image_budget import image_tokens
-from autoglm_runtime.image_size import data_url_size
-from autoglm_runtime.sim.model import IMAGE_TOKENS
+from autoglm_api.image_budget import image_tokens
+from autoglm_api.image_size import data_url_size
+from testkit.sim.model import IMAGE_TOKENS
 
 MAX_CHARS_PER_TOKEN = 8
 _TOKEN = re.compile(rf"\S{{1,{MAX_CHARS_PER_TOKEN}}}")

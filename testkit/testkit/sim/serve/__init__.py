@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from autoglm_runtime.sim.serve import chat, completions, health, metrics, models
+from testkit.sim.serve import chat, completions, health, metrics, models
 
 ROUTERS: tuple[APIRouter, ...] = (
     health.router,

@@ -6,11 +6,11 @@ from collections.abc import Callable
 
 import pytest
 
-from autoglm_runtime import cli
-from autoglm_runtime.sim.app import SimSettings
-from autoglm_runtime.sim.engine import EngineConfig, SimEngine, SimRequest
-from autoglm_runtime.sim.metrics import SimMetrics
-from autoglm_runtime.sim.model import CPU_TINY_LATENCY, LatencyModel, MemoryModel, fill_step
+from testkit.sim.__main__ import main as sim_main
+from testkit.sim.engine import EngineConfig, SimEngine, SimRequest
+from testkit.sim.metrics import SimMetrics
+from testkit.sim.model import CPU_TINY_LATENCY, LatencyModel, MemoryModel, fill_step
+from testkit.sim.settings import SimSettings
 from testkit.virtual_time import on_virtual_clock
 
 FAST = 0.01  # 100x real time
@@ -145,6 +145,6 @@ def test_the_sim_runs_the_calibration_it_is_asked_for(
                     admin_port: int | None = None) -> None:
         seen.append(settings.latency)
 
-    monkeypatch.setattr("autoglm_runtime.sim.server.serve_sim", serve)
-    assert cli.main(["sim", *flags]) == 0
+    monkeypatch.setattr("testkit.sim.server.serve_sim", serve)
+    assert sim_main(flags) == 0
     assert seen == [latency]

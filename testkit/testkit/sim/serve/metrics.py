@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from autoglm_runtime.sim.engine import SimEngine
+from testkit.sim.engine import SimEngine
 
 router = APIRouter()
 

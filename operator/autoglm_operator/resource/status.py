@@ -1,0 +1,135 @@
+"""The AutoGLMDeployment's status: what the operator reports and what the adaptive pass keeps.
+
+The status subresource's schema in the CRD is generated from AutoGLMDeploymentStatus
+(resource/crd.py); the operator is its only writer (io/executor.py).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ConfigDict, Field
+
+from autoglm_api.profiles import CamelModel
+
+
+class Condition(CamelModel):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    observed_generation: int | None = None
+    last_transition_time: str | None = None
+
+
+class MetricSample(CamelModel):
+    """Metric values behind a decision, as strings: the CRD carries no floats."""
+
+    qps: str | None = None
+    qps_per_replica: str | None = None
+    gpu_memory_percent: str | None = None
+    queue_depth: str | None = None
+    kv_cache_percent: str | None = None
+    ttft_p95_seconds: str | None = None
+
+
+class Decision(CamelModel):
+    time: str
+    from_batching: int
+    to_batching: int
+    reason: str
+    message: str = ""
+    applied: bool = True
+    metrics: MetricSample = Field(default_factory=MetricSample)
+
+
+class ReplicaFlip(CamelModel):
+    """When the adaptive pass last flipped one pod: the per-replica cooldown reads it."""
+
+    pod: str
+    time: str
+    mode: str
+
+
+class LearnedCapacity(CamelModel):
+    """Requests per second per replica that each mode was measured to serve, in thousandths."""
+
+    streaming_milli: int = Field(ge=1)
+    batching_milli: int = Field(ge=1)
+
+
+class AdaptiveState(CamelModel):
+    """What the adaptive pass remembers from one pass to the next and across operator restarts."""
+
+    high_since: str | None = Field(
+        default=None,
+        description=(
+            "Since when the adaptive pass has wanted more replicas batching (demand that needs "
+            "it, or, without per-class demand, load above a high threshold)."
+        ),
+    )
+    low_since: str | None = Field(
+        default=None,
+        description=(
+            "Since when the adaptive pass has wanted fewer replicas batching (demand that needs "
+            "it, or, without per-class demand, load below every low threshold)."
+        ),
+    )
+    last_flips: list[ReplicaFlip] = Field(default_factory=list, max_length=256)
+    batching_target: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "switchStrategy Rolling: how many replicas the adaptive pass decided run batching pods."
+        ),
+    )
+    capacity: LearnedCapacity | None = Field(
+        default=None,
+        description="What replicas were measured to serve near saturation (none: the seeds).",
+    )
+
+
+class RouterStatus(CamelModel):
+    enabled: bool = True
+    replicas: int = Field(default=0, description="Router pods that exist.")
+    ready_replicas: int = Field(default=0, description="Router pods ready to route.")
+
+
+class GatewayStatus(CamelModel):
+    enabled: bool = False
+    inference_pool: str = Field(
+        default="", description="The InferencePool the operator holds (none while it has none)."
+    )
+    endpoint_picker: str = Field(
+        default="", description="The endpoint picker's Service and port, as service:port."
+    )
+
+
+class AutoGLMDeploymentStatus(CamelModel):
+    model_config = ConfigDict(extra="allow")
+
+    observed_generation: int | None = None
+    replicas: int = 0
+    ready_replicas: int = 0
+    ready: str = Field(default="0/0", description="readyReplicas/replicas, for kubectl get.")
+    streaming_replicas: int = 0
+    batching_replicas: int = 0
+    selector: str = ""
+    endpoint: str = ""
+    router: RouterStatus | None = Field(
+        default=None, description="The router in front of the replicas (spec.router)."
+    )
+    gateway: GatewayStatus | None = Field(
+        default=None, description="The InferencePool for gateways (spec.gateway)."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    warnings: list[str] = Field(
+        default_factory=list, max_length=16,
+        description="Settings of the spec the operator does not apply, and what to set instead.",
+    )  # fmt: skip
+    last_decision: Decision | None = None
+    decision_history: list[Decision] = Field(default_factory=list, max_length=10)
+    adaptive_state: AdaptiveState | None = None
