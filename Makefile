@@ -39,7 +39,7 @@ gie:  ## the Gateway API Inference Extension's endpoint picker and InferencePool
 checkov-env:  ## checkov's own venv (hack/checkov.sh --install)
 	bash hack/checkov.sh --install
 
-# Go compiles on the CPUs while pip downloads and unpacks: `make -j3 caches` (CI does).
+# Go compiles on the CPUs while pip and uv download and unpack: `make -j3 caches` (CI does).
 caches: venv binaries engine-env gie checkov-env  ## every cache the tiers use
 
 crd: venv  ## regenerate crds/, the chart's copy and docs/reference/resource.md from the spec model
