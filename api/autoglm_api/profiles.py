@@ -124,13 +124,10 @@ class BatchingProfile(ModeProfile):
     max_concurrency: MaxConcurrency = 64
     max_queue: MaxQueue = 512
     queue_timeout_seconds: QueueTimeoutSeconds = 60
-    # Off by measurement (bench/batching_window.py; runtime/README.md, "Profiles"). vLLM 0.32
-    # batches continuously: each engine step admits every waiting request the token budget
-    # allows, so holding requests only delays them. Off beats every window (25-100 ms, x2-x8)
-    # on goodput in the pool model on all 6 traces x 2 pools (seeds 2-6 and seed 1), e.g.
-    # all-batching steady overload 22.87 vs 20.40 req/s at 100 ms x 4, at equal throughput;
-    # one real sim replica at 5 req/s: chat TTFT p50 0.446 vs 0.493 s at 100 ms x 4, same
-    # throughput. The window stays for servers that batch statically.
+    # Off by measurement (docs/benchmarks/batching_window.md). vLLM 0.32 batches continuously:
+    # each engine step admits every waiting request the token budget allows, so holding
+    # requests only delays them; off beat every window tried, on every trace. The window stays
+    # for servers that batch statically.
     batch_window_millis: BatchWindowMillis = 0
     batch_size: BatchSize = 1
     stream_coalesce_chunks: StreamCoalesceChunks = 4

@@ -63,8 +63,8 @@ OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 # Picker-routed requests whose answer the gateway relays unseen (no response headers sent).
 ROUTED = "routed"
 # A body costs the picker about twice its size while it decides: gRPC's copy of a BUFFERED
-# message and the message's bytes, or the full-duplex parts and their join for the scan
-# (measured: 32 MiB per 15.7 MiB body). The router's body budget counts it so.
+# message and the message's bytes, or the full-duplex parts and their join for the scan.
+# The router's body budget counts it so.
 BODY_COPIES = 2
 
 
