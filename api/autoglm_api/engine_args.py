@@ -46,6 +46,7 @@ MANAGED_FLAGS = (
     "--allowed-local-media-path",
     "--mm-processor-kwargs",
     "--mm-encoder-tp-mode",
+    "--enable-sleep-mode",
 )
 # vLLM takes any host when --allowed-media-domains is unset or empty, so "none allowed" is a
 # name under RFC 6761's .invalid, which never resolves: every http(s) image_url is refused.
@@ -121,6 +122,10 @@ MANAGED_SPELLINGS: dict[str, ManagedSpelling] = {
         None, {"--mm-processor-kwargs": "--mm-processor-k"}
     ),
     "--mm-encoder-tp-mode": ManagedSpelling(None, {"--mm-encoder-tp-mode": "--mm-encoder-t"}),
+    "--enable-sleep-mode": ManagedSpelling("enableSleepMode", {
+        "--enable-sleep-mode": "--enable-sl",
+        "--no-enable-sleep-mode": "--no-enable-sl",
+    }),
     # Never set: it would let a prompt read the pod's files (file:// image URLs).
     "--allowed-local-media-path": ManagedSpelling(
         None, {"--allowed-local-media-path": "--allowed-l"}
@@ -224,6 +229,10 @@ class EngineSettings(CamelModel):
     # Pixels the processor scales each image to at most (image_budget.py); None: the budget
     # max_model_len leaves one screenshot beside the agent's text and the default completion.
     max_pixels: int | None = Field(default=None, ge=MIN_PIXELS, le=MAX_PIXELS_CEILING)
+    # vLLM's sleep mode, for a warm standby (standby.py): the weights can leave the GPU and
+    # come back without a restart. CUDA, ROCm or XPU only: vLLM 0.32 refuses the flag on the
+    # CPU ("Sleep mode is not supported on current platform.", config/model.py).
+    enable_sleep_mode: bool = False
     extra_args: tuple[str, ...] = ()
 
 
@@ -277,6 +286,8 @@ def build_vllm_argv(settings: EngineSettings) -> list[str]:
         # The vision encoder is small: each GPU runs it whole on its share of the images
         # (the official serve command's setting) instead of splitting its weights.
         argv += ["--mm-encoder-tp-mode", "data"]
+    if settings.enable_sleep_mode:
+        argv += ["--enable-sleep-mode"]
     argv += list(settings.extra_args)
     return argv
 

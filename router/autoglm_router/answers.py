@@ -15,6 +15,10 @@ from autoglm_router.paths import PathVerdict
 from autoglm_router.routing import Refusal
 
 REQUEST_ID = "x-request-id"
+HELD_SECONDS = "x-autoglm-held-seconds"  # on the answer of a request held for a replica
+# A held request past the bound comes back later: a replica may take minutes to come up, and
+# the openai client waits a Retry-After of up to 60 s before its own retry.
+HOLD_RETRY_AFTER_SECONDS = 10
 
 
 @dataclass(frozen=True)
@@ -63,3 +67,17 @@ def refused(refusal: Refusal, request_id: str) -> Answer:
     """The routing decision's refusal: no replica (503) or every replica at its cap (429)."""
     return Answer(refusal.status, error_body(refusal.message, refusal.status),
                   (("retry-after", "1"), (REQUEST_ID, request_id)))
+
+
+def hold_full(request_id: str) -> Answer:
+    """No replica, and the hold queue full: the request is not held."""
+    return Answer(503, error_body("No replica is up and the router holds as many requests as "
+                                  "it may; retry later.", 503),
+                  (("retry-after", str(HOLD_RETRY_AFTER_SECONDS)), (REQUEST_ID, request_id)))
+
+
+def held_too_long(seconds: float, request_id: str) -> Answer:
+    """Held as long as the router holds a request, and still no replica took it."""
+    return Answer(503, error_body(f"No replica could take the request within {seconds:g} s; "
+                                  "retry later.", 503),
+                  (("retry-after", str(HOLD_RETRY_AFTER_SECONDS)), (REQUEST_ID, request_id)))

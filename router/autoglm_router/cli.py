@@ -13,11 +13,13 @@ from urllib.parse import urlsplit
 
 from autoglm_api.keepalive import SERVER_KEEP_ALIVE_SECONDS
 from autoglm_api.profiles import BatchingProfile, Mode, StreamingProfile
+from autoglm_api.standby import annotation_key
 from autoglm_router.connections import ConnectionLimits, guarded_protocol
 from autoglm_router.discovery import Discovery, StaticDiscovery
 from autoglm_router.drain import DrainingServer
 from autoglm_router.kube import (
     AccessError,
+    AnnotationPatch,
     ApiAccess,
     KubernetesDiscovery,
     in_cluster_access,
@@ -30,6 +32,8 @@ DEFAULTS = ProxySettings()
 LIMITS = ConnectionLimits()
 # The replicas' own variable: the router is given the same Secret, so both check one key.
 API_KEY_ENV = "VLLM_API_KEY"
+# The router pod's own name (the downward API's metadata.name): its key in the demand report.
+POD_NAME_ENV = "POD_NAME"
 
 
 def _endpoint(value: str) -> str:
@@ -38,6 +42,20 @@ def _endpoint(value: str) -> str:
         raise argparse.ArgumentTypeError(
             f"{value!r} is not a replica base URL like http://10.0.0.7:8000")
     return value.rstrip("/")
+
+
+def _not_negative(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return number
+
+
+def _object(value: str) -> tuple[str, str]:
+    namespace, _, name = value.partition("/")
+    if not namespace or not name or "/" in name:
+        raise argparse.ArgumentTypeError(f"{value!r} is not NAMESPACE/NAME")
+    return namespace, name
 
 
 def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
@@ -83,6 +101,22 @@ def build_parser() -> argparse.ArgumentParser:
     kube.add_argument("--kubeconfig", help="reach the apiserver with this kubeconfig instead "
                       "of the pod's ServiceAccount (default $KUBECONFIG outside a pod)")
     kube.add_argument("--context", help="the kubeconfig context (default its current one)")
+    kube.add_argument("--demand-object", type=_object, metavar="NAMESPACE/NAME",
+                      help="report this router's demand (requests held, the latest request) "
+                      "to the operator as an annotation on this AutoGLMDeployment, keyed by "
+                      f"${POD_NAME_ENV}")
+    kube.add_argument("--demand-interval", type=_positive(float), metavar="S",
+                      help="while requests arrive, report at most once per S seconds "
+                      f"(default {DEFAULTS.demand_interval:g}); holding starts and ends are "
+                      "reported at once")
+    hold = p.add_argument_group("holding (scale to zero): a request that finds no replica "
+                                "waits for one instead of a 503")
+    hold.add_argument("--hold-queue-size", type=_not_negative, default=DEFAULTS.hold_queue_size,
+                      metavar="N", help="requests held at once; past it 503 with Retry-After "
+                      "(0: hold none, answer 503 at once)")
+    hold.add_argument("--hold-seconds", type=_positive(float), default=DEFAULTS.hold_seconds,
+                      metavar="S", help="the longest a request is held; then 503 with "
+                      "Retry-After (keep --drain-seconds above it)")
     p.add_argument("--load-factor", type=float, default=1.25,
                    help="no replica above this times the mean in-flight cost (>= 1.0)")
     p.add_argument("--no-spill", dest="spill", action="store_false",
@@ -166,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def create_app(args: argparse.Namespace, discovery: Discovery | None = None) -> RouterApp:
+def create_app(args: argparse.Namespace, discovery: Discovery | None = None,
+               demand: AnnotationPatch | None = None) -> RouterApp:
     config = RoutingConfig(
         load_factor=args.load_factor, spill=args.spill, shed=args.shed,
         other_overflow=args.other_overflow, fresh_seconds=args.fresh_seconds,
@@ -183,13 +218,16 @@ def create_app(args: argparse.Namespace, discovery: Discovery | None = None) -> 
         recent_load_seconds=args.recent_load_seconds,
         max_inflight=args.max_inflight, max_buffered_body_bytes=args.max_buffered_body_bytes,
         body_timeout=args.body_timeout, send_timeout=args.send_timeout,
+        hold_queue_size=args.hold_queue_size, hold_seconds=args.hold_seconds,
+        demand_interval=args.demand_interval or DEFAULTS.demand_interval,
     )
     api_key = os.environ.get(API_KEY_ENV)
     return RouterApp(discovery or discovery_of(args), config, settings,
-                     api_keys=[api_key] if api_key else [])
+                     api_keys=[api_key] if api_key else [], demand=demand)
 
 
-KUBE_ONLY = ("namespace", "selector", "port_name", "target_port", "kubeconfig", "context")
+KUBE_ONLY = ("namespace", "selector", "port_name", "target_port", "kubeconfig", "context",
+             "demand_object")
 
 
 def check_discovery_flags(args: argparse.Namespace) -> str | None:
@@ -208,6 +246,19 @@ def check_discovery_flags(args: argparse.Namespace) -> str | None:
         return "--port-name and --target-port exclude each other: give one"
     if args.context is not None and args.kubeconfig is None and not os.environ.get("KUBECONFIG"):
         return "--context needs --kubeconfig (or $KUBECONFIG)"
+    return None
+
+
+def check_demand_flags(args: argparse.Namespace, env: dict[str, str] | None = None
+                       ) -> str | None:  # fmt: skip
+    """What is wrong with the demand report's flags, or None (after check_discovery_flags)."""
+    env = dict(os.environ) if env is None else env
+    if args.demand_object is None:
+        return "--demand-interval only applies with --demand-object" \
+            if args.demand_interval is not None else None
+    if not env.get(POD_NAME_ENV):
+        return (f"--demand-object needs ${POD_NAME_ENV}, this router pod's name (the downward "
+                "API's metadata.name): each router reports under its own key")
     return None
 
 
@@ -259,6 +310,17 @@ def discovery_of(args: argparse.Namespace) -> Discovery:
                                probe_interval=args.poll_interval)
 
 
+def demand_of(args: argparse.Namespace, env: dict[str, str] | None = None
+              ) -> AnnotationPatch | None:  # fmt: skip
+    """Where --demand-object reports go: this pod's key on the AutoGLMDeployment."""
+    if args.demand_object is None:
+        return None
+    env = dict(os.environ) if env is None else env
+    namespace, name = args.demand_object
+    return AnnotationPatch(api_access(args, env), namespace, name,
+                           annotation_key(env[POD_NAME_ENV]))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -268,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--other-overflow must be at least 0, got {args.other_overflow}")
     if not args.fresh_seconds > 0.0:
         parser.error(f"--fresh-seconds must be above 0, got {args.fresh_seconds}")
-    problem = check_discovery_flags(args)
+    problem = check_discovery_flags(args) or check_demand_flags(args)
     if problem:
         parser.error(problem)
     if args.endpoint and len(set(args.endpoint)) != len(args.endpoint):
@@ -279,7 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem:
         parser.error(problem)
     try:
-        discovery = discovery_of(args)
+        discovery, demand = discovery_of(args), demand_of(args)
     except AccessError as exc:
         parser.error(str(exc))
     logging.basicConfig(level=args.log_level.upper(),
@@ -287,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # On SIGTERM the server stops listening and waits up to --drain-seconds for requests in
     # flight, streams included, and for kept-alive connections to end (drain.py).
     # The replica's own Date and Server headers pass through, so uvicorn adds none.
-    app = create_app(args, discovery)
+    app = create_app(args, discovery, demand)
     limits = ConnectionLimits(
         max_connections=args.max_client_connections, max_header_bytes=args.max_header_bytes,
         max_headers=args.max_headers, header_timeout=args.header_timeout)

@@ -83,7 +83,8 @@ class StaticDiscovery(Poller):
 
     Ready means `/health` answered 200; mode and draining come from the runtime's public
     `/metrics`, so no admin token is needed. Each `/metrics` text also goes to the
-    `metrics_readers` (the replicas' load), so one scrape per replica per poll serves both.
+    `metrics_readers` (the replicas' load and sleep), so one scrape per replica per poll serves
+    all.
     """
 
     poll_at_start = True

@@ -82,14 +82,16 @@ class DrainingServer(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.draining = True
-        self._app.draining = True  # /health fails: the API port no longer takes connections
+        drain = float(self.config.timeout_graceful_shutdown or 0)
+        deadline = time.monotonic() + drain
+        # /health fails: the API port no longer takes connections. Held requests keep waiting
+        # (each is a connection in flight), and are answered before the drain ends.
+        self._app.drain(deadline)
         self._close_idle_connections_sooner()
         for server in self.servers:
             server.close()
         for sock in sockets or []:
             sock.close()
-        drain = float(self.config.timeout_graceful_shutdown or 0)
-        deadline = time.monotonic() + drain
         # The picker's gateways open new streams elsewhere; those open are requests in flight.
         picker_stopped = asyncio.ensure_future(
             self._picker.stop(drain) if self._picker is not None else asyncio.sleep(0))

@@ -5,7 +5,8 @@ A pod matching the selector is a replica at `http://<podIP>:<port>`; its mode is
 once when it gets a deletionTimestamp (terminating). The apiserver is spoken to with aiohttp, not
 a Kubernetes client: list, then watch from the list's resourceVersion with bookmarks; a 410 Gone
 lists again; any other error reconnects with backoff, keeping the last pods seen meanwhile.
-Only get/list/watch on pods of the namespace are needed.
+Only list/watch on pods of the namespace are needed, and `patch` on the AutoGLMDeployment when
+the router reports its demand there (`AnnotationPatch`, --demand-object).
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 USER_AGENT = "autoglm-router"
+# The AutoGLMDeployment's API: group, version, plural (the operator's resource/spec.py).
+DEPLOYMENT_API = ("autoglm.io", "v1alpha1", "autoglmdeployments")
+MERGE_PATCH = "application/merge-patch+json"
 
 
 class AccessError(Exception):
@@ -67,6 +71,13 @@ class ApiAccess:
         if self.token_file:
             return Path(self.token_file).read_text().strip()
         return self.token
+
+    def headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        token = self.bearer()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
 
     def ssl_context(self) -> ssl.SSLContext:
         try:
@@ -381,7 +392,7 @@ class KubernetesDiscovery:
     async def _get_json(self, params: dict[str, str]) -> dict[str, Any]:
         assert self._client is not None
         async with self._client.get(
-            self.pods_url, params=params, headers=self._headers(), ssl=self._ssl,
+            self.pods_url, params=params, headers=self.access.headers(), ssl=self._ssl,
             timeout=aiohttp.ClientTimeout(total=30),
         ) as response:
             body = await response.read()
@@ -400,7 +411,7 @@ class KubernetesDiscovery:
         # A silent connection past the watch's own end is a dead one.
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10,
                                         sock_read=self.watch_seconds + 30)
-        async with self._client.get(self.pods_url, params=params, headers=self._headers(),
+        async with self._client.get(self.pods_url, params=params, headers=self.access.headers(),
                                     ssl=self._ssl, timeout=timeout) as response:
             if response.status == 410:
                 raise WatchGone("watch answered 410")
@@ -432,13 +443,6 @@ class KubernetesDiscovery:
         urls = {p.url for p in self.table.pods.values()}
         self._unreachable &= urls
 
-    def _headers(self) -> dict[str, str]:
-        headers = {"Accept": "application/json"}
-        token = self.access.bearer()
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        return headers
-
     async def _recover(self, url: str) -> None:
         """Probe an unreachable pod's /health until it answers 200 or the pod is gone."""
         assert self._client is not None
@@ -453,3 +457,40 @@ class KubernetesDiscovery:
                         log.info("Replica %s answers again", url)
             except (aiohttp.ClientError, TimeoutError):
                 pass
+
+
+# -- the demand report ------------------------------------------------------------------------
+
+
+def deployment_url(server: str, namespace: str, name: str) -> str:
+    group, version, plural = DEPLOYMENT_API
+    return f"{server}/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}"
+
+
+class AnnotationPatch:
+    """Sets one annotation of one AutoGLMDeployment with a JSON merge patch, which leaves every
+    other key alone (the other routers' demand included); `demand.Patch`."""
+
+    def __init__(self, access: ApiAccess, namespace: str, name: str, key: str,
+                 timeout: float = 10.0) -> None:
+        self.url = deployment_url(access.server, namespace, name)
+        self.key = key
+        self.access = access
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._ssl: ssl.SSLContext | bool = access.ssl_context()  # bad files fail at start
+        self._client: aiohttp.ClientSession | None = None
+
+    async def __call__(self, value: str) -> None:
+        if self._client is None:
+            self._client = aiohttp.ClientSession(headers={"User-Agent": USER_AGENT})
+        body = orjson.dumps({"metadata": {"annotations": {self.key: value}}})
+        async with self._client.patch(
+            self.url, data=body, headers={**self.access.headers(), "Content-Type": MERGE_PATCH},
+            ssl=self._ssl, timeout=self._timeout,
+        ) as response:
+            if response.status != 200:
+                raise ApiError(response.status, (await response.read()).decode(errors="replace"))
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()

@@ -11,11 +11,16 @@ ADDED_LATENCY_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 )
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+# A held request waits for a sleeping replica (about a second) or a new pod (minutes: the
+# model loads), up to --hold-seconds.
+HOLD_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 90, 120, 180, 300, 600)
 OUTCOMES = ("ok", "client_error", "upstream_error", "refused", "unreachable", "client_gone",
             "aborted", "routed")
 PLACEMENTS = ("hit", "moved", "new")
 RETRY_REASONS = ("connect_error", "draining", "queue_full")
-DECISION_REASONS = ("hashed", "bounded", "least_loaded", "least_fresh", "spilled")
+DECISION_REASONS = ("hashed", "bounded", "least_loaded", "least_fresh", "spilled", "waking")
+HOLD_OVERFLOWS = ("full", "timeout")
+DEMAND_RESULTS = ("ok", "failed")
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,10 @@ class RouterMetrics:
     added_latency: Histogram
     inflight: Gauge
     replicas: Gauge
+    held: Gauge
+    hold_seconds: Histogram
+    hold_overflows: Counter
+    demand_patches: Counter
 
 
 def router_metrics() -> RouterMetrics:
@@ -58,11 +67,26 @@ def router_metrics() -> RouterMetrics:
         "Routing decisions by reason: hashed (the key's home), bounded (moved on by the load "
         "bound), least_loaded (no key), least_fresh (a chat with no streaming replica: the "
         "fewest requests sent within the last fresh_seconds), spilled (every preferred replica "
-        "at its cap).",
+        "at its cap), waking (every replica asleep: the one all routers wake).",
         ["reason"], registry=registry,
     )
     for reason in DECISION_REASONS:
         decisions.labels(reason)
+    hold_overflows = Counter(
+        "autoglm_router_hold_overflows",
+        "Held requests answered 503 past the hold queue's bound: full at arrival, or held "
+        "--hold-seconds (timeout).",
+        ["reason"], registry=registry,
+    )
+    for reason in HOLD_OVERFLOWS:
+        hold_overflows.labels(reason)
+    demand_patches = Counter(
+        "autoglm_router_demand_patches",
+        "Demand annotations written to the AutoGLMDeployment, by result.",
+        ["result"], registry=registry,
+    )
+    for result in DEMAND_RESULTS:
+        demand_patches.labels(result)
     return RouterMetrics(
         registry=registry,
         requests=Counter(
@@ -84,4 +108,15 @@ def router_metrics() -> RouterMetrics:
         replicas=Gauge("autoglm_router_replicas",
                        "Replicas taking requests, by mode (unknown: no autoglm_mode).",
                        ["mode"], registry=registry),
+        held=Gauge("autoglm_router_held_requests",
+                   "Requests held now, waiting for a replica (the hold queue).",
+                   registry=registry),
+        hold_seconds=Histogram(
+            "autoglm_router_hold_seconds",
+            "How long each held request waited, until released to a replica or past "
+            "--hold-seconds.",
+            buckets=HOLD_BUCKETS, registry=registry,
+        ),
+        hold_overflows=hold_overflows,
+        demand_patches=demand_patches,
     )

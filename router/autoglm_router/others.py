@@ -1,4 +1,4 @@
-"""Other routers' requests on each replica, read from the replica's own gauges.
+"""Other routers' requests on each replica, and whether it sleeps, read from its own gauges.
 
 Each router counts its own in-flight requests exactly, but with two or more routers that is
 only its share of each replica's work, and two routers that each balance their own share can
@@ -6,6 +6,9 @@ still stack their requests on the same replicas. Every poll reads how many reque
 replica holds (admitted and queued) and subtracts what this router had open on it at that
 moment: the rest belongs to the other routers, and routing adds it to this router's own count.
 It is as old as the last poll, so it evens out load that lasts longer than a poll interval.
+
+The same scrape says whether the replica's engine sleeps (`autoglm_sleeping`, scale to zero):
+this is the one place the router learns it, whichever discovery it runs.
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import aiohttp
 
+from autoglm_api.standby import SLEEPING_METRIC
 from autoglm_router.poller import Poller
 
 log = logging.getLogger(__name__)
@@ -27,11 +32,17 @@ HELD_GAUGES = (
     ("autoglm_requests_inflight", "autoglm_requests_queued"),
     ("vllm:num_requests_running", "vllm:num_requests_waiting"),
 )
-_WANTED = frozenset(name for pair in HELD_GAUGES for name in pair)
+_WANTED = frozenset({SLEEPING_METRIC, *(name for pair in HELD_GAUGES for name in pair)})
 
 
-def parse_held_requests(text: str) -> float | None:
-    """Requests a replica holds, from its /metrics text; None when it exports neither pair."""
+@dataclass(frozen=True)
+class ReplicaGauges:
+    held: float | None  # requests it holds; None when it exports neither pair
+    asleep: bool = False
+
+
+def parse_gauges(text: str) -> ReplicaGauges:
+    """What a replica's /metrics text says of its load and sleep, in one pass."""
     values: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line[0] == "#":
@@ -40,14 +51,14 @@ def parse_held_requests(text: str) -> float | None:
         if name in _WANTED:
             with contextlib.suppress(ValueError, IndexError):
                 values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    for pair in HELD_GAUGES:
-        if pair[0] in values:
-            return sum(values.get(name, 0.0) for name in pair)
-    return None
+    held = next((sum(values.get(name, 0.0) for name in pair) for pair in HELD_GAUGES
+                 if pair[0] in values), None)
+    return ReplicaGauges(held, values.get(SLEEPING_METRIC, 0.0) >= 1.0)
 
 
 class OtherRouters(Poller):
-    """The other routers' requests on each replica, as of the last poll (0 when unknown).
+    """The other routers' requests on each replica, and which replicas sleep, as of the last
+    poll (0 and awake when unknown).
 
     It polls the replicas' /metrics itself only when started; a discovery that scrapes them
     anyway (StaticDiscovery) hands each text to `read` instead, so nothing is scraped twice.
@@ -61,20 +72,31 @@ class OtherRouters(Poller):
         self._replicas = replicas
         self._own = own
         self._held: dict[str, float] = {}
+        self._asleep: set[str] = set()
 
     def of(self, replica: str) -> float:
         return self._held.get(replica, 0.0)
 
+    def asleep(self, replica: str) -> bool:
+        return replica in self._asleep
+
     def read(self, replica: str, text: str) -> None:
-        """Record the other routers' share from a /metrics text just received ("": unknown)."""
+        """Record the other routers' share and the sleep from a /metrics text just received
+        ("": unknown)."""
         # Read as the answer arrives, the nearest this router gets to the replica's moment.
-        held = parse_held_requests(text)
+        gauges = parse_gauges(text)
+        held = gauges.held
         self._held[replica] = max(0.0, held - self._own(replica)) if held is not None else 0.0
+        if gauges.asleep:
+            self._asleep.add(replica)
+        else:
+            self._asleep.discard(replica)
 
     async def poll_once(self) -> None:
         names = self._replicas()
         await asyncio.gather(*(self._scrape(name) for name in names))
         self._held = {name: self._held.get(name, 0.0) for name in names}
+        self._asleep &= set(names)
 
     async def _scrape(self, replica: str) -> None:
         assert self._client is not None

@@ -192,6 +192,7 @@ class Exchange:
         body = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
         features = app.features_of(self._method, self._raw_path, body, self._headers)
         self._features = features
+        app.note_request()
         pool = in_subset(app.pool(), self._subset)
         chosen = destinations(features, pool, app.config, app.sessions.last(features),
                               self.fallbacks)

@@ -30,7 +30,8 @@ from autoglm_api.api_key import key_digests, presents_a_key
 from autoglm_api.asgi_body import BodyTooLarge, ClientDisconnected, read_body
 from autoglm_api.keepalive import UPSTREAM_POOL_IDLE_SECONDS
 from autoglm_router import answers
-from autoglm_router.answers import REQUEST_ID, Answer, error_body
+from autoglm_router.answers import HELD_SECONDS, REQUEST_ID, Answer, error_body
+from autoglm_router.demand import DemandBook, DemandReporter, Patch
 from autoglm_router.discovery import Discovery, StaticDiscovery
 from autoglm_router.features import (
     DEFAULT_IMAGE_MAX_PIXELS,
@@ -38,10 +39,12 @@ from autoglm_router.features import (
     RequestFeatures,
     request_features,
 )
+from autoglm_router.hold import CHECK_SECONDS, HoldQueue, Outcome, Ticket
 from autoglm_router.metrics import RouterMetrics, router_metrics
 from autoglm_router.others import OtherRouters
 from autoglm_router.paths import check_path
 from autoglm_router.routing import (
+    NO_REPLICA,
     Failure,
     Refusal,
     ReplicaState,
@@ -77,6 +80,9 @@ FORWARDED = frozenset({"x-forwarded-for", "x-forwarded-host", "x-forwarded-proto
                        "x-forwarded-port", "x-real-ip", "forwarded"})
 SSE_DONE = b"data: [DONE]\n\n"
 HELD_BODY_LIMIT = 64 * 1024  # a 429/503 body is read whole to decide on a retry
+# A drain answers its held requests this long before it ends, so each gets its 503 before
+# the connections left are closed.
+DRAIN_ANSWER_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,9 @@ class ProxySettings:
     send_timeout: float = 30.0  # a client that takes no response bytes this long is cut
     load_poll_interval: float = 1.0  # how often the replicas' own load is read
     recent_load_seconds: float = RECENT_LOAD_SECONDS
+    hold_queue_size: int = 0  # requests held at once when no replica takes them; 0: none
+    hold_seconds: float = 180.0  # the longest one is held
+    demand_interval: float = 10.0  # the least time between two demand reports while busy
 
 
 class LoadBook:
@@ -184,14 +193,17 @@ class _Call:
     # still counted under the mode that served the request.
     modes: dict[str, str] = field(default_factory=dict)
     status: int = 0  # the status relayed
+    held_seconds: float | None = None  # how long it waited for a replica, if it did
+    ticket: Ticket | None = None  # its place in the hold queue, once it was held
     delivered: bool = False  # the client has every byte that matters (see _relay)
     counted: bool = False  # in autoglm_router_requests_total, which counts each request once
 
 
 class RouterApp:
     def __init__(self, discovery: Discovery, config: RoutingConfig,
-                 settings: ProxySettings | None = None, api_keys: list[str] | None = None
-                 ) -> None:  # fmt: skip
+                 settings: ProxySettings | None = None, api_keys: list[str] | None = None,
+                 demand: Patch | None = None) -> None:
+        """`demand`: where this router reports its demand to the operator (--demand-object)."""
         self.discovery = discovery
         self.config = config
         self.settings = settings or ProxySettings()
@@ -213,6 +225,11 @@ class RouterApp:
             self._poll_load = False
         self.sessions = SessionMemory(self.settings.session_memory)
         self.client: aiohttp.ClientSession | None = None
+        self.hold = HoldQueue(self.settings.hold_queue_size, self.settings.hold_seconds)
+        self._releasing: asyncio.Task[None] | None = None
+        self.demand = None if demand is None else DemandReporter(
+            DemandBook(self.settings.demand_interval), demand,
+            lambda ok: self.metrics.demand_patches.labels("ok" if ok else "failed").inc())
 
     # --- ASGI -------------------------------------------------------------------------------
 
@@ -319,10 +336,26 @@ class RouterApp:
             await self.others.start()
 
     async def stop(self) -> None:
+        if self._releasing is not None:
+            self._releasing.cancel()
+        if self.demand is not None:
+            await self.demand.close()
         await self.others.stop()
         await self.discovery.stop()
         if self.client is not None:
             await self.client.close()
+
+    def drain(self, until: float) -> None:
+        """SIGTERM: /health fails from now on, and held requests wait no later than `until`
+        (time.monotonic), less the time to answer them."""
+        self.draining = True
+        self.hold.cut_off(until - DRAIN_ANSWER_SECONDS)
+
+    def note_request(self) -> None:
+        """A request arrived (held or routed): the operator's idle window starts again."""
+        if self.demand is not None:
+            self.demand.book.request()
+            self.demand.changed()
 
     def choose(self, features: RequestFeatures) -> Route | Refusal:
         """The routing decision for a request, where its session's last turn went counted."""
@@ -342,6 +375,7 @@ class RouterApp:
                 self.book.cost.get(endpoint.name, 0.0) + others * unit_cost,
                 self.book.fresh(endpoint.name, self.config.fresh_seconds),
                 self.book.recent_cost(endpoint.name) + others * unit_cost,
+                self.others.asleep(endpoint.name),
             ))
         return states
 
@@ -361,10 +395,17 @@ class RouterApp:
 
     async def _health(self, send: Send) -> None:
         by_mode = self._count_replicas()
-        taking = sum(by_mode.values()) > 0 and not self.draining
-        status = "draining" if self.draining else "ok" if taking else "no_replica"
-        body = json.dumps({"status": status, "replicas": by_mode})
-        await _respond(send, 200 if taking else 503, body.encode())
+        taking = sum(by_mode.values()) > 0
+        # Holding, a router with no replica still serves: it holds requests until one is up,
+        # so it stays in its Service at zero replicas.
+        holding = not taking and self.hold.size > 0
+        status = ("draining" if self.draining else "ok" if taking
+                  else "holding" if holding else "no_replica")
+        health: dict[str, Any] = {"status": status, "replicas": by_mode}
+        if self.hold.size:
+            health["held"] = len(self.hold)
+        serving = (taking or holding) and not self.draining
+        await _respond(send, 200 if serving else 503, json.dumps(health).encode())
 
     # --- proxying ---------------------------------------------------------------------------
 
@@ -428,7 +469,24 @@ class RouterApp:
         return _Call(scope["method"], target, forwarded, body, features, request_id, arrival)
 
     async def _forward(self, call: _Call, send: Send) -> None:
-        route = self.choose(call.features)
+        try:
+            await self._route_and_relay(call, send)
+        finally:
+            if call.ticket is not None and call.held_seconds is not None:
+                # Once per request, however often a replica not serving yet sent it back.
+                self.metrics.hold_seconds.observe(call.held_seconds)
+
+    async def _route_and_relay(self, call: _Call, send: Send) -> None:
+        self.note_request()
+        if self.hold.size:
+            send = _with_header(send, HELD_SECONDS, lambda: call.held_seconds)
+        route: Route | Refusal | Answer = self.choose(call.features)
+        if isinstance(route, Refusal) and route.reason == NO_REPLICA and self.hold.size:
+            route = await self._held(call)
+        if isinstance(route, Answer):
+            self._count(call, None, "refused")
+            await _answer(send, route)
+            return
         if isinstance(route, Refusal):
             self._count(call, None, "refused")
             await _answer(send, answers.refused(route, call.request_id))
@@ -443,6 +501,17 @@ class RouterApp:
                 return
             failure, held = outcome
             next_route = retry_route(failure, call.features, self.pool(), self.config, tried)
+            if next_route is None and self.hold.size and failure is not Failure.QUEUE_FULL:
+                # Nothing answered before the first byte (a pod reported ready before its
+                # engine listens, or one leaving): as at zero, wait for a replica that does,
+                # within what is left of the request's hold.
+                rehold = await self._held(call)
+                if isinstance(rehold, Answer):
+                    self._count(call, None, "refused")
+                    await _answer(send, rehold)
+                    return
+                tried, route = [], rehold
+                continue
             if next_route is None:
                 await self._give_up(call, route, held, send)
                 return
@@ -450,6 +519,61 @@ class RouterApp:
             log.info("Retried %s on %s after %s from %s", call.request_id, next_route.replica,
                      failure.value, route.replica)
             route = next_route
+
+    async def _held(self, call: _Call) -> Route | Answer:
+        """Hold a request that found no replica until the pool takes it; or the answer past
+        the queue's bounds. A client that leaves cancels the wait, and leaves the queue."""
+        ticket = call.ticket
+        if ticket is not None:
+            self.hold.rejoin(ticket)  # its place and deadline from its first wait
+        else:
+            ticket = call.ticket = self.hold.join(call.features)
+        if ticket is None:
+            call.held_seconds = 0.0
+            self.metrics.hold_overflows.labels("full").inc()
+            return answers.hold_full(call.request_id)
+        self._held_changed()
+        try:
+            while True:
+                outcome = await ticket.wait()
+                call.held_seconds = self.hold.waited(ticket)
+                if outcome is Outcome.TIMEOUT:
+                    self.metrics.hold_overflows.labels("timeout").inc()
+                    return answers.held_too_long(call.held_seconds, call.request_id)
+                route = self.choose(call.features)
+                if isinstance(route, Route):
+                    if self.demand is not None:
+                        self.demand.book.waited(call.held_seconds)
+                    return route
+                # Released, it found the pool taken in the meantime: back to its place.
+                self.hold.rejoin(ticket)
+                self._held_changed()
+        finally:
+            self.hold.leave(ticket)
+            self._held_changed()
+
+    def _held_changed(self) -> None:
+        """The hold queue changed: its gauge, the demand report, the release loop."""
+        self.metrics.held.set(len(self.hold))
+        if self.demand is not None:
+            self.demand.book.holding(len(self.hold), self.hold.held_since())
+            self.demand.changed()
+        if self.hold and (self._releasing is None or self._releasing.done()):
+            self._releasing = asyncio.ensure_future(self._release_held())
+
+    async def _release_held(self) -> None:
+        """While anything is held: answer what waited its time out, release what the pool
+        takes (a replica discovery shows is used within CHECK_SECONDS)."""
+        while self.hold:
+            await asyncio.sleep(CHECK_SECONDS)
+            try:
+                changed = self.hold.expire() + self.hold.release(
+                    self.pool(), self.config, self.sessions.last)
+            except Exception:  # a held request must never be left hanging by a bad check
+                log.exception("Releasing held requests failed")
+                continue
+            if changed:
+                self._held_changed()
 
     async def _attempt(
         self, call: _Call, route: Route, send: Send
@@ -644,6 +768,17 @@ async def _cancel_when_gone(receive: Receive, task: asyncio.Task[Any]) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
     task.cancel()
+
+
+def _with_header(send: Send, name: str, seconds: Callable[[], float | None]) -> Send:
+    """`send`, adding a header of `seconds()` to the response's start, when it has a value."""
+    async def sending(message: Message) -> None:
+        value = seconds()
+        if message["type"] == "http.response.start" and value is not None:
+            headers = [*message.get("headers", []), (name.encode(), f"{value:.3f}".encode())]
+            message = {**message, "headers": headers}
+        await send(message)
+    return sending
 
 
 async def _answer(send: Send, answer: Answer) -> None:

@@ -29,6 +29,9 @@ class ReplicaState:
     # `load` averaged over the last seconds: a conversation between two turns has nothing in
     # flight but will send its next turn here, so new conversations are placed by this.
     recent_load: float = 0.0
+    # Its engine sleeps (the runtime's autoglm_sleeping gauge): a request wakes it, in about a
+    # second, so it takes requests only when no awake replica can.
+    asleep: bool = False
 
 
 def _default_caps() -> dict[Mode, int]:
@@ -83,6 +86,7 @@ class Reason(StrEnum):
     LEAST_LOADED = "least_loaded"  # no key to hash
     LEAST_FRESH = "least_fresh"  # a chat with no streaming replica: the fewest recent requests
     SPILLED = "spilled"  # every preferred replica at its cap
+    WAKING = "waking"  # every replica asleep: the one that wakes for all (rule 0)
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,9 @@ class Route:
     replica: str
     reason: Reason
     in_preferred_mode: bool
+
+
+NO_REPLICA = "no_replica"  # Refusal.reason when nothing takes requests: what holding waits out
 
 
 @dataclass(frozen=True)
@@ -108,12 +115,22 @@ def decide(
 ) -> Route | Refusal:
     """Rule 1 picks the pool (class, spill, shed), rules 2-4 pick within it (CHWBL on cost).
 
+    Sleeping replicas are left out while an awake one is eligible; with none awake, all
+    requests go to the first sleeping one by name, which they wake (caps aside: it is one
+    replica's wake, about a second, and each router picks the same one).
     `placed` is where this router sent the session's last turn of this class, if it knows.
     """
     excluded = set(exclude)
     eligible = [r for r in replicas if r.ready and not r.draining and r.name not in excluded]
     if not eligible:
-        return Refusal(503, "no_replica", "No ready replica can take the request; retry later.")
+        return Refusal(503, NO_REPLICA, "No ready replica can take the request; retry later.")
+    awake = [r for r in eligible if not r.asleep]
+    if not awake:
+        # Every router picks the same one (by name), so a burst wakes one replica, not all.
+        sleeper = min(eligible, key=lambda r: r.name)
+        return Route(sleeper.name, Reason.WAKING,
+                     sleeper.mode is features.traffic_class.preferred_mode)
+    eligible = awake
     wanted = features.traffic_class.preferred_mode
     preferred = [r for r in eligible if r.mode is wanted]
     in_mode = bool(preferred)

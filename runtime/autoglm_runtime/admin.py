@@ -8,9 +8,10 @@ over a Unix socket in a private (0700) directory it creates for its child. The m
 listens on that socket from its lifespan (`serve_relay`); the engine gets the socket's path,
 never the token, and the API port serves no admin path at all.
 
-Relay: one JSON line each way per connection. `{"op": "state"}`, `{"op": "mode", "mode": M}`
-and `{"op": "drain"}` answer the middleware's state (`ModeMiddleware.state`), or
-`{"error": "..."}`.
+Relay: one JSON line each way per connection. `{"op": "state"}`, `{"op": "mode", "mode": M}`,
+`{"op": "drain"}`, `{"op": "sleep", "level": N}` and `{"op": "wake"}` answer the middleware's
+state (`ModeMiddleware.state`), or `{"error": "..."}`; a call the middleware turns down on
+purpose (a sleep while requests run) adds the HTTP status to answer and may add `retry_after`.
 
 HTTP: one request per connection (`Connection: close`), read within `REQUEST_SECONDS` (408
 past it), its head within `MAX_HEAD_BYTES`; the token is checked before a body is read; a relay
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from autoglm_api.profiles import DRAIN_PATH, MODE_PATH, Mode
+from autoglm_api.standby import SLEEP_PATH, WAKE_PATH
 from autoglm_runtime.requests import error_body
 
 log = logging.getLogger("autoglm_runtime.admin")
@@ -55,6 +57,26 @@ class RelayError(Exception):
     """The middleware could not be asked (not listening yet, gone, or a broken answer)."""
 
 
+class CallRefused(Exception):
+    """The middleware's answer to a call it will not carry out now: the HTTP status, the
+    message, and the seconds to wait before a retry when one can succeed."""
+
+    def __init__(self, status: int, message: str, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.retry_after = status, message, retry_after
+
+    def relayed(self) -> State:
+        return {"error": self.message, "status": self.status, "retry_after": self.retry_after}
+
+
+class RelayRefused(RelayError):
+    """The middleware took the call and refused it (CallRefused, relayed)."""
+
+    def __init__(self, refused: CallRefused) -> None:
+        super().__init__(refused.message)
+        self.refused = refused
+
+
 # --- the relay: the middleware's end and the launcher's -----------------------------------
 
 
@@ -67,6 +89,8 @@ async def serve_relay(path: Path, handle: RelayHandler) -> asyncio.AbstractServe
             try:
                 request = json.loads(line)
                 answer = handle(request) if isinstance(request, dict) else {"error": "not a call"}
+            except CallRefused as refused:
+                answer = refused.relayed()
             except (ValueError, KeyError) as exc:
                 answer = {"error": f"bad call: {exc}"}
             writer.write(json.dumps(answer).encode() + b"\n")
@@ -101,6 +125,10 @@ def relay_to(path: Path) -> Relay:
             writer.close()
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
+        if isinstance(answer, dict) and isinstance(answer.get("status"), int):
+            retry = answer.get("retry_after")
+            raise RelayRefused(CallRefused(answer["status"], str(answer.get("error")),
+                                           retry if isinstance(retry, int) else None))
         if not isinstance(answer, dict) or "error" in answer:
             raise RelayError(f"the engine's API server refused the call: {answer}")
         return answer
@@ -173,32 +201,60 @@ def authorize(head: Head, token: str | None) -> None:
                        {"www-authenticate": "Bearer"}, err_type="authentication_error")
 
 
+# Each admin path and the methods it takes.
+ROUTES = {MODE_PATH: ("GET", "PUT"), DRAIN_PATH: ("POST",), SLEEP_PATH: ("POST",),
+          WAKE_PATH: ("POST",)}
+# Calls that start something the state shows under way (202): a drain, a sleep, a wake.
+STARTED = frozenset({DRAIN_PATH, SLEEP_PATH, WAKE_PATH})
+SLEEP_LEVELS = (1, 2)
+
+
 def route(head: Head) -> None:
     """_Refused unless the path and method are the admin API's."""
-    allowed = {MODE_PATH: ("GET", "PUT"), DRAIN_PATH: ("POST",)}.get(head.path)
+    allowed = ROUTES.get(head.path)
     if allowed is None:
-        raise _Refused(404, f"{head.path} is not an admin path; the admin API is {MODE_PATH} "
-                            f"(GET, PUT) and {DRAIN_PATH} (POST).")
+        paths = ", ".join(f"{path} ({', '.join(methods)})" for path, methods in ROUTES.items())
+        raise _Refused(404, f"{head.path} is not an admin path; the admin API is {paths}.")
     if head.method not in allowed:
         raise _Refused(405, f"Use {' or '.join(allowed)}.", {"allow": ", ".join(allowed)})
 
 
 def relay_request(head: Head, body: bytes) -> State:
-    """The relay call for an allowed request; _Refused (400) for a body that names no mode."""
+    """The relay call for an allowed request; _Refused (400) for a body that names no mode,
+    or a sleep level vLLM does not have."""
     if head.path == DRAIN_PATH:
         return {"op": "drain"}
+    if head.path == WAKE_PATH:
+        return {"op": "wake"}
+    if head.path == SLEEP_PATH:
+        return {"op": "sleep", "level": _sleep_level(body)}
     if head.method == "GET":
         return {"op": "state"}
-    try:
-        data = json.loads(body)
-    except (ValueError, RecursionError):
-        raise _Refused(400, "The body is not JSON.") from None
+    data = _json(body)
     mode = data.get("mode") if isinstance(data, dict) else None
     if not isinstance(mode, str) or mode not in {m.value for m in Mode}:
         valid = ", ".join(f'"{m.value}"' for m in Mode)
         raise _Refused(400, f"Unknown mode {json.dumps(mode)}; use one of {valid}.",
                        param="mode")
     return {"op": "mode", "mode": mode}
+
+
+def _sleep_level(body: bytes) -> int:
+    """The level a sleep asks for: 1 (vLLM's default) when the body is empty or names none."""
+    data = _json(body) if body.strip() else {}
+    level = data.get("level", 1) if isinstance(data, dict) else None
+    if isinstance(level, bool) or level not in SLEEP_LEVELS:
+        raise _Refused(400, f"Unknown sleep level {json.dumps(level)}; use 1 (the weights move "
+                            "to CPU memory) or 2 (they are dropped and reloaded on waking).",
+                       param="level")
+    return int(level)
+
+
+def _json(body: bytes) -> object:
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        raise _Refused(400, "The body is not JSON.") from None
 
 
 class AdminServer:
@@ -245,11 +301,15 @@ class AdminServer:
             return refused.answer
         try:
             state = await self.relay(call)
+        except RelayRefused as exc:
+            said = exc.refused
+            retry = {} if said.retry_after is None else {"retry-after": str(said.retry_after)}
+            return Answer(said.status, error_body(said.message, said.status), retry)
         except RelayError as exc:
             log.warning("Admin call %s %s not relayed: %s", head.method, head.path, exc)
             return Answer(503, error_body(f"The engine's API server did not take the call: "
                                           f"{exc}", 503), {"retry-after": "1"})
-        return Answer(202 if head.path == DRAIN_PATH else 200, json.dumps(state).encode())
+        return Answer(202 if head.path in STARTED else 200, json.dumps(state).encode())
 
     async def _read_call(self, reader: asyncio.StreamReader) -> tuple[Head, State]:
         """The request's head and the relay call it asks for; _Refused for anything else."""

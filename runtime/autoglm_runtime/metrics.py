@@ -17,19 +17,23 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from autoglm_api.profiles import Mode
+from autoglm_api.standby import SLEEPING_METRIC
 from autoglm_api.traffic import TrafficClass
 
 log = logging.getLogger(__name__)
 
 REJECT_REASONS = (
     "queue_full", "queue_timeout", "draining", "bad_request", "client_gone", "unauthorized",
-    "not_served",
+    "not_served", "wake_failed",
 )
 # The traffic classes (traffic.py), as the router sends them: the operator's policy reads
 # demand per class.
 TRAFFIC_CLASSES = tuple(c.value for c in TrafficClass)
 # Queue waits run from milliseconds to the longest queue timeout.
 QUEUE_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+# A level-1 wake takes about 0.1 to 1 s for small models and 3 to 6 s for large ones; a level-2
+# wake reloads the weights from disk (vLLM's sleep mode figures, docs/runtime/sim.md).
+WAKE_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30, 60)
 
 # (gpu index, used bytes, total bytes)
 GpuMemorySample = tuple[int, int, int]
@@ -47,6 +51,9 @@ class RuntimeMetrics:
     queue_wait: Histogram
     switches: Counter
     draining: Gauge
+    sleeping: Gauge
+    sleeps: Counter
+    wake_seconds: Histogram
     gpu: GpuMemoryCollector
 
 
@@ -111,6 +118,20 @@ def runtime_metrics(registry: CollectorRegistry = REGISTRY) -> RuntimeMetrics:
             ),
             draining=Gauge(
                 "autoglm_draining", "1 while the replica drains.", registry=registry
+            ),
+            sleeping=Gauge(
+                SLEEPING_METRIC,
+                "1 from the start of a sleep (vLLM sleep mode) until the engine is awake again.",
+                registry=registry,
+            ),
+            sleeps=Counter(
+                "autoglm_sleeps", "Times the engine went to sleep.", registry=registry
+            ),
+            wake_seconds=Histogram(
+                "autoglm_wake_seconds",
+                "Time each wake of the engine took (a level-2 wake reloads the weights too).",
+                buckets=WAKE_BUCKETS,
+                registry=registry,
             ),
             gpu=gpu,
         )

@@ -5,6 +5,12 @@ itself from the environment when no settings are passed. It adds no network hop:
 priority, the batch window and SSE coalescing all happen in the server's event loop. The admin
 API is not served here: the launcher serves it on its own port and relays each call to the
 socket this middleware listens on while the app runs (admin.py).
+
+It also puts the engine to sleep and wakes it (vLLM's sleep mode; autoglm_api.standby): a
+relayed sleep, taken only while nothing is admitted or queued (vLLM's sleep aborts what runs),
+calls the engine client's `sleep(level)`; a request that reaches a sleeping replica is admitted
+as usual and, before it reaches the engine, waits for one wake, shared by every request that
+arrives meanwhile. No request is refused because the replica slept.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable, MutableMapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
@@ -26,7 +32,7 @@ from autoglm_api.asgi_body import BodyTooLarge, ClientDisconnected, read_body
 from autoglm_api.engine_args import EngineSettings
 from autoglm_api.profiles import Mode
 from autoglm_api.traffic import TRAFFIC_CLASS_HEADER
-from autoglm_runtime.admin import State, serve_relay
+from autoglm_runtime.admin import SLEEP_LEVELS, CallRefused, State, serve_relay
 from autoglm_runtime.admission import AdmissionController, Rejected, Ticket
 from autoglm_runtime.config import RuntimeConfig, RuntimeSettings, load_runtime_config
 from autoglm_runtime.metrics import nvml_source, runtime_metrics
@@ -57,6 +63,24 @@ log = logging.getLogger("autoglm_runtime.middleware")
 HEALTH_PATHS = frozenset({"/health", "/ping"})
 # Every live middleware, so a process-level SIGTERM handler (the sim's) can drain them.
 _instances: weakref.WeakSet[ModeMiddleware] = weakref.WeakSet()
+NO_SLEEP_MODE = (
+    "The engine was started without sleep mode (engine.enableSleepMode, vLLM's "
+    "--enable-sleep-mode), so it cannot sleep. vLLM 0.32 has sleep mode on CUDA, ROCm and XPU "
+    "only: on the CPU it refuses the flag."
+)
+
+
+class EngineClient(Protocol):
+    """What the middleware calls on vLLM's EngineClient (vllm/engine/protocol.py), which vLLM's
+    routes reach as `request.app.state.engine_client`; the sim's engine has the same."""
+
+    model_config: Any  # its enable_sleep_mode says whether the engine can sleep
+
+    async def sleep(self, level: int = 1) -> None: ...
+
+    async def wake_up(self) -> bool: ...
+
+    async def collective_rpc(self, method: str) -> Any: ...
 
 
 class ModeMiddleware:
@@ -94,11 +118,19 @@ class ModeMiddleware:
         self.controller = AdmissionController(self.config.profiles.for_mode(self.mode),
                                               engine_max_seqs=self._engine_max_seqs())
         self._relay: asyncio.AbstractServer | None = None
+        # The Starlette app around the middleware, from the scopes it passes on: its state
+        # holds vLLM's engine client once the server is up.
+        self._app: Any = None
+        self.sleeping = False  # from the start of a sleep until a wake has finished
+        self._sleep_level = 1
+        self._falling_asleep: asyncio.Task[None] | None = None
+        self._waking: asyncio.Task[None] | None = None
         self.registry = registry
         self.metrics = runtime_metrics(registry)
         self.metrics.queued.set_function(lambda: self.controller.queued)
         self.metrics.inflight.set_function(lambda: self.controller.inflight)
         self.metrics.draining.set_function(lambda: int(self.draining))
+        self.metrics.sleeping.set_function(lambda: int(self.sleeping))
         if self.config.gpu_metrics and self.metrics.gpu.source is None:
             self.metrics.gpu.source = nvml_source()
         self._set_mode_gauge()
@@ -144,12 +176,92 @@ class ModeMiddleware:
             "inflight": self.controller.inflight,
             "queued": self.controller.queued,
             "draining": self.draining,
+            "sleeping": self.sleeping,
             "profile": self.controller.profile.model_dump(by_alias=True),
         }
+
+    # --- sleep and wake (vLLM's sleep mode) -----------------------------------------------
+
+    def engine_client(self) -> EngineClient | None:
+        """vLLM's engine client, where its own routes find it; None before the server runs."""
+        return getattr(getattr(self._app, "state", None), "engine_client", None)
+
+    def start_sleep(self, level: int) -> None:
+        """Put the engine to sleep in the background; CallRefused while it cannot sleep now."""
+        engine = self.engine_client()
+        if engine is None or not getattr(engine.model_config, "enable_sleep_mode", False):
+            raise CallRefused(409, NO_SLEEP_MODE)
+        if self.draining:
+            raise CallRefused(409, "The replica is draining; it does not sleep.")
+        if self._waking is not None:
+            raise CallRefused(409, "The engine is waking; sleep after it is awake.", 1)
+        if self.sleeping:
+            return
+        busy = self.controller.inflight + self.controller.queued
+        if busy:
+            # vLLM's sleep aborts the requests the engine holds: sleep only when idle.
+            raise CallRefused(409, f"{busy} requests are admitted or queued; the replica "
+                                   "sleeps only when it is idle.", 1)
+        self.sleeping = True
+        self._sleep_level = level
+        self._falling_asleep = asyncio.ensure_future(self._fall_asleep(engine, level))
+
+    async def _fall_asleep(self, engine: EngineClient, level: int) -> None:
+        try:
+            await engine.sleep(level)
+        except Exception:
+            # vLLM pauses its scheduler before it frees the GPU: a wake resumes it.
+            log.exception("The engine did not go to sleep; waking it")
+            self.wake()
+            return
+        self.metrics.sleeps.inc()
+        log.info("Asleep (level %d)", level)
+
+    def wake(self) -> asyncio.Task[None]:
+        """The one wake of the sleeping engine, started by the first caller."""
+        if self._waking is None:
+            self._waking = asyncio.ensure_future(self._wake_up())
+        return self._waking
+
+    async def _wake_up(self) -> None:
+        """Wake the engine; a failure is logged and leaves it asleep, for the next caller."""
+        try:
+            if self._falling_asleep is not None:
+                await self._falling_asleep  # the engine takes its calls in order
+            engine = self.engine_client()
+            assert engine is not None  # it slept
+            clock = asyncio.get_running_loop().time
+            start = clock()
+            await engine.wake_up()
+            if self._sleep_level == 2:
+                # Level 2 dropped the weights: load them again from the model's own path
+                # (vLLM's sleep mode docs). Sleeping already reset the prefix cache.
+                await engine.collective_rpc("reload_weights")
+            took = clock() - start
+            self.metrics.wake_seconds.observe(took)
+            self.sleeping = False
+            self._falling_asleep = None
+            log.info("Awake after %.2f s", took)
+        except Exception:
+            log.exception("The engine did not wake")
+        finally:
+            self._waking = None
+
+    async def _awake(self, send: Send) -> bool:
+        """Wait for the engine to wake; False (answered 503, to retry) when the wake failed."""
+        await asyncio.shield(self.wake())
+        if not self.sleeping:
+            return True
+        self.metrics.rejected.labels("wake_failed").inc()
+        await _respond(send, 503, error_body("The engine did not wake; retry.", 503),
+                       {"retry-after": "1"})
+        return False
 
     # --- ASGI -----------------------------------------------------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._app is None:
+            self._app = scope.get("app")  # Starlette's, in every scope (the lifespan's too)
         if scope["type"] == "lifespan" and self.settings.admin_socket is not None:
             await self.app(scope, self._stop_relay_on_shutdown(receive),
                            self._start_relay_on_startup(send))
@@ -210,6 +322,9 @@ class ModeMiddleware:
         # The profile in force at admission shapes the response, even after a later switch.
         coalesce = self.controller.profile.stream_coalesce_chunks if prepared.stream else 1
         try:
+            # Its ticket keeps the replica from sleeping again until it is answered.
+            if self.sleeping and not await self._awake(send):
+                return
             explained = _explain_full_context(send, self.config.max_model_len)
             await self.app(scope, _replay(body, receive),
                            _wrap_send(explained, prepared.session_id, coalesce))
@@ -318,6 +433,14 @@ class ModeMiddleware:
             self.switch(Mode(call["mode"]))
         elif op == "drain":
             self.start_draining()
+        elif op == "sleep":
+            level = call.get("level", 1)
+            if isinstance(level, bool) or level not in SLEEP_LEVELS:
+                raise ValueError(f"no sleep level {level!r}")
+            self.start_sleep(level)
+        elif op == "wake":
+            if self.sleeping:
+                self.wake()
         elif op != "state":
             raise ValueError(f"unknown op {op!r}")
         return self.state()

@@ -197,6 +197,13 @@ class PodRunner:
                 return counts
             time.sleep(0.2)
 
+    def serving_processes(self, namespace: str) -> int:
+        """Serving pods' processes still running in `namespace`, those of deleted pods that
+        still drain included (kwok hands their addresses out again at once)."""
+        with self._lock:
+            return sum(1 for pod in (*self.pods.values(), *self.leaving.values())
+                       if pod.namespace == namespace and not pod.router)
+
     def _urls(self, namespace: str, *, router: bool) -> dict[str, str]:
         with self._lock:
             return {
@@ -390,13 +397,7 @@ class PodRunner:
             mounts[mount.mount_path] = local
 
         env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOGLM_")}
-        for var in container.env or []:
-            if var.value is not None:
-                env[var.name] = self._rewrite(var.value, mounts)
-            elif var.value_from is not None and var.value_from.secret_key_ref is not None:
-                ref = var.value_from.secret_key_ref
-                data = self.core.read_namespaced_secret(ref.name, pod.metadata.namespace).data
-                env[var.name] = base64.b64decode(data[ref.key]).decode()
+        env.update(self._container_env(pod, container, mounts))
         # The runtime's default file locations, as mounted in the pod.
         for var, default in (("AUTOGLM_CONFIG_FILE", "/etc/autoglm/config.json"),
                              ("AUTOGLM_LABELS_FILE", "/etc/podinfo/labels")):  # fmt: skip
@@ -448,6 +449,7 @@ class PodRunner:
                 "--kubeconfig", str(kubeconfig)]  # fmt: skip
         env = {k: v for k, v in os.environ.items()
                if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}  # fmt: skip
+        env.update(self._container_env(pod, pod.spec.containers[0], {}))
         logfile = open(folder / "router.log", "ab")  # noqa: SIM115 - owned by the child
         process = subprocess.Popen(
             argv, env=env, stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True
@@ -460,6 +462,23 @@ class PodRunner:
         return RunningPod(pod.metadata.uid, pod.metadata.name, pod.metadata.namespace,
                           pod.status.pod_ip, folder, process, None, instance, {},
                           router=True)  # fmt: skip
+
+    def _container_env(self, pod: Any, container: Any, mounts: dict[str, Path]) -> dict[str, str]:
+        """The container's env as the kubelet resolves it: values, Secret keys, and the pod's
+        own name and namespace (the downward API's fieldRef)."""
+        env: dict[str, str] = {}
+        fields = {"metadata.name": pod.metadata.name, "metadata.namespace": pod.metadata.namespace}
+        for var in container.env or []:
+            source = var.value_from
+            if var.value is not None:
+                env[var.name] = self._rewrite(var.value, mounts)
+            elif source is not None and source.secret_key_ref is not None:
+                ref = source.secret_key_ref
+                data = self.core.read_namespaced_secret(ref.name, pod.metadata.namespace).data
+                env[var.name] = base64.b64decode(data[ref.key]).decode()
+            elif source is not None and source.field_ref is not None:
+                env[var.name] = fields[source.field_ref.field_path]
+        return env
 
     def _service_account_kubeconfig(self, pod: Any) -> dict[str, Any]:
         """What the kubelet mounts for a pod's ServiceAccount (a token bound to the pod, the

@@ -705,7 +705,15 @@ def test_a_whole_lifecycle_uses_every_permission_the_chart_grants(
                                     "--ignore-not-found").stdout.strip() == "",
             60, every=0.5, what="the pool and the picker deleted", ignoring=KUBECTL_FAILED,
         )  # fmt: skip
-        # The router off: Service <name> back on the serving pods, the router's children gone.
+        # Scale to zero on: the namespace's autoscalers are listed (one that scales this object
+        # would own its replicas) and the router's Role may patch this object.
+        kit.patch_agd(cluster, ns, {"spec": {"scaleToZero": {"enabled": True}}})
+        eventually(
+            lambda: (kit.status(cluster, ns).get("standby") or {}).get("state") == "Serving",
+            60, every=0.5, what="status.standby", ignoring=KUBECTL_FAILED,
+        )
+        # The router off (scale to zero with it: it needs the router's hold): Service <name>
+        # back on the serving pods, the router's children gone.
         router = [f"{kind}/{kit.NAME}-router" for kind in
                   ("deployment", "pdb", "serviceaccount", "role", "rolebinding")]  # fmt: skip
 
@@ -714,7 +722,8 @@ def test_a_whole_lifecycle_uses_every_permission_the_chart_grants(
             return found.stdout.strip() == ""
 
         assert not router_gone()
-        kit.patch_agd(cluster, ns, {"spec": {"router": {"enabled": False}}})
+        kit.patch_agd(cluster, ns, {"spec": {"router": {"enabled": False},
+                                             "scaleToZero": {"enabled": False}}})
         eventually(router_gone, 60, every=0.5, what="the router's children deleted",
                    ignoring=KUBECTL_FAILED)
         # Delete: the operator takes its finalizer off.

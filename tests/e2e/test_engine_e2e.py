@@ -8,6 +8,7 @@ hack/tiny_glm4v.py), built on first use and cached.
 
 from __future__ import annotations
 
+import time
 import urllib.request
 from collections.abc import Iterator
 
@@ -24,9 +25,11 @@ from testkit.operator_kit import (
     admin_token,
     agd_object,
     deploy,
+    live_pods,
     patch_agd,
     pod_modes,
     runtime_state,
+    status,
 )
 from testkit.podrunner import Engines, PodRunner
 from testkit.servicelb import ServiceProxy
@@ -110,3 +113,47 @@ def test_the_operator_flips_a_real_engine_and_the_router_routes_to_it(
                 (action, "stop")
             assert streamed() == (action, "stop")
         assert runtime_state(admin_url, token)["switches"] == 2
+
+
+def test_a_request_at_zero_waits_out_a_real_engine_cold_start_and_is_served(
+    cluster: LocalCluster, namespace: str, pod_runner: PodRunner, operator: Operator,
+    engines: Engines,
+) -> None:
+    """Scale to zero with the real engine as the serving pod: idle, the Deployment goes to 0;
+    a streamed chat through Service <name> is held by the router while the operator scales
+    back up and vLLM loads the model, then answered; the wait is in its header and the status."""
+    ns = namespace
+    action = answer_of(engines.model_dir)["answer"].split("</think>", 1)[1]
+    obj = agd_object(
+        replicas=1, modePolicy="Streaming",
+        scaleToZero={"enabled": True, "idleSeconds": 10},
+        router={"hold": {"waitSeconds": ENGINE_START_SECONDS}},
+    )  # fmt: skip
+    cluster.apply(obj, namespace=ns)
+    eventually(lambda: (status(cluster, ns).get("standby") or {}).get("state") == "Idle", 120,
+               every=0.5, what="scaled to zero", ignoring=KUBECTL_FAILED)
+    eventually(lambda: not live_pods(cluster, ns) and not pod_runner.runtime_urls(ns), 120,
+               every=0.5, what="no serving pod", ignoring=KUBECTL_FAILED)
+    with ServiceProxy(cluster, ns, NAME, kubelet=pod_runner) as proxy:
+        eventually(lambda: len(proxy.endpoints()) >= 1, 60, every=0.5,
+                   what="a ready router endpoint at zero", ignoring=KUBECTL_FAILED)
+        client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="EMPTY", max_retries=0,
+                               timeout=openai.Timeout(ENGINE_START_SECONDS + 60, connect=60))
+        started = time.monotonic()
+        raw = client.chat.completions.with_raw_response.create(
+            model="autoglm-phone-9b", stream=True, max_tokens=128, temperature=0,
+            messages=MESSAGES,
+        )  # fmt: skip
+        held = float(raw.headers["x-autoglm-held-seconds"])
+        text = "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices)
+        took = time.monotonic() - started
+    assert text == action
+    (pod,) = [p["metadata"]["name"] for p in live_pods(cluster, ns)]
+    assert pod_runner.running(pod).engine  # type: ignore[union-attr]
+    eventually(lambda: "lastWakeMillis" in (status(cluster, ns).get("standby") or {}), 30,
+               every=0.5, what="the wake in status", ignoring=KUBECTL_FAILED)
+    woke = status(cluster, ns)["standby"]
+    print(f"cold start of the real CPU engine from zero: request held {held:.1f}s, answered "
+          f"after {took:.1f}s; status.standby.lastWakeMillis {woke['lastWakeMillis']}")
+    assert 0 < held <= took < ENGINE_START_SECONDS
+    assert woke["lastWakeMillis"] > 0

@@ -107,7 +107,7 @@ def test_promtool_accepts_the_rules(tmp_path: Path) -> None:
         [_tool(PROMTOOL), "check", "rules", str(rules)], capture_output=True, text=True
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 8 rules found" in out.stdout + out.stderr
+    assert "SUCCESS: 9 rules found" in out.stdout + out.stderr
 
 
 def _plain_config(docs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
@@ -271,6 +271,20 @@ def _router_alert_tests(series: Any, alert: Any) -> list[dict[str, Any]]:
             "interval": "1m",
             "input_series": [*replicas("0x14"), requests("ok", "5x14")],
             "alert_rule_test": [alert("AutoGLMRouterNoReplicas", "10m")],
+        },
+        {  # A held request answered 503 (its wait ran out) fires at once; none held, none.
+            "interval": "1m",
+            "input_series": [
+                series("autoglm_router_hold_overflows_total", {**routers[0], "reason": "timeout"},
+                       "0 0 0 1 1 1 1 1 1 1 1 1"),
+                series("autoglm_router_hold_overflows_total", {**routers[1], "reason": "full"},
+                       "0x11"),
+            ],
+            "alert_rule_test": [
+                alert("AutoGLMHoldQueueOverflow", "2m"),
+                alert("AutoGLMHoldQueueOverflow", "4m", {"severity": "warning", **agd}),
+                alert("AutoGLMHoldQueueOverflow", "11m"),
+            ],
         },
         {  # 10% of requests fail at the replicas for over 5 minutes.
             "interval": "1m",
@@ -551,7 +565,7 @@ def test_alert_rules_load_and_evaluate_without_errors(prometheus: str) -> None:
     with urllib.request.urlopen(f"{prometheus}/api/v1/rules", timeout=10) as response:
         groups = json.loads(response.read())["data"]["groups"]
     rules = [r for g in groups for r in g["rules"]]
-    assert len(rules) == 8
+    assert len(rules) == 9
     for rule in rules:
         assert rule["health"] == "ok", f"{rule['name']}: {rule.get('lastError')}"
         body = _query(rule["query"], prometheus)

@@ -88,7 +88,7 @@ def test_subresources_and_printer_columns() -> None:
         "labelSelectorPath": ".status.selector",
     }
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "Ready", "Streaming", "Batching", "Routers", "Policy", "Endpoint", "Age",
+        "Ready", "Streaming", "Batching", "Routers", "Policy", "Standby", "Endpoint", "Age",
     ]  # fmt: skip
 
 

@@ -117,7 +117,8 @@ def test_rolling_per_mode_flags_are_what_vllm_runs(name: str, mode: Mode) -> Non
     EngineSettings(model="zai-org/AutoGLM-Phone-9B", dtype="bfloat16", tensor_parallel_size=1,
                    max_num_batched_tokens=4096, enable_prefix_caching=False,
                    reasoning_parser=None, shutdown_timeout_seconds=120, max_num_seqs=8,
-                   stream_interval=4, gpu_memory_utilization_percent=85),
+                   stream_interval=4, gpu_memory_utilization_percent=85,
+                   enable_sleep_mode=True),
     EngineSettings(model="/m", extra_args=("--enforce-eager", "--seed=0")),
 ], ids=["defaults", "every-field", "extras"])
 def test_the_launchers_own_argv_is_what_vllm_runs(settings: EngineSettings) -> None:
@@ -137,6 +138,7 @@ def test_the_launchers_own_argv_is_what_vllm_runs(settings: EngineSettings) -> N
     assert engine.enable_prefix_caching is settings.enable_prefix_caching
     assert args.shutdown_timeout == settings.shutdown_timeout_seconds
     assert (engine.reasoning_parser or None) == settings.reasoning_parser
+    assert engine.enable_sleep_mode is settings.enable_sleep_mode
 
 
 def test_every_managed_flag_is_a_vllm_flag() -> None:

@@ -83,6 +83,21 @@ honor_labels, so its namespace is not replaced by the operator pod's). */}}
           gone: `kubectl -n {{ "{{ $labels.namespace }}" }} get pods -l app.kubernetes.io/instance={{ "{{ $labels.autoglm_deployment }}" }}`
           and the AutoGLMDeployment's Degraded condition say why; the router's /health lists
           the replicas it takes.
+    - alert: AutoGLMHoldQueueOverflow
+      expr: |
+        sum by (namespace, autoglm_deployment) (
+          increase(autoglm_router_hold_overflows_total[5m])
+        ) > 0
+      labels:
+        severity: warning
+      annotations:
+        summary: The routers of {{ "{{ $labels.namespace }}/{{ $labels.autoglm_deployment }}" }} answered {{ "{{ $value | humanize }}" }} request(s) 503 that they could not hold (5m).
+        description: >-
+          With scaleToZero, a request that finds no ready replica is held; past spec.router.hold
+          (queueSize full, or waitSeconds waited) it gets 503 with Retry-After. reason="timeout":
+          the replicas took longer than waitSeconds to start (the Waking state in status.standby
+          and the Progressing condition say why: no GPU, image pull); reason="full": raise
+          queueSize, or a floor of warm replicas (scaleToZero.floor) for this traffic.
     - alert: AutoGLMRouterUpstreamErrors
       expr: |
         sum by (namespace, autoglm_deployment) (

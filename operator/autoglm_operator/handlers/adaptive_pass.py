@@ -207,7 +207,7 @@ class AdaptivePass:
             self.prometheus = PrometheusReader(source, observer=METRICS.observe_query)
         return self.prometheus
 
-    async def _clients(self, pods: Sequence[PodView]) -> dict[str, RuntimeClient]:
+    async def clients(self, pods: Sequence[PodView]) -> dict[str, RuntimeClient]:
         """A client per reachable pod, with the token of its pod template."""
         if self.session is None:
             # Idle connections retire before the runtime's keep-alive could close one under a
@@ -249,7 +249,7 @@ class AdaptivePass:
             self.executor,
             self.namespace,
             self.name,
-            await self._clients(pods),
+            await self.clients(pods),
             self._prometheus(spec.adaptive.prometheus),
             write_status,
         )

@@ -26,17 +26,20 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
+from autoglm_api.standby import decode
 from autoglm_operator.adaptive import pass_data
 from autoglm_operator.handlers import adaptive_pass
 from autoglm_operator.handlers import settings as settings_
 from autoglm_operator.io import executor
 from autoglm_operator.io.metrics import METRICS
+from autoglm_operator.io.runtime_client import RuntimeAdminError
 from autoglm_operator.reconcile import status as status_
 from autoglm_operator.reconcile.children import gateway, serving
 from autoglm_operator.reconcile.iteration import (
     Inputs,
     IterationPlan,
     Settled,
+    demand_annotations,
     latest_status,
     plan_iteration,
     settle,
@@ -45,6 +48,7 @@ from autoglm_operator.reconcile.memory import ReconcileMemory, admin_secret_read
 from autoglm_operator.reconcile.observe import INDEXES, Observed, admin_secret_view, observe
 from autoglm_operator.reconcile.pass_plan import Plan
 from autoglm_operator.reconcile.rolling import deployment_split
+from autoglm_operator.reconcile.standby import StandbyPlan
 from autoglm_operator.resource import names
 from autoglm_operator.resource import pods as pods_
 from autoglm_operator.resource.spec import GROUP, PLURAL, VERSION, AutoGLMDeploymentSpec
@@ -154,6 +158,69 @@ class Done:
     modes_failed: bool = False
 
 
+class StandbyActuator:
+    """scaleToZero's pod entries: sleep or wake each pod through its runtime's admin API (the
+    adaptive pass's clients and tokens), then mark it (standby.SLEEPING_ANNOTATION)."""
+
+    def __init__(self, execute: executor.Executor, adaptive: adaptive_pass.AdaptivePass,
+                 logger: kopf.Logger) -> None:  # fmt: skip
+        self.executor = execute
+        self.adaptive = adaptive
+        self.logger = logger
+
+    async def carry_out(self, plan: StandbyPlan, inputs: Inputs, state: ReconcileMemory) -> None:
+        now = time.monotonic()
+        views = {pods_.name(p): pods_.view(p) for p in inputs.observed.pods}
+        due = [(pod, pod in plan.sleep) for pod in (*plan.sleep, *plan.wake)
+               if pod in views and state.standby_retry_at.get(pod, 0.0) <= now]
+        if not due:
+            return
+        try:
+            clients = await self.adaptive.clients([views[pod] for pod, _ in due])
+        except executor.MissingAdminToken as missing:
+            clients = {}
+            self.logger.warning(f"Sleep and wake wait for the admin token: {missing}")
+        level = inputs.spec.scale_to_zero.sleep.level
+        namespace = inputs.owner.namespace
+        for pod, to_sleep in due:
+            view = views[pod]
+            client = clients.get(view.ip or "")
+            try:
+                if client is None or view.ip is None:
+                    raise RuntimeAdminError(f"pod {pod}: no address or admin token yet")
+                if to_sleep:
+                    await client.sleep_engine(view.ip, level)
+                else:
+                    await client.wake_engine(view.ip)
+                await self.executor.call(
+                    self.executor.mark_sleeping, namespace, pod, level if to_sleep else None)
+            except (RuntimeAdminError, executor.ApiError) as err:
+                verb = "put to sleep" if to_sleep else "wake"
+                self.logger.warning(f"Could not {verb} pod {pod}; retrying: {err}")
+                state.standby_retry_at[pod] = now + settings_.STANDBY_RETRY_SECONDS
+            else:
+                state.standby_retry_at.pop(pod, None)
+                self.logger.info(f"Pod {pod} {'asleep' if to_sleep else 'awake'}")
+
+
+    async def forget_gone_routers(self, inputs: Inputs) -> None:
+        """Remove the demand annotations of router pods that are gone and have reported
+        nothing for an hour (demand from them is ignored at once; an hour keeps a router the
+        pod index has not listed yet from losing its report)."""
+        _, gone = demand_annotations(inputs.observed)
+        meta = inputs.observed.body["metadata"]
+        every = meta.get("annotations") or {}
+        old = [k for k in gone if (report := decode(every[k])) is None
+               or inputs.now - report.last_request_at > settings_.FORGET_ROUTER_SECONDS]
+        if not old:
+            return
+        try:
+            await self.executor.call(
+                self.executor.remove_annotations, meta["namespace"], meta["name"], old)
+        except executor.ApiError as err:
+            self.logger.warning(f"Could not remove gone routers' demand annotations: {err}")
+
+
 class Reconciler:
     """One iteration of the reconcile loop after the indexes are read: check the spec and what
     it references (observe), plan (one pure function, iteration.plan_iteration), execute, write
@@ -169,6 +236,7 @@ class Reconciler:
         observed: Observed,
         state: ReconcileMemory,
         step: ModeStep | None = None,
+        standby: StandbyActuator | None = None,
     ) -> Done:
         """Observe the rest (spec, references), plan once, execute (modes, then children),
         settle the status and write it once. A failed adaptive part is planned away: the
@@ -188,14 +256,17 @@ class Reconciler:
                 failed = True
                 the_plan = plan_iteration(replace(inputs, modes=None), state, now)
         problem = await self._children(body, the_plan, state)
+        if standby is not None:
+            await standby.carry_out(the_plan.standby, inputs, state)
+            await standby.forget_gone_routers(inputs)
         settled = settle(the_plan, state, flips, problem or inputs.problem)
         try:
-            await self._write_status(body, inputs, state, settled)
+            await self._write_status(body, the_plan, state, settled)
         except executor.ApiError as err:
             state.fingerprint = None
             problem = _failed(self.logger, body, inputs, state, err)
             settled = settle(the_plan, state, flips, problem)
-            await self._write_status(body, inputs, state, settled)  # reports the failure
+            await self._write_status(body, the_plan, state, settled)  # reports the failure
         return Done(settled, failed)
 
     async def read_admin_secret(self, observed: Observed, state: ReconcileMemory) -> bool:
@@ -235,6 +306,7 @@ class Reconciler:
             problem = state.blocked[1]
         elif problem is None and time.monotonic() >= state.retry_at:
             problem = await self._check_references(body, spec, meta["namespace"], generation, state)
+        await self._read_scalers(spec, meta, state)
         return Inputs(
             owner=serving.Owner(meta["name"], meta["namespace"], meta["uid"]),
             observed=observed,
@@ -244,7 +316,22 @@ class Reconciler:
             problem=problem,
             modes=step.input if step else None,
             observation=step.observation if step else None,
+            scalers=state.scalers if spec.scale_to_zero.enabled else (),
         )
+
+    async def _read_scalers(
+        self, spec: AutoGLMDeploymentSpec, meta: dict[str, Any], state: ReconcileMemory
+    ) -> None:
+        """With scaleToZero on, list the autoscalers of the namespace now and then (no watch:
+        they are not our children); one the list cannot see is kept as last seen."""
+        if not spec.scale_to_zero.enabled or time.monotonic() < state.scalers_due_at:
+            return
+        state.scalers_due_at = time.monotonic() + settings_.SCALERS_INTERVAL_SECONDS
+        try:
+            state.scalers = await self.executor.call(
+                self.executor.scalers_of, meta["namespace"], meta["name"])
+        except executor.ApiError as err:
+            self.logger.warning(f"Could not list HorizontalPodAutoscalers: {err}")
 
     async def _modes(
         self,
@@ -337,19 +424,28 @@ class Reconciler:
         return None
 
     async def _write_status(
-        self, body: kopf.Body, inputs: Inputs, state: ReconcileMemory, settled: Settled
+        self, body: kopf.Body, the_plan: IterationPlan, state: ReconcileMemory, settled: Settled
     ) -> None:
         """The iteration's one status write, only when it changes status; then its Events."""
-        observed = inputs.observed
+        observed = the_plan.inputs.observed
         meta = observed.body["metadata"]
         if settled.ready_replicas is not None:
-            METRICS.replicas.labels(meta["namespace"], meta["name"]).set(inputs.spec.replicas)
+            # The replicas that should run now: none are missing while scaleToZero holds 0.
+            METRICS.replicas.labels(meta["namespace"], meta["name"]).set(
+                the_plan.standby.replicas)
             METRICS.ready_replicas.labels(meta["namespace"], meta["name"]).set(
                 settled.ready_replicas
             )
         if await self.executor.write_status_if_changed(observed, state, settled.status):
             for cond in settled.flipped:
                 _announce(body, cond, previous=observed.body.get("status") or {})
+            standby = the_plan.standby
+            for event in standby.events:
+                executor.event(body, warning=event.warning, reason=event.reason,
+                               message=event.message)
+            if standby.woke_after is not None:
+                METRICS.wake_seconds.labels(meta["namespace"], meta["name"]).observe(
+                    standby.woke_after)
 
     async def write_part(
         self, observed: Observed, state: ReconcileMemory, part: dict[str, Any]
@@ -398,6 +494,7 @@ async def reconcile(
     reconciler = Reconciler(memo.kube, logger)
     state = ReconcileMemory()
     adaptive = adaptive_pass.AdaptivePass(reconciler.executor, str(namespace), name)
+    standby = StandbyActuator(reconciler.executor, adaptive, logger)
     try:
         while not stopped:
             observed = observe(body, str(namespace), name, uid, indexes, state.admin_secret)
@@ -407,7 +504,7 @@ async def reconcile(
             if adaptive.due(observed.body):
                 step = await _observe_modes(adaptive, reconciler, observed, state, logger)
             try:
-                done = await reconciler.pass_once(body, observed, state, step)
+                done = await reconciler.pass_once(body, observed, state, step, standby)
             except executor.ApiError as err:
                 logger.warning(f"Could not write status; retrying: {err}")
                 adaptive.retry_soon()

@@ -34,8 +34,10 @@ from autoglm_operator.reconcile.memory import ReconcileMemory, Written
 from autoglm_operator.reconcile.observe import Observed, owned_by
 from autoglm_operator.reconcile.pass_plan import Action, AdminSecretWrite, Plan, is_rollout
 from autoglm_operator.reconcile.rolling import DELETION_COST_ANNOTATION, RETIRE_COST, Retire
+from autoglm_operator.reconcile.standby import SLEEPING_ANNOTATION
 from autoglm_operator.reconcile.status import Problem
 from autoglm_operator.resource.conditions import without_empty
+from autoglm_operator.resource.spec import GROUP, KIND
 
 ApiError = kube.ApiError
 Kube = kube.Kube
@@ -138,6 +140,23 @@ class Executor:
         await self.write_status(meta["namespace"], meta["name"], pruned)
         memory.status_written = (str(meta.get("resourceVersion")), pruned)
         return True
+
+    def scalers_of(self, namespace: str, name: str) -> tuple[str, ...]:
+        """The HorizontalPodAutoscalers in `namespace` whose target is this AutoGLMDeployment
+        (KEDA's ScaledObject works through one, keda-hpa-<name>)."""
+        found = self.kube.list_objects("HorizontalPodAutoscaler", namespace)
+        return tuple(sorted(hpa["metadata"]["name"] for hpa in found if _targets(hpa, name)))
+
+    def remove_annotations(self, namespace: str, name: str, keys: Sequence[str]) -> None:
+        """Remove annotations of the AutoGLMDeployment (gone routers' demand reports)."""
+        self.kube.merge_patch(
+            KIND, namespace, name, {"metadata": {"annotations": dict.fromkeys(keys)}})
+
+    def mark_sleeping(self, namespace: str, pod: str, level: int | None) -> None:
+        """Record on the pod that the operator put it to sleep (None: it woke it)."""
+        value = None if level is None else str(level)
+        self.kube.merge_patch(
+            "Pod", namespace, pod, {"metadata": {"annotations": {SLEEPING_ANNOTATION: value}}})
 
     def label_pod(self, namespace: str, pod: str, mode: Mode) -> None:
         """A flip's first and last step: the label routes the pod to its mode's Service."""
@@ -299,6 +318,12 @@ class Executor:
 
 
 # -- the adaptive pass's plan entries: repairs and in-place flips -----------------------------
+
+
+def _targets(hpa: Mapping[str, Any], name: str) -> bool:
+    ref = (hpa.get("spec") or {}).get("scaleTargetRef") or {}
+    return (ref.get("kind") == KIND and ref.get("name") == name
+            and str(ref.get("apiVersion", "")).split("/")[0] == GROUP)
 
 
 class ModeActuator(Protocol):

@@ -50,6 +50,7 @@ _RESOURCES = {
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     "Pod": ("/api/v1", "pods"),
     "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
+    "HorizontalPodAutoscaler": ("/apis/autoscaling/v2", "horizontalpodautoscalers"),
     gateway.KIND: (f"/apis/{gateway.API_VERSION}", gateway.PLURAL),
     spec.KIND: (f"/apis/{spec.API_VERSION}", spec.PLURAL),
 }
@@ -178,6 +179,9 @@ class Kube:
             if err.not_found:
                 return None
             raise
+
+    def list_objects(self, kind: str, namespace: str) -> list[dict[str, Any]]:
+        return list(self.request("GET", path_for(kind, namespace)).get("items") or [])
 
     def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
         """Server-side apply: create or bring every field this manager owns to `manifest`."""

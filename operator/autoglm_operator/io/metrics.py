@@ -82,6 +82,14 @@ class OperatorMetrics:
             _DEPLOYMENT,
             registry=registry,
         )
+        # scaleToZero: from the demand that woke a deployment at zero to its first ready replica.
+        self.wake_seconds = Histogram(
+            "autoglm_operator_scale_from_zero_seconds",
+            "From the first request at zero (or asleep) to the first ready replica.",
+            _DEPLOYMENT,
+            buckets=(1, 2, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600),
+            registry=registry,
+        )
         self.pass_seconds = Histogram(
             "autoglm_operator_adaptive_pass_seconds",
             "Duration of one adaptive pass (read, decide, apply).",
@@ -111,6 +119,7 @@ class OperatorMetrics:
             self.metrics_available,
             self.replicas,
             self.ready_replicas,
+            self.wake_seconds,
         )
         for metric in per_deployment:
             for labels in list(metric._metrics):  # prometheus_client keeps children by label tuple

@@ -1,4 +1,4 @@
-"""Async client for one runtime pod's admin API: read and set its live mode.
+"""Async client for one runtime pod's admin API: read and set its live mode; sleep and wake.
 
 `GET|PUT http://<podIP>:8001/autoglm/v1/mode` (the admin port, which the pod's launcher serves
 apart from the engine's API) with `Authorization: Bearer <token>`, the token of the pod's
@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 
 from autoglm_api.profiles import ADMIN_PORT, MODE_PATH, Mode
+from autoglm_api.standby import SLEEP_PATH, WAKE_PATH
 
 _RETRIED_STATUS = {500, 502, 503, 504}
 
@@ -92,11 +93,12 @@ class RuntimeClient:
         self.sleep = sleep
         self._headers = {"Authorization": f"Bearer {token}"}
 
-    def url(self, address: str) -> str:
-        return f"http://{_host(address)}:{self.port}{MODE_PATH}"
+    def url(self, address: str, path: str = MODE_PATH) -> str:
+        return f"http://{_host(address)}:{self.port}{path}"
 
-    async def _call(self, method: str, address: str, body: dict[str, str] | None) -> RuntimeMode:
-        url = self.url(address)
+    async def _call(self, method: str, address: str, body: dict[str, Any] | None,
+                    path: str = MODE_PATH) -> RuntimeMode:  # fmt: skip
+        url = self.url(address, path)
         try:
             async with self.session.request(
                 method, url, json=body, headers=self._headers, timeout=self.timeout
@@ -162,3 +164,14 @@ class RuntimeClient:
 
         state, attempts = await self._retrying(put_and_verify)
         return SetModeResult(state, attempts, time.perf_counter() - started)
+
+    async def sleep_engine(self, address: str, level: int) -> RuntimeMode:
+        """Put the engine to sleep (vLLM sleep mode); refused while it serves requests."""
+        state, _ = await self._retrying(
+            lambda: self._call("POST", address, {"level": level}, SLEEP_PATH))
+        return state
+
+    async def wake_engine(self, address: str) -> RuntimeMode:
+        """Wake the engine; a no-op when it is awake."""
+        state, _ = await self._retrying(lambda: self._call("POST", address, None, WAKE_PATH))
+        return state

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from autoglm_api.standby import DEMAND_ANNOTATION_PREFIX, Demand, annotation_key, demand_of
 from autoglm_operator.adaptive import pass_data, planning
 from autoglm_operator.adaptive import policy as pol
 from autoglm_operator.adaptive import report as report_
@@ -25,8 +26,20 @@ from autoglm_operator.reconcile.observe import Observed
 from autoglm_operator.reconcile.pass_plan import Plan, plan_pass
 from autoglm_operator.reconcile.rolling import rolling_batching_target
 from autoglm_operator.reconcile.router_plan import gateway_observed
+from autoglm_operator.reconcile.standby import StandbyPlan, plan_standby, pod_states
+from autoglm_operator.resource import pods as pods_
 from autoglm_operator.resource.conditions import without_empty
 from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
+
+
+def demand_annotations(observed: Observed) -> tuple[dict[str, str], tuple[str, ...]]:
+    """The routers' demand annotations on the object: (those of live router pods, the keys of
+    router pods that are gone, to remove)."""
+    annotations = observed.body["metadata"].get("annotations") or {}
+    live = {annotation_key(pods_.name(p)) for p in observed.router_pods}
+    reports = {k: v for k, v in annotations.items() if k.startswith(DEMAND_ANNOTATION_PREFIX)}
+    return ({k: v for k, v in reports.items() if k in live},
+            tuple(sorted(k for k in reports if k not in live)))
 
 
 def plan_modes(
@@ -61,6 +74,14 @@ class Inputs:
     problem: status_.Problem | None = None  # invalid spec, missing Secret, blocked
     modes: pass_data.PassInput | None = None  # the adaptive pass is due
     observation: pass_data.Observation | None = None
+    # HorizontalPodAutoscalers that scale this object (scaleToZero is refused beside one).
+    scalers: tuple[str, ...] = ()
+
+    @property
+    def demand(self) -> Demand:
+        """What the routers report of the requests (their annotations on the object): of the
+        router pods that exist, so one gone mid-hold holds nothing up."""
+        return demand_of(demand_annotations(self.observed)[0])
 
 
 @dataclass(frozen=True)
@@ -76,6 +97,7 @@ class IterationPlan:
     fingerprint: Any  # what the reconcile pass saw (the memory keeps it once applied)
     batching_target: int | None  # switchStrategy Rolling: the share the children step toward
     status: Settled  # the status as planned: every entry going as planned
+    standby: StandbyPlan  # scaleToZero: the replicas to run, the pods to sleep or wake
 
 
 @dataclass(frozen=True)
@@ -110,10 +132,19 @@ def plan_iteration(
     modes = None
     if inputs.modes is not None and inputs.observation is not None:
         modes = plan_modes(inputs.modes, inputs.observation, repaired)
+    standby = plan_standby(
+        inputs.spec, inputs.demand,
+        latest_status(inputs.observed, memory).get("standby"),
+        pod_states([p for p in inputs.observed.pods if pods_.is_live(p)], pods_.is_ready),
+        inputs.now, inputs.scalers,
+    )  # fmt: skip
     target = memory.batching_target  # no pass now: what the last one decided
     if modes is not None:  # the pass decides it (None under InPlace)
         target = modes.rolling.batching_target if modes.rolling is not None else None
-    fingerprint = (inputs.observed.fingerprint(), target)
+    # The standby state changes with the clock alone (an idle window passing): it is part of
+    # what the pass saw, so a change of it is a pass.
+    fingerprint = (inputs.observed.fingerprint(), target, standby.replicas,
+                   (standby.status or {}).get("state"))
     reconcile = now >= memory.retry_at and (
         fingerprint != memory.fingerprint
         or has_pending(memory.written, now)
@@ -122,17 +153,31 @@ def plan_iteration(
     children = None
     if reconcile and inputs.problem is None:
         children = plan_pass(
-            inputs.owner, inputs.spec, inputs.observed, _with_target(memory, target), now
-        )
+            inputs.owner, running(inputs.spec, standby), inputs.observed,
+            _with_target(memory, target), now,
+        )  # fmt: skip
     expected = [
         pass_data.FlipOutcome(s.flip.pod, s.flip.from_mode, s.flip.to_mode, True)
         for s in (modes.switches if modes is not None else ())
     ]
-    partial = IterationPlan(inputs, modes, children, reconcile, fingerprint, target, Settled({}))
-    return IterationPlan(
-        inputs, modes, children, reconcile, fingerprint, target,
-        settle(partial, memory, expected, inputs.problem),
-    )  # fmt: skip
+    partial = IterationPlan(
+        inputs, modes, children, reconcile, fingerprint, target, Settled({}), standby
+    )
+    return replace(partial, status=settle(partial, memory, expected, inputs.problem))
+
+
+def _idle_message(standby: StandbyPlan) -> str | None:
+    status = standby.status or {}
+    if status.get("state") != "Idle":
+        return None
+    return f"{status.get('message')} The router holds the next request while replicas start."
+
+
+def running(spec: AutoGLMDeploymentSpec, standby: StandbyPlan) -> AutoGLMDeploymentSpec:
+    """The spec as the children are built now: with the replicas scaleToZero runs."""
+    if standby.replicas == spec.replicas:
+        return spec
+    return spec.model_copy(update={"replicas": standby.replicas})
 
 
 def _with_target(memory: ReconcileMemory, target: int | None) -> ReconcileMemory:
@@ -157,6 +202,7 @@ def settle(
         report = report_.report(inputs.modes, the_plan.modes, flips)
         part = report_.status_part(inputs.modes, report)
         current = status_.overlay(current, part or {})
+    current = status_.overlay(current, {"standby": the_plan.standby.status})
     if not the_plan.reconcile and problem is None:
         return Settled(current, (), report)
     meta = inputs.observed.body["metadata"]
@@ -167,7 +213,7 @@ def settle(
         name=meta["name"],
         namespace=meta["namespace"],
         generation=inputs.generation,
-        spec=inputs.spec,
+        spec=running(inputs.spec, the_plan.standby),
         deployment=inputs.observed.deployment,
         pods=inputs.observed.pods,
         router_pods=inputs.observed.router_pods,
@@ -177,6 +223,7 @@ def settle(
         router=router_deployment,
         gateway_children=gateway_observed(meta["name"], inputs.observed),
         gateway_problem=memory.gateway_problem if inputs.spec.gateway.enabled else None,
+        idle=_idle_message(the_plan.standby),
     )
     full = status_.overlay(current, update.status)
     return Settled(full, tuple(update.flipped), report, int(update.status["readyReplicas"]))

@@ -59,6 +59,11 @@ class ReconcileMemory:
     admin_secret_read_at: float = float("-inf")
     admin_secret_stale: bool = True
     admin_secret_pods: frozenset[str] = frozenset()  # the serving pods at that read
+    # scaleToZero: the HorizontalPodAutoscalers that scale this object as last listed, and when
+    # to list them again; a pod whose sleep or wake failed, and when to try it again.
+    scalers: tuple[str, ...] = ()
+    scalers_due_at: float = 0.0
+    standby_retry_at: dict[str, float] = field(default_factory=dict)
 
 
 def has_pending(written: dict[Key, Written], now: float) -> bool:

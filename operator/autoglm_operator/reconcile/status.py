@@ -215,11 +215,12 @@ def _ready(
     degraded: dict[str, Any],
     problem: Problem | None,
     router: Mapping[str, Any],
+    idle: str | None = None,
 ) -> dict[str, Any]:
     if problem is not None:
         return _cond(READY, False, problem.reason, problem.message)
     if desired == 0:
-        return _cond(READY, True, "ScaledToZero", "No replicas requested.")
+        return _cond(READY, True, "ScaledToZero", idle or "No replicas requested.")
     if router["enabled"] and router["readyReplicas"] == 0:
         # Service <name> selects the router: without a ready one the endpoint answers nothing.
         return _cond(
@@ -263,8 +264,10 @@ def compute(
     router_pods: Sequence[dict[str, Any]] = (),
     gateway_children: Sequence[tuple[str, str]] = (),
     gateway_problem: Problem | None = None,
+    idle: str | None = None,
 ) -> StatusUpdate:
-    """The owned part of the status; `changed` is False when `current` already says it all."""
+    """The owned part of the status; `changed` is False when `current` already says it all.
+    `spec` holds the replicas that run now; `idle` says why, when scaleToZero lowered them."""
     current = current or {}
     live = [p for p in pods if is_live(p)]
     ready = sum(1 for p in live if is_ready(p))
@@ -275,7 +278,7 @@ def compute(
     degraded = _degraded(spec, deployment, live, routers, problem, gateway_problem)
     routing = router_status(spec, router)
     conditions = [
-        _ready(desired, ready, degraded, problem, routing),
+        _ready(desired, ready, degraded, problem, routing, idle),
         _progressing(generation, desired, desired_hashes, deployment, live, ready),
         degraded,
     ]

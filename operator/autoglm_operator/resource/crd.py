@@ -19,6 +19,7 @@ PRINTER_COLUMNS = [
     {"name": "Batching", "type": "integer", "jsonPath": ".status.batchingReplicas"},
     {"name": "Routers", "type": "integer", "jsonPath": ".status.router.readyReplicas"},
     {"name": "Policy", "type": "string", "jsonPath": ".spec.modePolicy"},
+    {"name": "Standby", "type": "string", "jsonPath": ".status.standby.state", "priority": 1},
     {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

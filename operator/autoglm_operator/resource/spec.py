@@ -203,6 +203,7 @@ MANAGED_FLAG_FIELDS = {
     "--mm-processor-kwargs": "use multimodal.maxPixels (the operator sets the image size bounds)",
     "--mm-encoder-tp-mode": "the operator sets data when gpusPerReplica is above 1",
     "--allowed-local-media-path": "never set: file:// image URLs would read the pod's files",
+    "--enable-sleep-mode": "use scaleToZero.sleep.enabled",
 }
 
 
@@ -658,6 +659,22 @@ class RouterLimits(CamelModel):
         description="A whole response longer than this is cut." + _ROUTER_DEFAULT)
 
 
+class RouterHold(CamelModel):
+    """The queue that holds requests while no replica is ready (with scaleToZero on)."""
+
+    queue_size: int = Field(
+        default=256, ge=1, le=65536,
+        description="Requests one router replica holds at once; one more is answered 503 "
+        "with Retry-After.",
+    )
+    wait_seconds: int = Field(
+        default=180, ge=1, le=3600,
+        description="The longest a request is held; then 503 with Retry-After. Above the "
+        "cold start (scheduling, image pull, model load): about a minute for a 9B model "
+        "whose image is on the node.",
+    )
+
+
 class RouterSettings(CamelModel):
     """The router in front of the replicas: Service <name> selects it when enabled."""
 
@@ -676,6 +693,50 @@ class RouterSettings(CamelModel):
         "its concurrency cap.",
     )
     limits: RouterLimits = Field(default_factory=RouterLimits)
+    hold: RouterHold = Field(default_factory=RouterHold)
+
+
+class SleepSettings(CamelModel):
+    """Warm standby: idle replicas sleep (vLLM sleep mode) and wake in about a second."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Start the engine with --enable-sleep-mode (a rolling restart) and put "
+        "replicas to sleep after idleSeconds without a request: their weights move to CPU "
+        "memory, their GPUs stay allocated, and the first request wakes one. Needs a GPU "
+        "(CUDA or ROCm): vLLM refuses sleep mode on the CPU.",
+    )
+    idle_seconds: int = Field(
+        default=300, ge=10, le=604800,
+        description="Seconds without a request before the replicas sleep.",
+    )
+    level: int = Field(
+        default=1, ge=1, le=2,
+        description="vLLM's sleep level: 1 moves the weights to CPU memory (wakes fastest), "
+        "2 drops them (less CPU memory, the wake reloads them).",
+    )
+
+
+class ScaleToZeroSettings(CamelModel):
+    """Scale the serving replicas down when idle and back up on the first request, which the
+    router holds meanwhile (docs/operations/scale-to-zero.md)."""
+
+    enabled: bool = Field(
+        default=False,
+        description="After idleSeconds without a request run `floor` replicas; the first "
+        "request after that is held by the router (router.hold) while `replicas` start. "
+        "Refused while an HorizontalPodAutoscaler (or KEDA) scales this object.",
+    )
+    idle_seconds: int = Field(
+        default=900, ge=10, le=604800,
+        description="Seconds without a request before the deployment scales to `floor`.",
+    )
+    floor: int = Field(
+        default=0, ge=0, le=256,
+        description="Replicas kept while idle: 0 frees every GPU; 1 with sleep keeps a warm "
+        "standby that wakes in about a second.",
+    )
+    sleep: SleepSettings = Field(default_factory=SleepSettings)
 
 
 class FailureMode(StrEnum):
@@ -750,6 +811,24 @@ class AutoGLMDeploymentSpec(CamelModel):
             "the router pods",
             ".gateway.enabled",
         ),
+        cel(
+            "!self.scaleToZero.enabled || self.router.enabled",
+            "scaleToZero.enabled needs router.enabled: the router holds the requests that "
+            "arrive while no replica runs",
+            ".scaleToZero.enabled",
+        ),
+        cel(
+            "!self.scaleToZero.enabled || self.scaleToZero.floor <= self.replicas",
+            "scaleToZero.floor must not exceed replicas: it is the replicas kept while idle",
+            ".scaleToZero.floor",
+        ),
+        cel(
+            "!self.scaleToZero.sleep.enabled || self.scaleToZero.floor > 0 || "
+            "self.scaleToZero.sleep.idleSeconds < self.scaleToZero.idleSeconds",
+            "scaleToZero.sleep.idleSeconds must be below scaleToZero.idleSeconds when floor is "
+            "0: no replica is left to sleep once the deployment is at zero",
+            ".scaleToZero.sleep.idleSeconds",
+        ),
     )
 
     replicas: int = Field(default=1, ge=0, le=256)
@@ -776,6 +855,7 @@ class AutoGLMDeploymentSpec(CamelModel):
     )
     router: RouterSettings = Field(default_factory=RouterSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    scale_to_zero: ScaleToZeroSettings = Field(default_factory=ScaleToZeroSettings)
 
     def engine_max_num_seqs(self, mode: Mode | None = None) -> int:
         """vLLM's --max-num-seqs: the envelope both modes fit in, or a mode's own cap for the

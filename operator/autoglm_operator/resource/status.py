@@ -105,6 +105,30 @@ class GatewayStatus(CamelModel):
     )
 
 
+class StandbyStatus(CamelModel):
+    """spec.scaleToZero: where the deployment stands, since when and why (reconcile/standby.py)."""
+
+    state: Literal["Serving", "Asleep", "Idle", "Waking", "AutoscalerConflict"] = Field(
+        description="Serving: spec.replicas awake. Asleep: they run, asleep. Idle: scaleToZero."
+        "floor run. Waking: demand came, replicas start. AutoscalerConflict: an HPA scales "
+        "this object, so scaleToZero is not applied.")
+    since: str | None = None
+    reason: str = ""
+    message: str = ""
+    serving_since: str | None = Field(
+        default=None, description="When it last started serving: the idle windows count "
+        "from this or the last request, whichever is later.")
+    last_request_time: str | None = Field(
+        default=None, description="The latest request a router reported.")
+    held_requests: int = Field(default=0, description="Requests the routers hold now.")
+    wake_start_time: str | None = Field(
+        default=None, description="When the demand that started the last wake arrived.")
+    last_wake_millis: int | None = Field(
+        default=None, description="From that demand to the first ready replica, last wake.")
+    last_held_wait_millis: int | None = Field(
+        default=None, description="How long the last request a router held waited.")
+
+
 class AutoGLMDeploymentStatus(CamelModel):
     model_config = ConfigDict(extra="allow")
 
@@ -130,6 +154,8 @@ class AutoGLMDeploymentStatus(CamelModel):
         default_factory=list, max_length=16,
         description="Settings of the spec the operator does not apply, and what to set instead.",
     )  # fmt: skip
+    standby: StandbyStatus | None = Field(
+        default=None, description="Scale to zero and warm standby (spec.scaleToZero).")
     last_decision: Decision | None = None
     decision_history: list[Decision] = Field(default_factory=list, max_length=10)
     adaptive_state: AdaptiveState | None = None

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import sys
 from collections.abc import Sequence
 
 from autoglm_runtime.config import ConfigError, RuntimeSettings
-from testkit.sim.model import CALIBRATIONS
+from testkit.sim.model import CALIBRATIONS, SleepModel
 from testkit.sim.settings import SimSettings
 
 PROG = "python -m testkit.sim"
@@ -40,11 +41,27 @@ def _parser() -> argparse.ArgumentParser:
                         help="reuse cached prompt blocks, as vLLM's flag (default on)")
     parser.add_argument("--no-middleware", action="store_true",
                         help="serve without the mode middleware (for overhead benchmarks)")
+    sleep = SleepModel()
+    parser.add_argument("--enable-sleep-mode", action="store_true",
+                        help="let the engine sleep and wake, as vLLM's flag (default off; GPU "
+                        "calibration only: vLLM has no sleep mode on the CPU)")
+    parser.add_argument("--sleep-seconds", type=float, default=sleep.sleep_seconds,
+                        help="simulated level-1 sleep (default: the 9B model's, from vLLM's "
+                        "published figures; docs/runtime/sim.md)")
+    parser.add_argument("--wake-seconds", type=float, default=sleep.wake_seconds,
+                        help="simulated level-1 wake (a level-2 wake reloads the weights too)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    parser = _parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    if args.enable_sleep_mode and args.calibration == "cpu":
+        # As vLLM 0.32 refuses the flag on the CPU platform (config/model.py).
+        parser.error("--enable-sleep-mode: sleep mode is not supported on the CPU "
+                     "(--calibration cpu), as in vLLM")
+    if min(args.sleep_seconds, args.wake_seconds) < 0:
+        parser.error("--sleep-seconds and --wake-seconds must be 0 or more")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = RuntimeSettings()
     try:
@@ -67,6 +84,9 @@ def _sim(settings: RuntimeSettings, args: argparse.Namespace) -> int:
         with_middleware=not args.no_middleware,
         runtime=settings,
         latency=CALIBRATIONS[args.calibration],
+        enable_sleep_mode=args.enable_sleep_mode,
+        sleep=dataclasses.replace(SleepModel(), sleep_seconds=args.sleep_seconds,
+                                  wake_seconds=args.wake_seconds),
     )
     asyncio.run(serve_sim(args.host, args.port, sim_settings, args.admin_port))
     return 0

@@ -47,6 +47,8 @@ def create_app(settings: SimSettings | None = None) -> FastAPI:
         time_factor=settings.time_factor,
         latency=settings.latency,
         memory=settings.memory,
+        enable_sleep_mode=settings.enable_sleep_mode,
+        sleep=settings.sleep,
     )
     app = FastAPI(title="testkit.sim", lifespan=_lifespan(context, engine_config))
     app.state.sim = context
@@ -76,7 +78,8 @@ def _lifespan(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         metrics = SimMetrics.create(context.served, context.max_model_len)
         engine = SimEngine(engine_config, metrics)
-        app.state.engine = engine
+        # Where vLLM keeps its engine client, which the middleware sleeps and wakes.
+        app.state.engine_client = engine
         app.state.metrics = metrics
         app.state.loaded = asyncio.Event()
         gpu = runtime_metrics().gpu

@@ -7,6 +7,10 @@ overflow the KV budget the newest lowest-priority sequence is preempted and reco
 as vLLM does. With prefix caching on (see `prefix_cache.py`) a sequence's cached leading blocks
 count as prefilled when it is admitted: its steps pay only for the uncached prompt tokens, and an
 image whose placeholder tokens are all cached skips the vision encoder.
+
+With sleep mode on, it sleeps and wakes as vLLM's engine client does (`sleep`, `wake_up`,
+`is_sleeping`, `collective_rpc("reload_weights")`, the calls the mode middleware makes), taking
+`SleepModel`'s times; asleep, it runs no step: what it is given waits for the wake.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from testkit.sim.model import (
     ApiServer,
     LatencyModel,
     MemoryModel,
+    SleepModel,
     fill_step,
 )
 from testkit.sim.prefix_cache import BLOCK_TOKENS, PrefixCache, block_hashes, blocks_for
@@ -40,6 +45,19 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     latency: LatencyModel = field(default_factory=LatencyModel)
     memory: MemoryModel = field(default_factory=MemoryModel)
+    enable_sleep_mode: bool = False  # vLLM's --enable-sleep-mode: off unless asked for
+    sleep: SleepModel = field(default_factory=SleepModel)
+
+
+@dataclass(frozen=True)
+class SimModelConfig:
+    """The part of vLLM's ModelConfig (`engine_client.model_config`) the middleware reads."""
+
+    enable_sleep_mode: bool
+
+
+# vLLM's engine_sleep_state labels (v1/metrics/loggers.py record_sleep_state) by sleep level.
+SLEEP_STATES = {None: "awake", 1: "weights_offloaded", 2: "discard_all"}
 
 
 @dataclass(eq=False)
@@ -107,6 +125,10 @@ class SimEngine:
         self._outputs: deque[tuple[float, list[tuple[SimRequest, int]]]] = deque()
         self._streams: set[asyncio.Task[None]] = set()
         self._last_output = float("-inf")
+        self.model_config = SimModelConfig(config.enable_sleep_mode)
+        self.paused = False  # vLLM pauses its scheduler for a sleep, until the wake
+        self.sleep_level: int | None = None  # the weights are off the GPUs at this level
+        self._record_sleep_state()
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -157,6 +179,47 @@ class SimEngine:
         request.cancelled = True
         self._wake.set()
 
+    # --- sleep mode (vLLM's EngineClient: sleep, wake_up, is_sleeping, collective_rpc) -------
+
+    async def sleep(self, level: int = 1) -> None:
+        """Pause the scheduler, aborting what it holds (vLLM's default pause mode), then move
+        the weights off the GPUs (level 1) or drop them (level 2)."""
+        if not self.config.enable_sleep_mode:
+            raise RuntimeError("Sleep mode is not enabled: start the sim with --enable-sleep-mode")
+        self.paused = True
+        for request in [*self.running, *self.waiting]:
+            self._finish(request, "abort")
+        self.waiting.clear()
+        self._update_gauges()
+        if self.sleep_level is None:
+            await asyncio.sleep(self.config.sleep.sleep_seconds * self._scale())
+            self.sleep_level = level
+        self._record_sleep_state()
+
+    async def wake_up(self) -> bool:
+        """Bring the weights back and resume the scheduler; True: fully awake, as vLLM's."""
+        if self.sleep_level is not None:
+            await asyncio.sleep(self.config.sleep.wake_seconds * self._scale())
+            self.sleep_level = None
+        self.paused = False
+        self._record_sleep_state()
+        self._wake.set()
+        return True
+
+    async def is_sleeping(self) -> bool:
+        return self.paused or self.sleep_level is not None
+
+    async def collective_rpc(self, method: str) -> None:
+        """Only the call the middleware makes after a level-2 wake: reload the weights."""
+        if method != "reload_weights":
+            raise NotImplementedError(f"the sim's engine has no {method}")
+        await asyncio.sleep(self.config.sleep.reload_weights_seconds * self._scale())
+
+    def _record_sleep_state(self) -> None:
+        current = SLEEP_STATES[self.sleep_level]
+        for state in SLEEP_STATES.values():
+            self.metrics.sleep_state.labels(*self._labels, state).set(int(state == current))
+
     @property
     def kv_used(self) -> int:
         return sum(r.prefilled + r.generated for r in self.running)
@@ -172,10 +235,11 @@ class SimEngine:
     async def _run(self) -> None:
         deadline = self.clock()
         while True:
-            if not self.running and not self.waiting:
+            if self.paused or (not self.running and not self.waiting):
                 self._wake.clear()
                 await self._wake.wait()
                 deadline = self.clock()
+                continue
             decoding, plan, images = self._schedule()
             if not decoding and not plan:
                 # Everything left was cancelled or cannot fit; wait for a change.

@@ -60,6 +60,7 @@ class SimMetrics:
     iteration_tokens: Histogram
     prefix_cache_queries: Counter
     prefix_cache_hits: Counter
+    sleep_state: Gauge
     labels: tuple[str, str]
 
     @classmethod
@@ -128,6 +129,11 @@ class SimMetrics:
                 "vllm:prefix_cache_hits",
                 "Prefix cache hits, in terms of number of cached tokens.", names,
                 registry=registry),
+            sleep_state=Gauge(
+                "vllm:engine_sleep_state",
+                "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine "
+                "is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means "
+                "sleep level 2.", [*names, "sleep_state"], registry=registry),
             labels=(model_name, "0"),
         )
         # vLLM creates every labelled child up front, so series exist at zero from the start.

@@ -190,6 +190,27 @@ def fill_step(
 
 
 @dataclass(frozen=True)
+class SleepModel:
+    """How long vLLM's sleep mode takes to put AutoGLM-Phone-9B to sleep and wake it.
+
+    vLLM's own figures (blog.vllm.ai, 2025-10-26, "Zero-Reload Model Switching with vLLM Sleep
+    Mode": vLLM 0.11, one A100, TP 1; per event in its timing data): Qwen3-0.6B sleeps at level 1
+    in 0.09-0.10 s and wakes in 0.25-0.28 s; Phi-3-vision-128k-instruct (4.2B, multimodal, about
+    8.4 GB of 16-bit weights) sleeps in 0.41-0.42 s and wakes in 0.82-0.83 s; at level 2 it wakes
+    in 2.55-2.62 s with `reload_weights`. Both moves are copies of each GPU's share of the
+    weights over its own host link (the RTX 4090's PCIe 4.0 x16, as the A100's), so they scale
+    with the bytes per GPU: the 9B model in FP16 at TP 2 puts about 9-10 GB on each GPU, a
+    little more than Phi-3-vision's 8.4, hence 0.5 s to sleep and 0.85 s to wake. A level-2 wake
+    also reloads the weights from disk: Phi-3-vision's level-2 wake less its level-1 wake, not
+    scaled, since reading the checkpoint depends on the node's disk and page cache.
+    """
+
+    sleep_seconds: float = 0.5
+    wake_seconds: float = 0.85
+    reload_weights_seconds: float = 1.75
+
+
+@dataclass(frozen=True)
 class MemoryModel:
     gpus: int = 2
     gpu_total_bytes: int = 24 * GiB

@@ -1,11 +1,12 @@
-"""How one sim runs: its time factor, load time, engine limits and latency and memory models."""
+"""How one sim runs: its time factor, load time, engine limits, and latency, memory and sleep
+models."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from autoglm_runtime.config import RuntimeSettings
-from testkit.sim.model import LatencyModel, MemoryModel
+from testkit.sim.model import LatencyModel, MemoryModel, SleepModel
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,8 @@ class SimSettings:
     runtime: RuntimeSettings | None = None  # None: the middleware reads the environment
     latency: LatencyModel = field(default_factory=LatencyModel)
     memory: MemoryModel = field(default_factory=MemoryModel)
+    enable_sleep_mode: bool = False  # as vLLM's --enable-sleep-mode
+    sleep: SleepModel = field(default_factory=SleepModel)
 
     def __post_init__(self) -> None:
         if self.time_factor <= 0:

@@ -36,6 +36,7 @@ class FakeReplica(ServedOnLoopback):
     seen: list[Seen] = field(default_factory=list)
     flood_sent: int = 0
     held: int = 0  # requests it says it holds (autoglm_requests_inflight), e.g. another router's
+    asleep: bool = False  # its engine sleeps (autoglm_sleeping 1), as in scale to zero
     metrics_reads: int = 0  # GET /metrics requests it answered
     port: int = field(default_factory=free_port)
 
@@ -51,7 +52,8 @@ class FakeReplica(ServedOnLoopback):
             other = "streaming" if self.mode == "batching" else "batching"
             text = (f'autoglm_mode{{mode="{self.mode}"}} 1.0\n'
                     f'autoglm_mode{{mode="{other}"}} 0.0\nautoglm_draining 0.0\n'
-                    f"autoglm_requests_inflight {self.held}.0\nautoglm_requests_queued 0.0\n")
+                    f"autoglm_requests_inflight {self.held}.0\nautoglm_requests_queued 0.0\n"
+                    f"autoglm_sleeping {float(self.asleep)}\n")
             await _answer(send, 200, text.encode(), "text/plain")
             return
         body = b""

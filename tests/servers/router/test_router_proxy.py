@@ -121,6 +121,27 @@ def test_requests_avoid_a_replica_that_other_routers_keep_busy(
     assert (len(fakes[0].seen), len(fakes[1].seen)) == (0, 20)
 
 
+def test_sleeping_replicas_get_requests_only_when_none_is_awake_and_then_one_of_them(
+    start_router: StartRouter, fakes: list[FakeReplica]
+) -> None:
+    """A request wakes the replica it reaches: while one is awake the sleeping one gets none;
+    with both asleep every request goes to the same one (the first by address), waking one."""
+    awake, sleeping = fakes
+    sleeping.asleep = True
+    router = start_router([f.base_url for f in fakes], "--poll-interval", "0.2")
+    load_read(sleeping, since=0)
+    for i in range(10):
+        assert post(router, {"messages": [], "session_id": f"s{i}"}).status_code == 200
+    assert (len(awake.seen), len(sleeping.seen)) == (10, 0)
+    awake.asleep = True
+    load_read(awake, since=awake.metrics_reads)
+    for i in range(10):
+        assert post(router, {"messages": [], "session_id": f"t{i}"}).status_code == 200
+    first = min(fakes, key=lambda f: f.base_url)
+    assert len(first.seen) == 10 + (10 if first is awake else 0)
+    assert metric(router.ops_url, "autoglm_router_decisions_total", reason="waking") == 10
+
+
 def test_a_conversation_stays_where_its_first_turn_was_placed(
     start_router: StartRouter, fakes: list[FakeReplica]
 ) -> None:
@@ -262,13 +283,15 @@ class _ListedReplicas:
         pass
 
 
-async def test_one_metrics_scrape_per_replica_per_poll_gives_mode_and_load(
+async def test_one_metrics_scrape_per_replica_per_poll_gives_mode_load_and_sleep(
     fakes: list[FakeReplica],
 ) -> None:
     """With --endpoint, the poll that reads each replica's mode from /metrics also reads the
-    other routers' requests from it: one /metrics request per replica per poll, not two."""
+    other routers' requests and the engine's sleep from it: one /metrics request per replica
+    per poll, not two."""
     busy, idle = fakes
     busy.held = 6
+    idle.asleep = True
     discovery = StaticDiscovery([f.base_url for f in fakes], interval=0.1)
     app = RouterApp(discovery, RoutingConfig(), ProxySettings(load_poll_interval=0.1))
     await app.start()
@@ -281,16 +304,19 @@ async def test_one_metrics_scrape_per_replica_per_poll_gives_mode_and_load(
         assert polls <= fake.metrics_reads <= polls + 1
     assert {e.mode for e in discovery.endpoints()} == {Mode.BATCHING}
     assert (app.others.of(busy.base_url), app.others.of(idle.base_url)) == (6.0, 0.0)
+    assert [r.asleep for r in app.pool()] == [False, True]
 
 
-async def test_a_discovery_that_scrapes_nothing_still_gets_the_load_polled(
+async def test_a_discovery_that_scrapes_nothing_still_gets_the_load_and_sleep_polled(
     fakes: list[FakeReplica],
 ) -> None:
-    busy, _ = fakes
+    busy, idle = fakes
     busy.held = 6
+    idle.asleep = True
     app = RouterApp(_ListedReplicas(fakes), RoutingConfig(), ProxySettings(load_poll_interval=0.1))
     await app.start()
     await eventually_async(lambda: busy.metrics_reads >= 2, 5, every=0.02,
                            what="two reads of the busy replica's load")
     await app.stop()
     assert app.others.of(busy.base_url) == 6.0 and busy.metrics_reads >= 2
+    assert [r.asleep for r in app.pool()] == [False, True]

@@ -161,19 +161,19 @@ async def test_each_pod_is_called_with_its_templates_token_and_a_new_template_re
         pods_ = [PodView("a", "10.0.0.1", Mode.STREAMING, True, template="old"),
                  PodView("b", "10.0.0.2", Mode.STREAMING, True, template="new"),
                  PodView("c", None, None, False, template="new")]
-        clients = await loop._clients(pods_)
+        clients = await loop.clients(pods_)
         assert {ip: c._headers["Authorization"] for ip, c in clients.items()} == {
             "10.0.0.1": "Bearer t-old", "10.0.0.2": "Bearer t-new"}
-        await loop._clients(pods_)
+        await loop.clients(pods_)
         assert secret.reads == 1  # known templates: no read per pass
         # A rollout's first pod: its template's token is read, once it is there.
         secret.tokens = {"new": "t-new", "next": "t-next"}
         rolled = [*pods_[1:2], PodView("d", "10.0.0.4", Mode.STREAMING, True, template="next")]
-        clients = await loop._clients(rolled)
+        clients = await loop.clients(rolled)
         assert secret.reads == 2
         assert clients["10.0.0.4"]._headers["Authorization"] == "Bearer t-next"
         # A pod whose template has no token (yet) is not called, and says why.
-        io = ah.KubeIO(secret, "ns", "x", await loop._clients(  # type: ignore[arg-type]
+        io = ah.KubeIO(secret, "ns", "x", await loop.clients(  # type: ignore[arg-type]
             [PodView("e", "10.0.0.5", Mode.STREAMING, True, template="unknown")]),
             None, None)  # type: ignore[arg-type]
         with pytest.raises(ah.RuntimeUnauthorized, match=r"10\.0\.0\.5"):

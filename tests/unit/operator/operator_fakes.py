@@ -35,6 +35,11 @@ class FakeKube:
         obj = self.objects.get((kind, namespace, name))
         return copy.deepcopy(obj) if obj else None
 
+    def list_objects(self, kind: str, namespace: str) -> list[dict[str, Any]]:
+        self._check("list", kind, namespace)
+        return [copy.deepcopy(obj) for (k, ns, _), obj in self.objects.items()
+                if (k, ns) == (kind, namespace)]
+
     def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
         self._check("apply", manifest["kind"], manifest["metadata"]["name"])
         if f"{manifest['kind'].lower()}s" in self.unserved:

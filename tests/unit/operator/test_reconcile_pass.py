@@ -422,3 +422,54 @@ def test_the_admin_tokens_are_read_through_the_executor() -> None:
     api.objects[("Secret", NS, f"{NAME}-admin")] = {
         **secret, "data": {"token-abc": "czNjcmV0", "token": "b2xk", "token-def": ""}}
     assert execute.read_admin_tokens(NS, NAME) == {"abc": "s3cret"}
+
+
+IDLE_SPEC = {"replicas": 2, "scaleToZero": {"enabled": True, "idleSeconds": 60}}
+
+
+async def test_scale_to_zero_scales_the_deployment_and_reports_it(
+    recorded_events: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Idle past the window: the serving Deployment goes to 0 (the router stays), status and an
+    Event say why, and the replica gauge follows what should run, so no alert fires."""
+    api, state = FakeKube(), handlers.ReconcileMemory()
+    clock = [1_800_000_000.0]
+    monkeypatch.setattr(handlers.time, "time", lambda: clock[0])
+    await run_pass(api, body(IDLE_SPEC), state)
+    assert api.objects[("Deployment", NS, NAME)]["spec"]["replicas"] == 2
+    serving = api.statuses[-1]["standby"]
+    assert serving["state"] == "Serving"
+    router = api.objects[("Deployment", NS, f"{NAME}-router")]
+    assert router["spec"]["replicas"] == 2
+    clock[0] += 61
+    await run_pass(api, body(IDLE_SPEC, status=api.statuses[-1]), state)
+    assert api.objects[("Deployment", NS, NAME)]["spec"]["replicas"] == 0
+    assert api.objects[("Deployment", NS, f"{NAME}-router")]["spec"]["replicas"] == 2
+    standby = api.statuses[-1]["standby"]
+    assert standby["state"] == "Idle"
+    ready = next(c for c in api.statuses[-1]["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "ScaledToZero")
+    assert "holds the next request" in ready["message"]
+    assert any(reason == "ScaledToZero" for reason, _ in recorded_events)
+    labels = {"namespace": NS, "name": NAME}
+    assert REGISTRY.get_sample_value("autoglm_operator_replicas", labels) == 0
+
+
+async def test_an_autoscaler_on_the_object_keeps_its_replicas(
+    recorded_events: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api, state = FakeKube(), handlers.ReconcileMemory()
+    api.objects[("HorizontalPodAutoscaler", NS, "keda-hpa-phone")] = {
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "keda-hpa-phone", "namespace": NS},
+        "spec": {"scaleTargetRef": {"apiVersion": "autoglm.io/v1alpha1",
+                                    "kind": "AutoGLMDeployment", "name": NAME}},
+    }
+    clock = [1_800_000_000.0]
+    monkeypatch.setattr(handlers.time, "time", lambda: clock[0])
+    await run_pass(api, body(IDLE_SPEC), state)
+    clock[0] += 600
+    await run_pass(api, body(IDLE_SPEC, status=api.statuses[-1]), state)
+    assert api.objects[("Deployment", NS, NAME)]["spec"]["replicas"] == 2
+    assert api.statuses[-1]["standby"]["state"] == "AutoscalerConflict"
+    assert [r for r, _ in recorded_events if r == "AutoscalerConflict"] == ["AutoscalerConflict"]

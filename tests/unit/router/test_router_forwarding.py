@@ -11,6 +11,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from router_fakes import FixedDiscovery
 
 from autoglm_api.profiles import Mode
 from autoglm_router.discovery import Endpoint
@@ -18,23 +19,11 @@ from autoglm_router.proxy import RouterApp
 from autoglm_router.routing import RoutingConfig
 
 REPLICA = "http://127.0.0.1:9"
+STREAMING_REPLICA = Endpoint(REPLICA, Mode.STREAMING, ready=True)
 
 
-class OneReplica:
-    def endpoints(self) -> list[Endpoint]:
-        return [Endpoint(REPLICA, Mode.STREAMING, ready=True)]
-
-    def report_unreachable(self, name: str) -> None:
-        pass
-
-    def report_draining(self, name: str) -> None:
-        pass
-
-    async def start(self) -> None:
-        pass
-
-    async def stop(self) -> None:
-        pass
+def one_replica() -> FixedDiscovery:
+    return FixedDiscovery(STREAMING_REPLICA)
 
 
 class RecordingClient:
@@ -80,7 +69,7 @@ def client_messages(leaves: asyncio.Event | None = None) -> Any:
 
 async def test_the_upstream_request_goes_out_before_other_pending_work() -> None:
     order: list[str] = []
-    app = RouterApp(OneReplica(), RoutingConfig())
+    app = RouterApp(one_replica(), RoutingConfig())
     app.client = RecordingClient(order)  # type: ignore[assignment]
     sent: list[dict[str, Any]] = []
 
@@ -96,7 +85,7 @@ async def test_the_upstream_request_goes_out_before_other_pending_work() -> None
 
 
 async def test_a_client_that_leaves_ends_its_request_and_is_counted() -> None:
-    app = RouterApp(OneReplica(), RoutingConfig())
+    app = RouterApp(one_replica(), RoutingConfig())
     app.client = upstream = HangingClient()  # type: ignore[assignment]
     leaves = asyncio.Event()
     task = asyncio.ensure_future(app(SCOPE, client_messages(leaves), _ignore))
@@ -111,7 +100,7 @@ async def test_a_client_that_leaves_ends_its_request_and_is_counted() -> None:
 
 
 async def test_a_cancel_from_outside_still_cancels_the_request() -> None:
-    app = RouterApp(OneReplica(), RoutingConfig())
+    app = RouterApp(one_replica(), RoutingConfig())
     app.client = upstream = HangingClient()  # type: ignore[assignment]
     task = asyncio.ensure_future(app(SCOPE, client_messages(), _ignore))
     await asyncio.wait_for(upstream.asked.wait(), 5)
@@ -126,10 +115,11 @@ async def _ignore(message: MutableMapping[str, Any]) -> None:
     pass
 
 
-class VanishingReplica(OneReplica):
+class VanishingReplica(FixedDiscovery):
     """A streaming replica that leaves discovery once a request is on its way to it."""
 
     def __init__(self) -> None:
+        super().__init__(STREAMING_REPLICA)
         self.gone = False
 
     def endpoints(self) -> list[Endpoint]:
@@ -156,14 +146,9 @@ async def test_a_request_is_counted_under_the_mode_it_was_routed_to() -> None:
     assert counted._value.get() == 1
 
 
-class NoReplica(OneReplica):
-    def endpoints(self) -> list[Endpoint]:
-        return []
-
-
 async def test_a_refused_request_whose_client_leaves_mid_answer_is_counted_once() -> None:
     # The operator reads this counter as demand: one request, one count, whatever its end.
-    app = RouterApp(NoReplica(), RoutingConfig())
+    app = RouterApp(FixedDiscovery(), RoutingConfig())
     leaves = asyncio.Event()
 
     async def slow_client(message: MutableMapping[str, Any]) -> None:

@@ -15,6 +15,7 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2
+from router_fakes import FixedDiscovery
 
 from autoglm_api.profiles import Mode
 from autoglm_router import answers
@@ -33,35 +34,13 @@ STREAMED_CHAT = json.dumps({"model": "m", "stream": True, "messages": [
     {"role": "user", "content": "Open the settings app."}]}).encode()
 
 
-class Pool:
-    """Discovery with a list the test edits."""
-
-    def __init__(self, *endpoints: Endpoint) -> None:
-        self.list = list(endpoints)
-
-    def endpoints(self) -> list[Endpoint]:
-        return self.list
-
-    def report_unreachable(self, name: str) -> None:
-        pass
-
-    def report_draining(self, name: str) -> None:
-        pass
-
-    async def start(self) -> None:
-        pass
-
-    async def stop(self) -> None:
-        pass
+def three() -> FixedDiscovery:
+    return FixedDiscovery(Endpoint(STREAMING, Mode.STREAMING, ready=True),
+                          Endpoint(BATCHING, Mode.BATCHING, ready=True),
+                          Endpoint(OTHER, Mode.BATCHING, ready=True))
 
 
-def three() -> Pool:
-    return Pool(Endpoint(STREAMING, Mode.STREAMING, ready=True),
-                Endpoint(BATCHING, Mode.BATCHING, ready=True),
-                Endpoint(OTHER, Mode.BATCHING, ready=True))
-
-
-def app_of(pool: Pool | None = None, caps: int = 8, keys: list[str] | None = None,
+def app_of(pool: FixedDiscovery | None = None, caps: int = 8, keys: list[str] | None = None,
            **settings: Any) -> RouterApp:
     every_mode = {Mode.STREAMING: caps, Mode.BATCHING: caps}
     config = RoutingConfig(caps=every_mode, chat_caps=every_mode)
@@ -315,7 +294,7 @@ async def test_no_replica_and_every_replica_at_its_cap_get_the_http_routers_answ
     # The gateway's request id names the refusal, as the router's own names its refusals.
     assert immediate(response)[1]["x-request-id"] == "rid-1"
 
-    empty = app_of(Pool())
+    empty = app_of(FixedDiscovery())
     status, _, body = await http_answer(empty, "POST", CHAT, {}, STREAMED_CHAT)
     (response,) = await exchange(empty, headers_message(), *body_messages(STREAMED_CHAT))
     assert (immediate(response)[0], immediate(response)[2]) == (status, body) == (503, body)
@@ -468,7 +447,7 @@ async def test_health_is_ready_with_a_replica_and_not_while_draining() -> None:
     app.draining = False
     assert await status(EXT_PROC_SERVICE) == serving
     assert await status("") == serving
-    none = Health(app_of(Pool()))
+    none = Health(app_of(FixedDiscovery()))
     reply = await none.Check(health_pb2.HealthCheckRequest(service="readiness"), Context())
     assert reply.status == not_serving
     with pytest.raises(LookupError):

@@ -439,6 +439,47 @@ def test_no_replica_left_is_a_refusal() -> None:
     assert isinstance(refusal, Refusal) and refusal.status == 503
 
 
+# --- sleeping replicas (scale to zero) -------------------------------------------------------
+
+ASLEEP = {"asleep": True}
+SLEEP_CASES = [
+    # (case, features, replicas, expected replica, expected reason)
+    ("an awake replica takes it, though the sleeping one is idle and of its mode", chat(True),
+     pool(("s", S), ("b", B), s=ASLEEP, b={"inflight": 30, "load": 30.0}), "b",
+     Reason.LEAST_FRESH),
+    ("an awake replica takes a keyed chat whose ring home sleeps", chat(True, "s:a"),
+     pool(("s1", S), ("s2", S), s1=ASLEEP), "s2", Reason.HASHED),
+    ("every replica asleep: the first by name wakes, whatever its load", chat(True),
+     pool(("s2", S), ("b1", B), ("s1", S), s2=ASLEEP, b1={**ASLEEP, "inflight": 99},
+          s1=ASLEEP), "b1", Reason.WAKING),
+    ("every replica asleep: batch work wakes the same one", chat(False, "s:z"),
+     pool(("s2", S), ("b1", B), ("s1", S), s2=ASLEEP, b1=ASLEEP, s1=ASLEEP), "b1",
+     Reason.WAKING),
+    ("a sleeping replica not ready does not count", chat(True),
+     pool(("a", S), ("b", S), a={**ASLEEP, "ready": False}, b=ASLEEP), "b", Reason.WAKING),
+    ("the only awake replica full: shed, no sleeping one woken", chat(True),
+     pool(("a", S), ("b", S), a=ASLEEP, b=S_FULL), None, None),
+]
+
+
+@pytest.mark.parametrize(("case", "features", "replicas", "expected", "reason"), SLEEP_CASES,
+                         ids=[c[0] for c in SLEEP_CASES])
+def test_sleeping_replicas_take_requests_only_when_none_is_awake(
+        case: str, features: RequestFeatures, replicas: list[ReplicaState],
+        expected: str | None, reason: Reason | None) -> None:
+    result = decide(features, replicas, CONFIG)
+    if expected is None:
+        assert isinstance(result, Refusal) and result.status == 429, result
+        return
+    assert (routed(result).replica, routed(result).reason) == (expected, reason)
+
+
+def test_when_the_waking_replica_fails_to_connect_the_retry_wakes_the_next_by_name() -> None:
+    replicas = pool(("r1", B), ("r0", B), ("r2", B), r0=ASLEEP, r1=ASLEEP, r2=ASLEEP)
+    route = retry_route(Failure.CONNECT_ERROR, chat(True), replicas, CONFIG, ["r0"])
+    assert route is not None and (route.replica, route.reason) == ("r1", Reason.WAKING)
+
+
 RETRY_CASES = [
     # (case, failure, replicas, tried, expected replica or None)
     ("connect error: once more, elsewhere", Failure.CONNECT_ERROR,

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
-from asgi_kit import FakeEngine, MakeClient
+from asgi_kit import FakeEngine, FakeEngineClient, Host, MakeClient
 from prometheus_client import CollectorRegistry
 
 from autoglm_runtime.config import RuntimeSettings
@@ -21,8 +21,15 @@ def engine() -> FakeEngine:
 
 
 @pytest.fixture
-def make_client(tmp_path: Path, engine: FakeEngine) -> MakeClient:
-    """Build (middleware, client) with a fresh registry and optional config/labels/settings."""
+def engine_client() -> FakeEngineClient:
+    return FakeEngineClient()
+
+
+@pytest.fixture
+def make_client(tmp_path: Path, engine: FakeEngine,
+                engine_client: FakeEngineClient) -> MakeClient:
+    """Build (middleware, client) with a fresh registry and optional config/labels/settings;
+    the client reaches the middleware through a Host holding `engine_client`."""
     def make(config: dict[str, Any] | None = None, labels: str | None = None,
              **kwargs: Any) -> tuple[ModeMiddleware, httpx.AsyncClient]:
         config_file = tmp_path / "config.json"
@@ -32,8 +39,9 @@ def make_client(tmp_path: Path, engine: FakeEngine) -> MakeClient:
         settings = RuntimeSettings(config_file=config_file, labels_file=labels_file,
                                    gpu_metrics=False, **kwargs)
         middleware = ModeMiddleware(engine, settings, registry=CollectorRegistry())
-        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=middleware),
-                                   base_url="http://test")
+        client = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=Host(middleware, engine_client)),
+            base_url="http://test")
         return middleware, client
 
     return make

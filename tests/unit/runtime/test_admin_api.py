@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from asgi_kit import FakeEngine, MakeClient
+from asgi_kit import FakeEngine, FakeEngineClient, Host, MakeClient
 
 from autoglm_api.profiles import DRAIN_PATH, MODE_PATH
+from autoglm_api.standby import SLEEP_PATH, WAKE_PATH
 from autoglm_runtime import admin
-from autoglm_runtime.admin import AdminServer, RelayError, relay_to
+from autoglm_runtime.admin import AdminServer, CallRefused, RelayError, RelayRefused, relay_to
 from testkit.virtual_time import on_virtual_clock
 from testkit.waiting import eventually_async
 
@@ -28,11 +29,14 @@ class FakeRelay:
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
         self.down = False
+        self.refusal: CallRefused | None = None  # the middleware turns the calls down
 
     async def __call__(self, call: dict[str, Any]) -> dict[str, Any]:
         if self.down:
             raise RelayError("not listening")
         self.calls.append(call)
+        if self.refusal is not None:
+            raise RelayRefused(self.refusal)
         return {**STATE, "mode": call.get("mode", "streaming")}
 
 
@@ -75,6 +79,29 @@ async def test_the_token_lets_the_mode_be_read_set_and_the_replica_drained() -> 
     assert relay.calls == [{"op": "state"}, {"op": "mode", "mode": "batching"}, {"op": "drain"}]
 
 
+async def test_sleep_and_wake_are_relayed_and_answer_the_state_at_once() -> None:
+    relay = FakeRelay()
+    slept = await answer(raw("POST", SLEEP_PATH, b'{"level": 2}', BEARER), relay)
+    default = await answer(raw("POST", SLEEP_PATH, authorization=BEARER), relay)
+    named_none = await answer(raw("POST", SLEEP_PATH, b"{}", BEARER), relay)
+    woken = await answer(raw("POST", WAKE_PATH, authorization=BEARER), relay)
+    assert [r.status for r in (slept, default, named_none, woken)] == [202] * 4
+    assert json.loads(woken.body)["mode"] == "streaming"
+    assert relay.calls == [{"op": "sleep", "level": 2}, {"op": "sleep", "level": 1},
+                           {"op": "sleep", "level": 1}, {"op": "wake"}]
+
+
+async def test_a_call_the_middleware_turns_down_keeps_its_status_and_retry() -> None:
+    relay = FakeRelay()
+    relay.refusal = CallRefused(409, "2 requests are admitted or queued", 1)
+    busy = await answer(raw("POST", SLEEP_PATH, authorization=BEARER), relay)
+    assert busy.status == 409 and busy.headers["retry-after"] == "1"
+    assert error(busy)["message"] == "2 requests are admitted or queued"
+    relay.refusal = CallRefused(409, "started without sleep mode")
+    never = await answer(raw("POST", SLEEP_PATH, authorization=BEARER), relay)
+    assert never.status == 409 and "retry-after" not in never.headers
+
+
 # Authorization headers that must not open the admin API (None: no header at all).
 REFUSED_AUTH = {
     "missing": None,
@@ -94,7 +121,8 @@ REFUSED_AUTH = {
 @pytest.mark.parametrize("header", list(REFUSED_AUTH.values()), ids=list(REFUSED_AUTH))
 @pytest.mark.parametrize(("method", "path", "body"), [
     ("PUT", MODE_PATH, b'{"mode": "batching"}'), ("GET", MODE_PATH, b""),
-    ("POST", DRAIN_PATH, b"")])  # fmt: skip
+    ("POST", DRAIN_PATH, b""), ("POST", SLEEP_PATH, b'{"level": 1}'),
+    ("POST", WAKE_PATH, b"")])  # fmt: skip
 async def test_a_refused_call_is_401_and_relays_nothing(header: str | None, method: str,
                                                         path: str, body: bytes) -> None:
     relay = FakeRelay()
@@ -190,6 +218,14 @@ async def test_an_engine_that_does_not_answer_the_relay_is_a_503_to_retry(
 @pytest.mark.parametrize(("request_bytes", "status", "says"), [
     (raw("DELETE", MODE_PATH, authorization=BEARER), 405, "GET or PUT"),
     (raw("GET", DRAIN_PATH, authorization=BEARER), 405, "POST"),
+    (raw("GET", SLEEP_PATH, authorization=BEARER), 405, "POST"),
+    (raw("PUT", WAKE_PATH, authorization=BEARER), 405, "POST"),
+    (raw("POST", SLEEP_PATH, b'{"level": 3}', BEARER), 400, "Unknown sleep level 3"),
+    (raw("POST", SLEEP_PATH, b'{"level": 0}', BEARER), 400, "use 1"),
+    (raw("POST", SLEEP_PATH, b'{"level": "1"}', BEARER), 400, 'level "1"'),
+    (raw("POST", SLEEP_PATH, b'{"level": true}', BEARER), 400, "level true"),
+    (raw("POST", SLEEP_PATH, b'[1]', BEARER), 400, "level null"),
+    (raw("POST", SLEEP_PATH, b"{", BEARER), 400, "not JSON"),
     (raw("GET", "/v1/chat/completions", authorization=BEARER), 404, "not an admin path"),
     (raw("GET", "/metrics", authorization=BEARER), 404, "not an admin path"),
     (raw("PUT", MODE_PATH, b'{"mode": "turbo"}', BEARER), 400, '"turbo"'),
@@ -217,16 +253,18 @@ async def test_requests_outside_the_admin_api_are_refused_clearly(
 # --- the relay into the middleware --------------------------------------------------------------
 
 
-def lifespan(middleware: Callable[..., Any]) -> tuple[asyncio.Queue[dict[str, Any]],
-                                                      list[dict[str, Any]], Any]:
-    """Run the app's lifespan through the middleware, as uvicorn does: (to send, sent, task)."""
+def lifespan(middleware: Callable[..., Any], app: Any = None,
+             ) -> tuple[asyncio.Queue[dict[str, Any]], list[dict[str, Any]], Any]:
+    """Run the app's lifespan through the middleware, as uvicorn does: (to send, sent, task).
+    With `app`, its scope carries it, as Starlette's does."""
     inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     sent: list[dict[str, Any]] = []
 
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    task = asyncio.ensure_future(middleware({"type": "lifespan"}, inbox.get, send))
+    scope = {"type": "lifespan"} if app is None else {"type": "lifespan", "app": app}
+    task = asyncio.ensure_future(middleware(scope, inbox.get, send))
     return inbox, sent, task
 
 
@@ -243,6 +281,10 @@ async def test_the_middleware_serves_the_relay_while_the_app_runs(
 
     switched = await call({"op": "mode", "mode": "batching"})
     assert switched["mode"] == "batching" and middleware.mode.value == "batching"
+    with pytest.raises(RelayRefused) as refused:  # the fake app holds no engine client
+        await call({"op": "sleep", "level": 1})
+    assert refused.value.refused.status == 409
+    assert "--enable-sleep-mode" in refused.value.refused.message
     drained = await call({"op": "drain"})
     assert drained["draining"] is True
     assert (await client.get("/health")).status_code == 503
@@ -255,10 +297,33 @@ async def test_the_middleware_serves_the_relay_while_the_app_runs(
         await call({"op": "state"})
 
 
+async def test_a_relayed_sleep_reaches_the_engine_client_of_the_app(
+    make_client: MakeClient, tmp_path: Path
+) -> None:
+    socket_path = tmp_path / "relay.sock"
+    middleware, _ = make_client(admin_socket=socket_path)
+    engine_client = FakeEngineClient()
+    call = relay_to(socket_path)
+    inbox, sent, task = lifespan(middleware, Host(middleware, engine_client))
+    await inbox.put({"type": "lifespan.startup"})
+    await eventually_async(lambda: bool(sent), 2, every=0.01, what="the startup answered")
+
+    state = await call({"op": "sleep", "level": 2})
+    assert state["sleeping"] is True
+    await eventually_async(lambda: engine_client.asleep, 2, every=0.01, what="asleep")
+    assert (await call({"op": "wake"}))["sleeping"] is True  # the wake is under way
+    await eventually_async(lambda: not middleware.sleeping, 2, every=0.01, what="awake")
+    assert engine_client.calls == [("sleep", 2), ("wake_up",),
+                                   ("collective_rpc", "reload_weights")]
+    await inbox.put({"type": "lifespan.shutdown"})
+    await task
+
+
 async def test_the_api_port_serves_no_admin_path(make_client: MakeClient,
                                                  engine: FakeEngine) -> None:
     _, client = make_client()
     for method, path in (("GET", MODE_PATH), ("PUT", MODE_PATH), ("POST", DRAIN_PATH),
+                         ("POST", SLEEP_PATH), ("POST", WAKE_PATH),
                          ("GET", "/autoglm/v2/anything")):
         reply = await client.request(method, path, json={"mode": "batching"},
                                      headers={"Authorization": f"Bearer {TOKEN}"})

@@ -9,7 +9,13 @@ import pytest
 from testkit.sim.__main__ import main as sim_main
 from testkit.sim.engine import EngineConfig, SimEngine, SimRequest
 from testkit.sim.metrics import SimMetrics
-from testkit.sim.model import CPU_TINY_LATENCY, LatencyModel, MemoryModel, fill_step
+from testkit.sim.model import (
+    CPU_TINY_LATENCY,
+    LatencyModel,
+    MemoryModel,
+    SleepModel,
+    fill_step,
+)
 from testkit.sim.settings import SimSettings
 from testkit.virtual_time import on_virtual_clock
 
@@ -17,7 +23,7 @@ FAST = 0.01  # 100x real time
 
 
 def make(clock: Callable[[], float] = time.monotonic, **kwargs: object) -> SimEngine:
-    config = EngineConfig(time_factor=FAST, **kwargs)  # type: ignore[arg-type]
+    config = EngineConfig(**{"time_factor": FAST, **kwargs})  # type: ignore[arg-type]
     return SimEngine(config, SimMetrics.create("m", 2048), clock=clock)
 
 
@@ -148,3 +154,99 @@ def test_the_sim_runs_the_calibration_it_is_asked_for(
     monkeypatch.setattr("testkit.sim.server.serve_sim", serve)
     assert sim_main(flags) == 0
     assert seen == [latency]
+
+
+# --- sleep mode ----------------------------------------------------------------------------
+
+
+def sleep_states(engine: SimEngine) -> dict[str, float]:
+    return {state: metric(engine, "vllm:engine_sleep_state", sleep_state=state)
+            for state in ("awake", "weights_offloaded", "discard_all")}
+
+
+@on_virtual_clock  # the sleep and the wake take their simulated seconds, exactly
+async def test_asleep_the_engine_serves_nothing_until_it_wakes() -> None:
+    loop = asyncio.get_running_loop()
+    engine = make(loop.time, enable_sleep_mode=True, time_factor=1.0)
+    engine.start()
+    assert sleep_states(engine) == {"awake": 1, "weights_offloaded": 0, "discard_all": 0}
+    start = loop.time()
+    await engine.sleep(1)
+    assert loop.time() - start == pytest.approx(SleepModel().sleep_seconds)
+    assert await engine.is_sleeping()
+    assert sleep_states(engine) == {"awake": 0, "weights_offloaded": 1, "discard_all": 0}
+    r = request(target=3)
+    engine.submit(r)
+    await asyncio.sleep(5)
+    assert engine.steps == 0 and r.tokens.empty()
+    start = loop.time()
+    assert await engine.wake_up() is True
+    assert loop.time() - start == pytest.approx(SleepModel().wake_seconds)
+    assert not await engine.is_sleeping()
+    assert sleep_states(engine)["awake"] == 1
+    assert await collect(r) == [1, 2, 3]
+    await engine.stop()
+
+
+@on_virtual_clock
+async def test_a_level_2_sleep_drops_the_weights_and_reloading_them_takes_its_time() -> None:
+    loop = asyncio.get_running_loop()
+    engine = make(loop.time, enable_sleep_mode=True, time_factor=2.0)
+    await engine.sleep(2)
+    assert sleep_states(engine) == {"awake": 0, "weights_offloaded": 0, "discard_all": 1}
+    await engine.wake_up()
+    start = loop.time()
+    await engine.collective_rpc("reload_weights")
+    assert loop.time() - start == pytest.approx(2.0 * SleepModel().reload_weights_seconds)
+    with pytest.raises(NotImplementedError):
+        await engine.collective_rpc("reset_weights")
+
+
+async def test_without_sleep_mode_the_engine_does_not_sleep() -> None:
+    engine = make()
+    with pytest.raises(RuntimeError, match="--enable-sleep-mode"):
+        await engine.sleep(1)
+    assert not await engine.is_sleeping()
+    assert engine.model_config.enable_sleep_mode is False
+
+
+def test_the_sims_sleep_flags(monkeypatch: pytest.MonkeyPatch,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    seen: list[SimSettings] = []
+
+    async def serve(host: str, port: int, settings: SimSettings,
+                    admin_port: int | None = None) -> None:
+        seen.append(settings)
+
+    monkeypatch.setattr("testkit.sim.server.serve_sim", serve)
+    assert sim_main([]) == 0
+    assert seen[-1].enable_sleep_mode is False and seen[-1].sleep == SleepModel()
+    assert sim_main(["--enable-sleep-mode", "--sleep-seconds", "0.2", "--wake-seconds", "1"]) == 0
+    assert seen[-1].enable_sleep_mode is True
+    assert (seen[-1].sleep.sleep_seconds, seen[-1].sleep.wake_seconds) == (0.2, 1.0)
+    with pytest.raises(SystemExit):
+        sim_main(["--enable-sleep-mode", "--calibration", "cpu"])  # as vLLM on the CPU
+    assert "not supported on the CPU" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        sim_main(["--wake-seconds", "-1"])
+
+
+@on_virtual_clock
+async def test_a_sleep_aborts_what_the_engine_holds_as_vllms_default_does() -> None:
+    loop = asyncio.get_running_loop()
+    engine = make(loop.time, enable_sleep_mode=True, max_num_seqs=1)
+    running, waiting = request(target=10**6), request(target=3)
+    engine.submit(running)
+    engine.submit(waiting)
+    engine.start()
+    await asyncio.sleep(0.05)
+    assert engine.running == [running] and len(engine.waiting) == 1
+    await engine.sleep(1)
+    assert engine.running == [] and engine.waiting == []
+    assert metric(engine, "vllm:request_success_total", finished_reason="abort") == 2
+    assert metric(engine, "vllm:num_requests_waiting") == 0
+    await engine.wake_up()
+    after = request(target=2)
+    engine.submit(after)
+    assert await collect(after) == [1, 2]
+    await engine.stop()

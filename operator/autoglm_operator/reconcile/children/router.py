@@ -2,9 +2,10 @@
 ServiceAccount, Role, RoleBinding), from the spec, as plain dicts.
 
 The router (`autoglm-router --kubernetes`, router/README.md) watches the serving pods of its
-own deployment and routes each request by mode and session. It needs only `list` and `watch` on
-pods of its namespace: that is all its Role grants (the operator can grant no more than it
-holds, and the router calls nothing else). Service `<name>` selects its pods
+own deployment and routes each request by mode and session. It needs `list` and `watch` on
+pods of its namespace and, with spec.scaleToZero, `patch` on its own AutoGLMDeployment (the
+demand annotation, autoglm_api.standby): that is all its Role grants (the operator can grant no
+more than it holds, and the router calls nothing else). Service `<name>` selects its pods
 (serving.service with `via_router`).
 """
 
@@ -17,7 +18,8 @@ from autoglm_operator.reconcile.children import serving
 from autoglm_operator.reconcile.children.serving import Manifest, Owner
 from autoglm_operator.resource import names
 from autoglm_operator.resource.names import router_name
-from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
+from autoglm_operator.resource.spec import GROUP as AGD_GROUP
+from autoglm_operator.resource.spec import PLURAL, AutoGLMDeploymentSpec
 
 ROUTER_COMPONENT = "router"
 CONTAINER_NAME = "router"
@@ -53,8 +55,22 @@ def _metadata(owner: Owner, **extra: Any) -> dict[str, Any]:
 
 
 def drain_seconds(spec: AutoGLMDeploymentSpec) -> int:
-    """How long a stopping router lets its streams finish: as long as a serving pod drains."""
-    return spec.engine.shutdown_timeout_seconds
+    """How long a stopping router lets its requests finish: as long as a serving pod drains,
+    and with scaleToZero as long as a request may be held, so a held one is not lost."""
+    held = spec.router.hold.wait_seconds if spec.scale_to_zero.enabled else 0
+    return max(spec.engine.shutdown_timeout_seconds, held)
+
+
+# How often a router with traffic tells the operator (demand annotation): often enough that an
+# idle window never ends under traffic, rarely enough to cost the apiserver little.
+MAX_DEMAND_INTERVAL_SECONDS = 30
+
+
+def demand_interval_seconds(spec: AutoGLMDeploymentSpec) -> int:
+    settings = spec.scale_to_zero
+    windows = [settings.idle_seconds] + ([settings.sleep.idle_seconds]
+                                         if settings.sleep.enabled else [])
+    return max(1, min(MAX_DEMAND_INTERVAL_SECONDS, min(windows) // 4))
 
 
 def termination_grace_seconds(spec: AutoGLMDeploymentSpec) -> int:
@@ -89,6 +105,13 @@ def router_args(owner: Owner, spec: AutoGLMDeploymentSpec) -> list[str]:
         args += ["--ext-proc-port", str(EXT_PROC_PORT)]
     for field, value in router.limits.model_dump(exclude_none=True).items():
         args += [ROUTER_LIMIT_FLAGS[field], str(value)]
+    if spec.scale_to_zero.enabled:
+        args += [
+            "--hold-queue-size", str(router.hold.queue_size),
+            "--hold-seconds", str(router.hold.wait_seconds),
+            "--demand-object", f"{owner.namespace}/{owner.name}",
+            "--demand-interval", str(demand_interval_seconds(spec)),
+        ]
     return args
 
 
@@ -126,7 +149,8 @@ def _container(owner: Owner, spec: AutoGLMDeploymentSpec) -> dict[str, Any]:
         "ports": _ports(spec),
         "resources": _resources(spec),
         "volumeMounts": [{"name": "tmp", "mountPath": serving.TMP_DIR}],
-        # /health answers 200 only while the router has a replica to send requests to.
+        # /health answers 200 only while the router has a replica to send requests to, or
+        # (scaleToZero) can hold them until one is ready.
         "readinessProbe": {
             "httpGet": {"path": "/health", "port": "metrics", "scheme": "HTTP"},
             "periodSeconds": 2,
@@ -143,7 +167,7 @@ def _container(owner: Owner, spec: AutoGLMDeploymentSpec) -> dict[str, Any]:
         },
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_SECONDS)]}}},
         "securityContext": serving.restricted_container_security(),
-        **_api_key_env(spec),
+        **_env(spec),
     }
 
 
@@ -157,13 +181,18 @@ def _ports(spec: AutoGLMDeploymentSpec) -> list[dict[str, Any]]:
     return ports
 
 
-def _api_key_env(spec: AutoGLMDeploymentSpec) -> dict[str, Any]:
-    """The replicas' key, so the router refuses a keyless request before reading its body."""
+def _env(spec: AutoGLMDeploymentSpec) -> dict[str, Any]:
+    """The replicas' key, so the router refuses a keyless request before reading its body;
+    with scaleToZero its pod's name, which keys its demand annotation."""
+    env = []
     ref = spec.api_key_secret_ref
-    if ref is None:
-        return {}
-    return {"env": [{"name": "VLLM_API_KEY",
-                     "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]}
+    if ref is not None:
+        env.append({"name": "VLLM_API_KEY",
+                    "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    if spec.scale_to_zero.enabled:
+        env.append({"name": "POD_NAME",
+                    "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+    return {"env": env} if env else {}
 
 
 def pod_template(owner: Owner, spec: AutoGLMDeploymentSpec) -> dict[str, Any]:
@@ -231,12 +260,17 @@ def service_account(owner: Owner) -> Manifest:
     }
 
 
-def role(owner: Owner) -> Manifest:
+def role(owner: Owner, spec: AutoGLMDeploymentSpec) -> Manifest:
+    rules: list[dict[str, Any]] = [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": list(POD_VERBS)}]
+    if spec.scale_to_zero.enabled:
+        rules.append({"apiGroups": [AGD_GROUP], "resources": [PLURAL],
+                      "resourceNames": [owner.name], "verbs": ["patch"]})
     return {
         "apiVersion": RBAC_API_VERSION,
         "kind": "Role",
         "metadata": _metadata(owner),
-        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": list(POD_VERBS)}],
+        "rules": rules,
     }
 
 
@@ -262,7 +296,7 @@ def children(owner: Owner, spec: AutoGLMDeploymentSpec) -> list[Manifest]:
         return []
     return [
         service_account(owner),
-        role(owner),
+        role(owner, spec),
         role_binding(owner),
         deployment(owner, spec),
         pod_disruption_budget(owner),

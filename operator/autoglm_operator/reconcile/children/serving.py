@@ -226,6 +226,7 @@ def engine_settings(spec: AutoGLMDeploymentSpec, mode: Mode | None = None) -> En
         allowed_media_domains=tuple(spec.multimodal.allowed_media_domains),
         max_pixels=spec.multimodal.effective_max_pixels(spec.max_model_len),
         extra_args=tuple(without_newly_managed(engine.extra_args)[0]),
+        enable_sleep_mode=spec.scale_to_zero.sleep.enabled,
     )
 
 

@@ -53,7 +53,7 @@ def context_of(request: Request) -> SimContext:
 def engine_of(request: Request) -> SimEngine:
     if not request.app.state.loaded.is_set():
         raise SimError("The model is still loading.", status=503)
-    engine: SimEngine = request.app.state.engine
+    engine: SimEngine = request.app.state.engine_client
     return engine
 
 

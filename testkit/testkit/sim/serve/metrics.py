@@ -22,7 +22,7 @@ async def metrics(request: Request) -> Response:
 
 @router.get("/sim/v1/stats")
 async def stats(request: Request) -> dict[str, Any]:
-    engine: SimEngine = request.app.state.engine
+    engine: SimEngine = request.app.state.engine_client
     return {
         "running": len(engine.running),
         "waiting": len(engine.waiting),
@@ -35,6 +35,6 @@ async def stats(request: Request) -> dict[str, Any]:
 
 @router.post("/sim/v1/stats/reset")
 async def reset_stats(request: Request) -> dict[str, Any]:
-    engine: SimEngine = request.app.state.engine
+    engine: SimEngine = request.app.state.engine_client
     engine.peak_memory_bytes = engine.memory_used_bytes()
     return {"peakGpuMemoryUsedBytes": engine.peak_memory_bytes}
