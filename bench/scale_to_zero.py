@@ -457,6 +457,7 @@ class Deployment:
             self.serve(req, t)
         self.last_wait = t - self.held[-1].first_attempt
         self.held = []
+        self.last_request = t  # the release counts as a request (autoglm_router.demand)
         self.write(t)
 
     def write(self, t: float) -> None:

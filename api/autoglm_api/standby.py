@@ -31,7 +31,9 @@ _NAME_LIMIT = 63
 class RouterDemand:
     """What one router last reported; times are Unix seconds."""
 
-    last_request_at: float  # the latest request it received (held or routed)
+    # The latest request it received (held or routed), or the moment it released the requests
+    # it held, whichever is later: the idle window starts there.
+    last_request_at: float
     holding: int = 0  # requests it holds now, waiting for a replica
     held_since: float | None = None  # when the oldest of those arrived
     last_wait_seconds: float | None = None  # how long its last released request waited

@@ -55,6 +55,10 @@ class DemandBook:
         self._last_request_at = self._clock()
 
     def holding(self, count: int, held_since: float | None) -> None:
+        if self._holding and not count:
+            # Released, the held requests are served from now: the operator's idle window
+            # starts here, not at their arrival, however long the replicas took to start.
+            self._last_request_at = self._clock()
         self._holding = count
         self._held_since = held_since if count else None
 

@@ -83,6 +83,8 @@ def test_holding_starts_and_ends_are_reported_at_once_between_intervals() -> Non
     assert book.due_in() == 0  # the all-clear
     clear = sent(book)
     assert (clear.holding, clear.held_since, clear.last_wait_seconds) == (0, None, 2.0)
+    # The release counts as activity: the idle window starts after a slow start, not before.
+    assert clear.last_request_at == clock.now
 
 
 def test_a_failed_report_is_sent_again_a_little_later_and_none_goes_while_one_is_out() -> None:
