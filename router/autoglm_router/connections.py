@@ -14,6 +14,11 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+# In each request's ASGI scope: drops the connection at once, unsent bytes and all. A response
+# cut because its client stopped reading cannot end with a close, which waits for the client to
+# take what is buffered: that client would keep its connection (and a connection slot) for good.
+ABORT_SCOPE_KEY = "autoglm.abort"
+
 
 @dataclass(frozen=True)
 class ConnectionLimits:
@@ -112,6 +117,7 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
         def on_headers_complete(self) -> None:
             self._in_headers = False
             self._cancel_header_timer()
+            self.scope[ABORT_SCOPE_KEY] = self.transport.abort  # type: ignore[literal-required]
             super().on_headers_complete()
 
         def on_response_complete(self) -> None:

@@ -31,6 +31,7 @@ from autoglm_api.asgi_body import BodyTooLarge, ClientDisconnected, read_body
 from autoglm_api.keepalive import UPSTREAM_POOL_IDLE_SECONDS
 from autoglm_router import answers
 from autoglm_router.answers import HELD_SECONDS, REQUEST_ID, Answer, error_body
+from autoglm_router.connections import ABORT_SCOPE_KEY
 from autoglm_router.demand import DemandBook, DemandReporter, Patch
 from autoglm_router.discovery import Discovery, StaticDiscovery
 from autoglm_router.features import (
@@ -195,6 +196,7 @@ class _Call:
     status: int = 0  # the status relayed
     held_seconds: float | None = None  # how long it waited for a replica, if it did
     ticket: Ticket | None = None  # its place in the hold queue, once it was held
+    abort: Callable[[], None] | None = None  # drops the client's connection (connections.py)
     delivered: bool = False  # the client has every byte that matters (see _relay)
     counted: bool = False  # in autoglm_router_requests_total, which counts each request once
 
@@ -446,7 +448,10 @@ class RouterApp:
         try:
             await self._forward(call, send)
         except _ClientStalled:
-            return  # the response is left unfinished: uvicorn closes the connection
+            # Left unfinished; a close would wait for the client to take what is buffered.
+            if call.abort is not None:
+                call.abort()
+            return
         except asyncio.CancelledError:
             # The client left (or we are cancelled): the upstream connection closed with it.
             delivered = outcome_of(call.status) if call.delivered else "client_gone"
@@ -466,7 +471,8 @@ class RouterApp:
         query = scope.get("query_string", b"")
         target = raw_path + ("?" + query.decode("latin-1") if query else "")
         forwarded = _upstream_headers(headers, request_id, scope)
-        return _Call(scope["method"], target, forwarded, body, features, request_id, arrival)
+        return _Call(scope["method"], target, forwarded, body, features, request_id, arrival,
+                     abort=scope.get(ABORT_SCOPE_KEY))
 
     async def _forward(self, call: _Call, send: Send) -> None:
         try:
@@ -657,7 +663,7 @@ class RouterApp:
             log.warning("Request %s cut: its client took no bytes for %g s",
                         call.request_id, self.settings.send_timeout)
             self._count(call, route, "client_gone")
-            raise  # the app ends without finishing the response: uvicorn closes the connection
+            raise  # the app ends without finishing the response, and drops the connection
         except (aiohttp.ClientError, TimeoutError) as exc:
             # After the first byte nothing is retried: end the response short, the client sees
             # a cut stream instead of a well-formed but wrong one.

@@ -25,6 +25,7 @@ from abuse_kit import (
     RecordingReplica,
     RouterProcess,
     StartRouter,
+    accepted_connections,
     closed_within,
     empty_objects_body,
     exchange,
@@ -223,6 +224,37 @@ def test_a_client_that_stops_reading_is_cut_and_its_slot_freed(
                    what="the stream forwarded to the replica")
         eventually(lambda: _inflight(router) == 0, 6, every=0.2,
                    what="nothing in flight at the router")
+
+
+def test_a_client_cut_at_the_send_timeout_gives_its_connection_back(
+    start_router: StartRouter, recorder: RecordingReplica
+) -> None:
+    """Cut, a client that reads nothing must not keep its connection either: clients that stop
+    reading would fill --max-client-connections, and every later client get 503. (The same
+    client, held at zero first: test_hold_abuse.py.)"""
+    router = start_router([recorder.base_url], "--send-timeout", "1",
+                          "--max-client-connections", "4")
+    flood = json.dumps({"messages": [{"role": "user", "content": "flood"}],
+                        "stream": True}).encode()
+    before = len(recorder.forwarded())
+    stalled = []
+    try:
+        for _ in range(4):
+            sock = _connect(router)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.sendall(request("POST", CHAT, flood))
+            stalled.append(sock)
+        eventually(lambda: len(recorder.forwarded()) == before + 4, 5, every=0.05,
+                   what="the 4 streams forwarded to the replica")
+        eventually(lambda: _inflight(router) == 0, 6, every=0.2,
+                   what="nothing in flight at the router: each stream cut")
+        eventually(lambda: accepted_connections(router.port) == 0, 5, every=0.2,
+                   what="the router closing the connections of the clients it cut")
+        reply = exchange(router.port, request("GET", "/v1/models"))
+        assert reply.status == 200, reply
+    finally:
+        for sock in stalled:
+            sock.close()
 
 
 def _inflight(router: RouterProcess) -> float | None:
