@@ -71,8 +71,8 @@ test-helm: venv binaries  ## the chart through helm template/lint (and promtool,
 test-prometheus: venv  ## the operator's PromQL against Debian's Prometheus (make deps)
 	$(PY) -m pytest tests/prometheus
 
-test-abuse: venv  ## hostile clients against the real router and sims on loopback
-	$(PY) -m pytest tests/abuse
+test-abuse: venv binaries  ## hostile clients against the real router, sims and kube-apiserver on loopback
+	$(PYTEST_WITH_BINARIES) tests/abuse
 
 test-images: venv  ## the Dockerfiles' pip installs in clean venvs, and their entrypoints
 	$(PY) -m pytest tests/images

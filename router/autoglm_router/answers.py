@@ -81,3 +81,45 @@ def held_too_long(seconds: float, request_id: str) -> Answer:
     return Answer(503, error_body(f"No replica could take the request within {seconds:g} s; "
                                   "retry later.", 503),
                   (("retry-after", str(HOLD_RETRY_AFTER_SECONDS)), (REQUEST_ID, request_id)))
+
+
+def hold_client_full(request_id: str) -> Answer:
+    """No replica, and this client holds its share of the queue already."""
+    return Answer(503, error_body("No replica is up and this client has as many requests held "
+                                  "as one client may; retry later.", 503),
+                  (("retry-after", str(HOLD_RETRY_AFTER_SECONDS)), (REQUEST_ID, request_id)))
+
+
+def models_at_zero(names: tuple[str, ...], created: int) -> Answer:
+    """GET /v1/models with no replica up, as vLLM lists its served names: a client or UI that
+    polls the list wakes no GPU."""
+    cards = [{"id": name, "object": "model", "created": created, "owned_by": "vllm",
+              "root": name, "parent": None} for name in names]
+    return Answer(200, json.dumps({"object": "list", "data": cards}).encode())
+
+
+# A held streamed request gets its headers before its replica answers (so a proxy's idle
+# timeout never cuts it): these, then an SSE comment per heartbeat.
+HELD_STREAM_HEADERS = (("content-type", "text/event-stream"), ("cache-control", "no-cache"),
+                       ("x-accel-buffering", "no"))
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def heartbeat(held_seconds: float) -> bytes:
+    """An SSE comment: clients skip it, proxies see bytes."""
+    return f": held {held_seconds:.0f}s, waiting for a replica\n\n".encode()
+
+
+def sse_error(status: int, body: bytes) -> bytes:
+    """A refusal as the events of a stream already begun, as vLLM ends a stream that fails:
+    an `error` object the OpenAI clients raise as an APIError, then [DONE]."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+        error = parsed
+    else:
+        message = parsed.get("message") if isinstance(parsed, dict) else None
+        error = json.loads(error_body(str(message or body.decode(errors="replace")), status))
+    return b"data: " + json.dumps(error).encode() + b"\n\n" + SSE_DONE

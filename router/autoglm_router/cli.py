@@ -13,13 +13,11 @@ from urllib.parse import urlsplit
 
 from autoglm_api.keepalive import SERVER_KEEP_ALIVE_SECONDS
 from autoglm_api.profiles import BatchingProfile, Mode, StreamingProfile
-from autoglm_api.standby import annotation_key
 from autoglm_router.connections import ConnectionLimits, guarded_protocol
 from autoglm_router.discovery import Discovery, StaticDiscovery
 from autoglm_router.drain import DrainingServer
 from autoglm_router.kube import (
     AccessError,
-    AnnotationPatch,
     ApiAccess,
     KubernetesDiscovery,
     in_cluster_access,
@@ -32,8 +30,6 @@ DEFAULTS = ProxySettings()
 LIMITS = ConnectionLimits()
 # The replicas' own variable: the router is given the same Secret, so both check one key.
 API_KEY_ENV = "VLLM_API_KEY"
-# The router pod's own name (the downward API's metadata.name): its key in the demand report.
-POD_NAME_ENV = "POD_NAME"
 
 
 def _endpoint(value: str) -> str:
@@ -51,11 +47,11 @@ def _not_negative(value: str) -> int:
     return number
 
 
-def _object(value: str) -> tuple[str, str]:
-    namespace, _, name = value.partition("/")
-    if not namespace or not name or "/" in name:
-        raise argparse.ArgumentTypeError(f"{value!r} is not NAMESPACE/NAME")
-    return namespace, name
+def _not_negative_float(value: str) -> float:
+    number = float(value)
+    if not number >= 0.0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return number
 
 
 def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
@@ -101,22 +97,25 @@ def build_parser() -> argparse.ArgumentParser:
     kube.add_argument("--kubeconfig", help="reach the apiserver with this kubeconfig instead "
                       "of the pod's ServiceAccount (default $KUBECONFIG outside a pod)")
     kube.add_argument("--context", help="the kubeconfig context (default its current one)")
-    kube.add_argument("--demand-object", type=_object, metavar="NAMESPACE/NAME",
-                      help="report this router's demand (requests held, the latest request) "
-                      "to the operator as an annotation on this AutoGLMDeployment, keyed by "
-                      f"${POD_NAME_ENV}")
-    kube.add_argument("--demand-interval", type=_positive(float), metavar="S",
-                      help="while requests arrive, report at most once per S seconds "
-                      f"(default {DEFAULTS.demand_interval:g}); holding starts and ends are "
-                      "reported at once")
-    hold = p.add_argument_group("holding (scale to zero): a request that finds no replica "
-                                "waits for one instead of a 503")
+    hold = p.add_argument_group("holding (scale to zero, rollouts): an inference request that "
+                                "finds no replica waits for one instead of a 503; the operator "
+                                "reads what is held from the ops port (/autoglm/v1/demand)")
     hold.add_argument("--hold-queue-size", type=_not_negative, default=DEFAULTS.hold_queue_size,
                       metavar="N", help="requests held at once; past it 503 with Retry-After "
                       "(0: hold none, answer 503 at once)")
     hold.add_argument("--hold-seconds", type=_positive(float), default=DEFAULTS.hold_seconds,
                       metavar="S", help="the longest a request is held; then 503 with "
                       "Retry-After (keep --drain-seconds above it)")
+    hold.add_argument("--hold-per-client", type=_positive(int), metavar="N",
+                      help="requests one client (its source address) may have held at once; "
+                      "past it 503 with Retry-After (default a quarter of --hold-queue-size)")
+    hold.add_argument("--hold-heartbeat-seconds", type=_not_negative_float,
+                      default=DEFAULTS.hold_heartbeat, metavar="S",
+                      help="a held streamed request gets its response head and an SSE comment "
+                      "every S seconds, so a proxy's idle timeout does not cut it (0: none)")
+    p.add_argument("--served-model-name", action="append", default=[], metavar="NAME",
+                   help="a name the replicas serve: GET /v1/models lists these while no "
+                   "replica is up, instead of waking one; repeat for each")
     p.add_argument("--load-factor", type=float, default=1.25,
                    help="no replica above this times the mean in-flight cost (>= 1.0)")
     p.add_argument("--no-spill", dest="spill", action="store_false",
@@ -200,8 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def create_app(args: argparse.Namespace, discovery: Discovery | None = None,
-               demand: AnnotationPatch | None = None) -> RouterApp:
+def create_app(args: argparse.Namespace, discovery: Discovery | None = None) -> RouterApp:
     config = RoutingConfig(
         load_factor=args.load_factor, spill=args.spill, shed=args.shed,
         other_overflow=args.other_overflow, fresh_seconds=args.fresh_seconds,
@@ -219,15 +217,15 @@ def create_app(args: argparse.Namespace, discovery: Discovery | None = None,
         max_inflight=args.max_inflight, max_buffered_body_bytes=args.max_buffered_body_bytes,
         body_timeout=args.body_timeout, send_timeout=args.send_timeout,
         hold_queue_size=args.hold_queue_size, hold_seconds=args.hold_seconds,
-        demand_interval=args.demand_interval or DEFAULTS.demand_interval,
+        hold_per_client=args.hold_per_client, hold_heartbeat=args.hold_heartbeat_seconds,
+        served_model_names=tuple(args.served_model_name),
     )
     api_key = os.environ.get(API_KEY_ENV)
     return RouterApp(discovery or discovery_of(args), config, settings,
-                     api_keys=[api_key] if api_key else [], demand=demand)
+                     api_keys=[api_key] if api_key else [])
 
 
-KUBE_ONLY = ("namespace", "selector", "port_name", "target_port", "kubeconfig", "context",
-             "demand_object")
+KUBE_ONLY = ("namespace", "selector", "port_name", "target_port", "kubeconfig", "context")
 
 
 def check_discovery_flags(args: argparse.Namespace) -> str | None:
@@ -246,19 +244,6 @@ def check_discovery_flags(args: argparse.Namespace) -> str | None:
         return "--port-name and --target-port exclude each other: give one"
     if args.context is not None and args.kubeconfig is None and not os.environ.get("KUBECONFIG"):
         return "--context needs --kubeconfig (or $KUBECONFIG)"
-    return None
-
-
-def check_demand_flags(args: argparse.Namespace, env: dict[str, str] | None = None
-                       ) -> str | None:  # fmt: skip
-    """What is wrong with the demand report's flags, or None (after check_discovery_flags)."""
-    env = dict(os.environ) if env is None else env
-    if args.demand_object is None:
-        return "--demand-interval only applies with --demand-object" \
-            if args.demand_interval is not None else None
-    if not env.get(POD_NAME_ENV):
-        return (f"--demand-object needs ${POD_NAME_ENV}, this router pod's name (the downward "
-                "API's metadata.name): each router reports under its own key")
     return None
 
 
@@ -310,17 +295,6 @@ def discovery_of(args: argparse.Namespace) -> Discovery:
                                probe_interval=args.poll_interval)
 
 
-def demand_of(args: argparse.Namespace, env: dict[str, str] | None = None
-              ) -> AnnotationPatch | None:  # fmt: skip
-    """Where --demand-object reports go: this pod's key on the AutoGLMDeployment."""
-    if args.demand_object is None:
-        return None
-    env = dict(os.environ) if env is None else env
-    namespace, name = args.demand_object
-    return AnnotationPatch(api_access(args, env), namespace, name,
-                           annotation_key(env[POD_NAME_ENV]))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -330,9 +304,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--other-overflow must be at least 0, got {args.other_overflow}")
     if not args.fresh_seconds > 0.0:
         parser.error(f"--fresh-seconds must be above 0, got {args.fresh_seconds}")
-    problem = check_discovery_flags(args) or check_demand_flags(args)
+    problem = check_discovery_flags(args)
     if problem:
         parser.error(problem)
+    if args.hold_per_client is not None and args.hold_per_client > args.hold_queue_size:
+        parser.error(f"--hold-per-client ({args.hold_per_client}) must not exceed "
+                     f"--hold-queue-size ({args.hold_queue_size})")
     if args.endpoint and len(set(args.endpoint)) != len(args.endpoint):
         parser.error("each --endpoint may be given once")
     if args.metrics_port == args.port:
@@ -341,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem:
         parser.error(problem)
     try:
-        discovery, demand = discovery_of(args), demand_of(args)
+        discovery = discovery_of(args)
     except AccessError as exc:
         parser.error(str(exc))
     logging.basicConfig(level=args.log_level.upper(),
@@ -349,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # On SIGTERM the server stops listening and waits up to --drain-seconds for requests in
     # flight, streams included, and for kept-alive connections to end (drain.py).
     # The replica's own Date and Server headers pass through, so uvicorn adds none.
-    app = create_app(args, discovery, demand)
+    app = create_app(args, discovery)
     limits = ConnectionLimits(
         max_connections=args.max_client_connections, max_header_bytes=args.max_header_bytes,
         max_headers=args.max_headers, header_timeout=args.header_timeout)

@@ -60,6 +60,7 @@ class RequestFeatures:
     # prefix cache: the messages before the previous user message (the phone agent rewrites
     # that one, stripping its screenshot, so the shared prefix ends there).
     cached_tokens: float = 0.0
+    streamed: bool = False  # `stream: true`: a held one hears heartbeats (proxy.HeldStream)
 
     @property
     def home_cost(self) -> float:
@@ -86,14 +87,16 @@ def request_features(
     session = session_key(body, headers)
     traffic_class = classify(path, body, headers)
     new = path == CHAT_PATH and not _has_answer(body.get("messages"))
+    streamed = body.get("stream") is True
     if session is not None:
         return RequestFeatures(traffic_class, session, KeyKind.SESSION, cost, new, fanout,
-                               cached)
+                               cached, streamed)
     prefix = prefix_key(path, body, prefix_chars)
     if prefix is None:
-        return RequestFeatures(traffic_class, None, KeyKind.NONE, cost, fanout=fanout)
+        return RequestFeatures(traffic_class, None, KeyKind.NONE, cost, fanout=fanout,
+                               streamed=streamed)
     kind = KeyKind.CONVERSATION if path == CHAT_PATH else KeyKind.PREFIX
-    return RequestFeatures(traffic_class, prefix, kind, cost, new, fanout, cached)
+    return RequestFeatures(traffic_class, prefix, kind, cost, new, fanout, cached, streamed)
 
 
 def session_key(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | None:

@@ -5,8 +5,8 @@ A pod matching the selector is a replica at `http://<podIP>:<port>`; its mode is
 once when it gets a deletionTimestamp (terminating). The apiserver is spoken to with aiohttp, not
 a Kubernetes client: list, then watch from the list's resourceVersion with bookmarks; a 410 Gone
 lists again; any other error reconnects with backoff, keeping the last pods seen meanwhile.
-Only list/watch on pods of the namespace are needed, and `patch` on the AutoGLMDeployment when
-the router reports its demand there (`AnnotationPatch`, --demand-object).
+Only list/watch on pods of the namespace are needed: the router writes nothing (the operator
+reads its demand from its ops port).
 """
 
 from __future__ import annotations
@@ -34,9 +34,6 @@ log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 USER_AGENT = "autoglm-router"
-# The AutoGLMDeployment's API: group, version, plural (the operator's resource/spec.py).
-DEPLOYMENT_API = ("autoglm.io", "v1alpha1", "autoglmdeployments")
-MERGE_PATCH = "application/merge-patch+json"
 
 
 class AccessError(Exception):
@@ -258,7 +255,7 @@ class PodTable:
             if pod.url is None or pod.terminating:
                 continue
             endpoint = Endpoint(pod.url, pod.mode, pod.ready and pod.url not in unreachable,
-                                pod.uid in draining, label=pod.pod)
+                                pod.url in draining, label=pod.pod)
             if pod.url not in by_url or (endpoint.ready and not by_url[pod.url].ready):
                 by_url[pod.url] = endpoint
         return list(by_url.values())
@@ -275,8 +272,10 @@ def _state(pod: PodReplica | None) -> tuple[object, ...] | None:
 class KubernetesDiscovery:
     """The `Discovery` of pods in one namespace that match a label selector.
 
-    Data-path reports hold a pod out between watch events: a draining one until it is gone (a
-    runtime never stops draining), an unreachable one until its `/health` answers 200 again.
+    Data-path reports hold an address out between watch events, a draining one and an
+    unreachable one alike, until its `/health` answers 200 again. An address, not a pod: the
+    answer came from whatever listens there, and a new pod may get a leaving pod's address (a
+    new pod that takes over a draining pod's address is used once it answers).
     """
 
     def __init__(self, access: ApiAccess, namespace: str, selector: str, port: str | int, *,
@@ -292,7 +291,7 @@ class KubernetesDiscovery:
         self.first_sync_wait = first_sync_wait
         self.lists = 0
         self.watches = 0
-        self._draining: set[str] = set()  # pod uids
+        self._draining: set[str] = set()  # URLs
         self._unreachable: set[str] = set()  # URLs
         self._synced = asyncio.Event()
         self._ssl: ssl.SSLContext | bool = access.ssl_context()  # bad files fail at start
@@ -309,12 +308,12 @@ class KubernetesDiscovery:
     def report_unreachable(self, name: str) -> None:
         if name not in self._unreachable and self.table.uid_of(name):
             self._unreachable.add(name)
-            self._spawn(self._recover(name))
+            self._spawn(self._recover(name, self._unreachable))
 
     def report_draining(self, name: str) -> None:
-        uid = self.table.uid_of(name)
-        if uid:
-            self._draining.add(uid)
+        if name not in self._draining and self.table.uid_of(name):
+            self._draining.add(name)
+            self._spawn(self._recover(name, self._draining))
 
     async def start(self) -> None:
         self._client = aiohttp.ClientSession(headers={"User-Agent": USER_AGENT})
@@ -439,58 +438,23 @@ class KubernetesDiscovery:
                      pod.ready, pod.terminating)
 
     def _forget_gone(self) -> None:
-        self._draining &= set(self.table.pods)
         urls = {p.url for p in self.table.pods.values()}
+        self._draining &= urls
         self._unreachable &= urls
 
-    async def _recover(self, url: str) -> None:
-        """Probe an unreachable pod's /health until it answers 200 or the pod is gone."""
+    async def _recover(self, url: str, held_out: set[str]) -> None:
+        """Probe an address held out (in `held_out`) until its /health answers 200 or no pod
+        has it any more."""
         assert self._client is not None
-        log.info("Replica %s unreachable: out until its /health answers", url)
-        while url in self._unreachable:
+        log.info("Replica %s %s: out until its /health answers", url,
+                 "draining" if held_out is self._draining else "unreachable")
+        while url in held_out:
             await asyncio.sleep(self.probe_interval)
             try:
                 async with self._client.get(url + "/health",
                                             timeout=aiohttp.ClientTimeout(total=2)) as response:
                     if response.status == 200:
-                        self._unreachable.discard(url)
+                        held_out.discard(url)
                         log.info("Replica %s answers again", url)
             except (aiohttp.ClientError, TimeoutError):
                 pass
-
-
-# -- the demand report ------------------------------------------------------------------------
-
-
-def deployment_url(server: str, namespace: str, name: str) -> str:
-    group, version, plural = DEPLOYMENT_API
-    return f"{server}/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}"
-
-
-class AnnotationPatch:
-    """Sets one annotation of one AutoGLMDeployment with a JSON merge patch, which leaves every
-    other key alone (the other routers' demand included); `demand.Patch`."""
-
-    def __init__(self, access: ApiAccess, namespace: str, name: str, key: str,
-                 timeout: float = 10.0) -> None:
-        self.url = deployment_url(access.server, namespace, name)
-        self.key = key
-        self.access = access
-        self._timeout = aiohttp.ClientTimeout(total=timeout)
-        self._ssl: ssl.SSLContext | bool = access.ssl_context()  # bad files fail at start
-        self._client: aiohttp.ClientSession | None = None
-
-    async def __call__(self, value: str) -> None:
-        if self._client is None:
-            self._client = aiohttp.ClientSession(headers={"User-Agent": USER_AGENT})
-        body = orjson.dumps({"metadata": {"annotations": {self.key: value}}})
-        async with self._client.patch(
-            self.url, data=body, headers={**self.access.headers(), "Content-Type": MERGE_PATCH},
-            ssl=self._ssl, timeout=self._timeout,
-        ) as response:
-            if response.status != 200:
-                raise ApiError(response.status, (await response.read()).decode(errors="replace"))
-
-    async def close(self) -> None:
-        if self._client is not None:
-            await self._client.close()

@@ -19,8 +19,7 @@ OUTCOMES = ("ok", "client_error", "upstream_error", "refused", "unreachable", "c
 PLACEMENTS = ("hit", "moved", "new")
 RETRY_REASONS = ("connect_error", "draining", "queue_full")
 DECISION_REASONS = ("hashed", "bounded", "least_loaded", "least_fresh", "spilled", "waking")
-HOLD_OVERFLOWS = ("full", "timeout")
-DEMAND_RESULTS = ("ok", "failed")
+HOLD_OVERFLOWS = ("full", "client_full", "timeout")
 
 
 @dataclass(frozen=True)
@@ -37,7 +36,6 @@ class RouterMetrics:
     held: Gauge
     hold_seconds: Histogram
     hold_overflows: Counter
-    demand_patches: Counter
 
 
 def router_metrics() -> RouterMetrics:
@@ -74,19 +72,12 @@ def router_metrics() -> RouterMetrics:
         decisions.labels(reason)
     hold_overflows = Counter(
         "autoglm_router_hold_overflows",
-        "Held requests answered 503 past the hold queue's bound: full at arrival, or held "
-        "--hold-seconds (timeout).",
+        "Held requests answered 503 past the hold queue's bound: full at arrival, its client's "
+        "share full at arrival (client_full), or held --hold-seconds (timeout).",
         ["reason"], registry=registry,
     )
     for reason in HOLD_OVERFLOWS:
         hold_overflows.labels(reason)
-    demand_patches = Counter(
-        "autoglm_router_demand_patches",
-        "Demand annotations written to the AutoGLMDeployment, by result.",
-        ["result"], registry=registry,
-    )
-    for result in DEMAND_RESULTS:
-        demand_patches.labels(result)
     return RouterMetrics(
         registry=registry,
         requests=Counter(
@@ -109,7 +100,8 @@ def router_metrics() -> RouterMetrics:
                        "Replicas taking requests, by mode (unknown: no autoglm_mode).",
                        ["mode"], registry=registry),
         held=Gauge("autoglm_router_held_requests",
-                   "Requests held now, waiting for a replica (the hold queue).",
+                   "Requests held now, waiting for a replica (the hold queue): what KEDA "
+                   "activates a deployment at zero on.",
                    registry=registry),
         hold_seconds=Histogram(
             "autoglm_router_hold_seconds",
@@ -118,5 +110,4 @@ def router_metrics() -> RouterMetrics:
             buckets=HOLD_BUCKETS, registry=registry,
         ),
         hold_overflows=hold_overflows,
-        demand_patches=demand_patches,
     )

@@ -29,10 +29,11 @@ from yarl import URL
 from autoglm_api.api_key import key_digests, presents_a_key
 from autoglm_api.asgi_body import BodyTooLarge, ClientDisconnected, read_body
 from autoglm_api.keepalive import UPSTREAM_POOL_IDLE_SECONDS
+from autoglm_api.standby import DEMAND_PATH
 from autoglm_router import answers
-from autoglm_router.answers import HELD_SECONDS, REQUEST_ID, Answer, error_body
+from autoglm_router.answers import HELD_SECONDS, REQUEST_ID, SSE_DONE, Answer, error_body
 from autoglm_router.connections import ABORT_SCOPE_KEY
-from autoglm_router.demand import DemandBook, DemandReporter, Patch
+from autoglm_router.demand import DemandBook
 from autoglm_router.discovery import Discovery, StaticDiscovery
 from autoglm_router.features import (
     DEFAULT_IMAGE_MAX_PIXELS,
@@ -40,7 +41,14 @@ from autoglm_router.features import (
     RequestFeatures,
     request_features,
 )
-from autoglm_router.hold import CHECK_SECONDS, HoldQueue, Outcome, Ticket
+from autoglm_router.hold import (
+    CHECK_SECONDS,
+    RETRY_AFTER_FULL_SECONDS,
+    HoldQueue,
+    Outcome,
+    Overflow,
+    Ticket,
+)
 from autoglm_router.metrics import RouterMetrics, router_metrics
 from autoglm_router.others import OtherRouters
 from autoglm_router.paths import check_path
@@ -79,7 +87,6 @@ HOP_BY_HOP = frozenset({
 # Set by the router alone: a client's value would be passed off as the router's word.
 FORWARDED = frozenset({"x-forwarded-for", "x-forwarded-host", "x-forwarded-proto",
                        "x-forwarded-port", "x-real-ip", "forwarded"})
-SSE_DONE = b"data: [DONE]\n\n"
 HELD_BODY_LIMIT = 64 * 1024  # a 429/503 body is read whole to decide on a retry
 # A drain answers its held requests this long before it ends, so each gets its 503 before
 # the connections left are closed.
@@ -106,7 +113,11 @@ class ProxySettings:
     recent_load_seconds: float = RECENT_LOAD_SECONDS
     hold_queue_size: int = 0  # requests held at once when no replica takes them; 0: none
     hold_seconds: float = 180.0  # the longest one is held
-    demand_interval: float = 10.0  # the least time between two demand reports while busy
+    hold_per_client: int | None = None  # held at once from one client; None: a quarter
+    # A held streamed request gets its headers and an SSE comment this often (0: never).
+    hold_heartbeat: float = 15.0
+    # The names GET /v1/models lists while no replica is up (the replicas' --served-model-name).
+    served_model_names: tuple[str, ...] = ()
 
 
 class LoadBook:
@@ -196,16 +207,56 @@ class _Call:
     status: int = 0  # the status relayed
     held_seconds: float | None = None  # how long it waited for a replica, if it did
     ticket: Ticket | None = None  # its place in the hold queue, once it was held
+    client: str = ""  # its source address: its share of the hold queue is bounded
     abort: Callable[[], None] | None = None  # drops the client's connection (connections.py)
     delivered: bool = False  # the client has every byte that matters (see _relay)
     counted: bool = False  # in autoglm_router_requests_total, which counts each request once
 
 
+class HeldStream:
+    """The response of a streamed request that may be held. Until its first heartbeat it
+    passes through. A heartbeat sends the response's head (200, an event stream) and an SSE
+    comment, so a proxy's idle timeout does not cut a request held through a cold start; from
+    then on the answer that follows goes out as events: a 200 stream as it comes, any other
+    answer as an error event (what vLLM sends when a stream fails; the OpenAI clients raise
+    it)."""
+
+    def __init__(self, send: Send, request_id: str) -> None:
+        self._send = send
+        self._request_id = request_id
+        self.committed = False
+        self._status = 200
+        self._error = bytearray()
+
+    async def heartbeat(self, held_seconds: float) -> None:
+        if not self.committed:
+            self.committed = True
+            headers = [(k.encode(), v.encode()) for k, v in answers.HELD_STREAM_HEADERS]
+            headers.append((REQUEST_ID.encode(), self._request_id.encode()))
+            await self._send({"type": "http.response.start", "status": 200,
+                              "headers": headers})
+        await self._send({"type": "http.response.body", "body": answers.heartbeat(held_seconds),
+                          "more_body": True})
+
+    async def __call__(self, message: Message) -> None:
+        if not self.committed:
+            await self._send(message)
+        elif message["type"] == "http.response.start":
+            self._status = message["status"]
+        elif self._status == 200:
+            await self._send(message)
+        else:
+            if len(self._error) < HELD_BODY_LIMIT:
+                self._error += message.get("body", b"")[:HELD_BODY_LIMIT - len(self._error)]
+            if not message.get("more_body"):
+                await self._send({"type": "http.response.body", "more_body": False,
+                                  "body": answers.sse_error(self._status, bytes(self._error))})
+
+
 class RouterApp:
     def __init__(self, discovery: Discovery, config: RoutingConfig,
-                 settings: ProxySettings | None = None, api_keys: list[str] | None = None,
-                 demand: Patch | None = None) -> None:
-        """`demand`: where this router reports its demand to the operator (--demand-object)."""
+                 settings: ProxySettings | None = None,
+                 api_keys: list[str] | None = None) -> None:
         self.discovery = discovery
         self.config = config
         self.settings = settings or ProxySettings()
@@ -227,11 +278,11 @@ class RouterApp:
             self._poll_load = False
         self.sessions = SessionMemory(self.settings.session_memory)
         self.client: aiohttp.ClientSession | None = None
-        self.hold = HoldQueue(self.settings.hold_queue_size, self.settings.hold_seconds)
+        self.hold = HoldQueue(self.settings.hold_queue_size, self.settings.hold_seconds,
+                              self.settings.hold_per_client)
         self._releasing: asyncio.Task[None] | None = None
-        self.demand = None if demand is None else DemandReporter(
-            DemandBook(self.settings.demand_interval), demand,
-            lambda ok: self.metrics.demand_patches.labels("ok" if ok else "failed").inc())
+        self.demand = DemandBook()  # what the operator reads (GET DEMAND_PATH, ops port)
+        self.started_at = int(time.time())
 
     # --- ASGI -------------------------------------------------------------------------------
 
@@ -245,11 +296,20 @@ class RouterApp:
             await self._serve(scope, receive, send)
 
     async def ops(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The ops port: /health and /metrics, apart from the API clients reach."""
+        """The ops port: /health, /metrics and the demand report, apart from the API clients
+        reach; each is read-only."""
         if scope["type"] != "http":
             return
         if scope["path"] == "/health":
             await self._health(send)
+        elif scope["path"] == DEMAND_PATH:
+            if scope["method"] not in ("GET", "HEAD"):
+                # Closed, as the API port's refusals: the body is never read.
+                await _respond(send, 405, error_body("Use GET.", 405), {"allow": "GET"},
+                               close=True)
+                return
+            report = self.demand.report(self.hold.arrivals())
+            await _respond(send, 200, report.encode())
         elif scope["path"] == "/metrics":
             self._count_replicas()
             await _respond(send, 200, generate_latest(self.metrics.registry),
@@ -340,8 +400,6 @@ class RouterApp:
     async def stop(self) -> None:
         if self._releasing is not None:
             self._releasing.cancel()
-        if self.demand is not None:
-            await self.demand.close()
         await self.others.stop()
         await self.discovery.stop()
         if self.client is not None:
@@ -352,12 +410,6 @@ class RouterApp:
         (time.monotonic), less the time to answer them."""
         self.draining = True
         self.hold.cut_off(until - DRAIN_ANSWER_SECONDS)
-
-    def note_request(self) -> None:
-        """A request arrived (held or routed): the operator's idle window starts again."""
-        if self.demand is not None:
-            self.demand.book.request()
-            self.demand.changed()
 
     def choose(self, features: RequestFeatures) -> Route | Refusal:
         """The routing decision for a request, where its session's last turn went counted."""
@@ -471,47 +523,67 @@ class RouterApp:
         query = scope.get("query_string", b"")
         target = raw_path + ("?" + query.decode("latin-1") if query else "")
         forwarded = _upstream_headers(headers, request_id, scope)
+        client = scope.get("client")
         return _Call(scope["method"], target, forwarded, body, features, request_id, arrival,
-                     abort=scope.get(ABORT_SCOPE_KEY))
+                     client=client[0] if client else "", abort=scope.get(ABORT_SCOPE_KEY))
 
     async def _forward(self, call: _Call, send: Send) -> None:
+        inference = call.method == "POST"  # the generating routes: demand for GPUs
         try:
-            await self._route_and_relay(call, send)
+            if self.hold.size:
+                send = _with_header(send, HELD_SECONDS, lambda: call.held_seconds)
+                if call.features.streamed and self.settings.hold_heartbeat:
+                    send = HeldStream(send, call.request_id)
+            route = await self._first_route(call, send, inference)
+            if route is not None:
+                await self._relay_from(call, route, send, inference)
         finally:
             if call.ticket is not None and call.held_seconds is not None:
                 # Once per request, however often a replica not serving yet sent it back.
                 self.metrics.hold_seconds.observe(call.held_seconds)
 
-    async def _route_and_relay(self, call: _Call, send: Send) -> None:
-        self.note_request()
-        if self.hold.size:
-            send = _with_header(send, HELD_SECONDS, lambda: call.held_seconds)
+    async def _first_route(self, call: _Call, send: Send, inference: bool) -> Route | None:
+        """The replica to try first, holding the request while none can take it; None when
+        it was answered here instead."""
         route: Route | Refusal | Answer = self.choose(call.features)
-        if isinstance(route, Refusal) and route.reason == NO_REPLICA and self.hold.size:
-            route = await self._held(call)
+        if isinstance(route, Refusal) and route.reason == NO_REPLICA:
+            if not inference and self.settings.served_model_names:
+                # GET /v1/models at zero: answered from what the router knows, waking nothing.
+                self._count(call, None, "ok")
+                await _answer(send, answers.models_at_zero(self.settings.served_model_names,
+                                                           self.started_at))
+                return None
+            if inference and self.hold.size:
+                route = await self._held(call, send)
         if isinstance(route, Answer):
             self._count(call, None, "refused")
             await _answer(send, route)
-            return
+            return None
         if isinstance(route, Refusal):
             self._count(call, None, "refused")
             await _answer(send, answers.refused(route, call.request_id))
-            return
+            return None
+        return route
+
+    async def _relay_from(self, call: _Call, route: Route, send: Send, inference: bool) -> None:
+        """Try `route`, then the retries the decision allows; a request no replica took
+        before its first byte (a pod not listening yet, one leaving, one full at its release)
+        is held again within its first hold's deadline."""
         tried: list[str] = []
         while True:
             tried.append(route.replica)
             call.modes[route.replica] = self.mode_label(route.replica)
             self.metrics.decisions.labels(route.reason.value).inc()
-            outcome = await self._attempt(call, route, send)
+            outcome = await self._attempted(call, route, send, inference)
             if not isinstance(outcome, tuple):
                 return
             failure, held = outcome
             next_route = retry_route(failure, call.features, self.pool(), self.config, tried)
-            if next_route is None and self.hold.size and failure is not Failure.QUEUE_FULL:
-                # Nothing answered before the first byte (a pod reported ready before its
-                # engine listens, or one leaving): as at zero, wait for a replica that does,
-                # within what is left of the request's hold.
-                rehold = await self._held(call)
+            full = failure is Failure.QUEUE_FULL
+            # A 429 is the shed policy's answer to a request that was never held; one that
+            # waited out a cold start goes back to its place instead.
+            if next_route is None and self.hold.size and (not full or call.ticket is not None):
+                rehold = await self._held(call, send, RETRY_AFTER_FULL_SECONDS if full else 0.0)
                 if isinstance(rehold, Answer):
                     self._count(call, None, "refused")
                     await _answer(send, rehold)
@@ -526,30 +598,46 @@ class RouterApp:
                      failure.value, route.replica)
             route = next_route
 
-    async def _held(self, call: _Call) -> Route | Answer:
-        """Hold a request that found no replica until the pool takes it; or the answer past
-        the queue's bounds. A client that leaves cancels the wait, and leaves the queue."""
+    async def _attempted(
+        self, call: _Call, route: Route, send: Send, inference: bool
+    ) -> tuple[Failure, _Held | None] | None:
+        """`_attempt`, with an inference request in flight (the demand report) while it is on
+        a replica: one held again between two attempts counts as held only."""
+        if not inference:
+            return await self._attempt(call, route, send)
+        self.demand.started()
+        try:
+            return await self._attempt(call, route, send)
+        finally:
+            self.demand.finished(call.held_seconds)
+
+    async def _held(self, call: _Call, send: Send | None, wait: float = 0.0) -> Route | Answer:
+        """Hold a request that found no replica until the pool takes it (not before `wait`
+        seconds); or the answer past the queue's bounds. A client that leaves cancels the
+        wait, and leaves the queue. With no `send` (the endpoint picker) nothing is sent to
+        the client while it waits."""
         ticket = call.ticket
         if ticket is not None:
-            self.hold.rejoin(ticket)  # its place and deadline from its first wait
+            self.hold.rejoin(ticket, wait)  # its place and deadline from its first wait
         else:
-            ticket = call.ticket = self.hold.join(call.features)
-        if ticket is None:
-            call.held_seconds = 0.0
-            self.metrics.hold_overflows.labels("full").inc()
-            return answers.hold_full(call.request_id)
+            joined = self.hold.join(call.features, call.client)
+            if isinstance(joined, Overflow):
+                call.held_seconds = 0.0
+                self.metrics.hold_overflows.labels(joined.value).inc()
+                return (answers.hold_full(call.request_id) if joined is Overflow.FULL
+                        else answers.hold_client_full(call.request_id))
+            ticket = call.ticket = joined
         self._held_changed()
         try:
             while True:
-                outcome = await ticket.wait()
+                outcome = await (ticket.wait() if send is None
+                                 else self._wait(call, ticket, send))
                 call.held_seconds = self.hold.waited(ticket)
                 if outcome is Outcome.TIMEOUT:
                     self.metrics.hold_overflows.labels("timeout").inc()
                     return answers.held_too_long(call.held_seconds, call.request_id)
                 route = self.choose(call.features)
                 if isinstance(route, Route):
-                    if self.demand is not None:
-                        self.demand.book.waited(call.held_seconds)
                     return route
                 # Released, it found the pool taken in the meantime: back to its place.
                 self.hold.rejoin(ticket)
@@ -558,12 +646,25 @@ class RouterApp:
             self.hold.leave(ticket)
             self._held_changed()
 
+    async def _wait(self, call: _Call, ticket: Ticket, send: Send) -> Outcome:
+        """The ticket's outcome; a held stream hears a heartbeat meanwhile (HeldStream)."""
+        if not isinstance(send, HeldStream):
+            return await ticket.wait()
+        while True:
+            try:
+                async with asyncio.timeout(self.settings.hold_heartbeat):
+                    return await ticket.wait()
+            except TimeoutError:
+                pass
+            try:
+                async with asyncio.timeout(self.settings.send_timeout):
+                    await send.heartbeat(self.hold.waited(ticket))
+            except TimeoutError:
+                raise _ClientStalled from None
+
     def _held_changed(self) -> None:
-        """The hold queue changed: its gauge, the demand report, the release loop."""
+        """The hold queue changed: its gauge, the release loop."""
         self.metrics.held.set(len(self.hold))
-        if self.demand is not None:
-            self.demand.book.holding(len(self.hold), self.hold.held_since())
-            self.demand.changed()
         if self.hold and (self._releasing is None or self._releasing.done()):
             self._releasing = asyncio.ensure_future(self._release_held())
 

@@ -11,7 +11,9 @@ the old process. So, given the `kubelet` (the PodRunner), a pod counts only once
 process runs, as a pod's readiness does once its container has started.
 
 Like kube-proxy it balances connections, not requests: a new connection goes to the next ready
-endpoint, and an established connection stays with its pod until either side closes it. Like
+endpoint, and an established connection stays with its pod until either side closes it. Given
+`idle_timeout`, it cuts a connection on which no byte moved for that long, as the ingresses and
+cloud load balancers in front of a Service do (60 s is common). Like
 the endpoint controller it follows the Service: when its selector changes (the operator moves
 Service `<name>` onto the router pods once one is ready), the endpoints follow at once.
 
@@ -57,14 +59,16 @@ class ProxyStats:
     connection_times: list[tuple[float, str]] = field(default_factory=list)
     removed_at: dict[str, float] = field(default_factory=dict)
     refused: int = 0  # connections that arrived while no endpoint was ready
+    idle_cuts: int = 0  # connections cut for idleness (idle_timeout)
 
 
 class ServiceProxy:
     def __init__(self, cluster: LocalCluster, namespace: str, service: str,
-                 kubelet: Kubelet | None = None) -> None:  # fmt: skip
+                 kubelet: Kubelet | None = None, idle_timeout: float | None = None) -> None:
         """`kubelet`: what runs the pods' processes; None when nothing here runs them (their
         readinessProbe alone decides)."""
         self.namespace = namespace
+        self.idle_timeout = idle_timeout
         self._kubelet = kubelet
         self.service = service
         api_client = config.new_client_from_config(config_file=cluster.kubeconfig)
@@ -281,10 +285,31 @@ class ServiceProxy:
             writer.close()  # as a refused connection through kube-proxy
             return
         self._open |= {writer, upstream_writer}
+        moved = [time.monotonic()]  # when a byte last moved either way
+        pipes = asyncio.gather(_pipe(reader, upstream_writer, moved),
+                               _pipe(upstream_reader, writer, moved))
         try:
-            await asyncio.gather(_pipe(reader, upstream_writer), _pipe(upstream_reader, writer))
+            if self.idle_timeout is None:
+                await pipes
+            else:
+                await self._cut_when_idle(pipes, moved, writer, upstream_writer)
         finally:
             self._open -= {writer, upstream_writer}
+
+    async def _cut_when_idle(self, pipes: asyncio.Future[Any], moved: list[float],
+                             *writers: asyncio.StreamWriter) -> None:
+        assert self.idle_timeout is not None
+        while not pipes.done():
+            idle = time.monotonic() - moved[0]
+            if idle >= self.idle_timeout:
+                self.stats.idle_cuts += 1
+                log(f"servicelb: cut a connection idle for {idle:.0f}s")
+                for writer in writers:
+                    writer.transport.abort()
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(pipes), self.idle_timeout - idle)
+        await asyncio.gather(pipes, return_exceptions=True)
 
 
 def _daemon(target: Any, name: str) -> threading.Thread:
@@ -293,10 +318,13 @@ def _daemon(target: Any, name: str) -> threading.Thread:
     return thread
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Copy until EOF or an error, then close this direction's writer (the other side sees EOF)."""
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                moved: list[float]) -> None:
+    """Copy until EOF or an error, then close this direction's writer (the other side sees EOF);
+    `moved[0]` is when a byte last went through."""
     try:
         while data := await reader.read(65536):
+            moved[0] = time.monotonic()
             writer.write(data)
             await writer.drain()
     except (ConnectionError, OSError):

@@ -92,9 +92,11 @@ class Reply:
     body: bytes
 
 
-def exchange(port: int, request: bytes, timeout: float = 5.0) -> Reply:
-    """Send raw bytes, read one response (or the close), within `timeout` seconds."""
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+def exchange(port: int, request: bytes, timeout: float = 5.0, source: str | None = None) -> Reply:
+    """Send raw bytes, read one response (or the close), within `timeout` seconds; from the
+    loopback address `source` (127.0.0.1 by default: one client) when given."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout,
+                                  source_address=(source, 0) if source else None) as sock:
         sock.sendall(request)
         return read_reply(sock, timeout)
 

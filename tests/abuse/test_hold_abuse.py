@@ -1,6 +1,7 @@
 """Hostile clients against the router's hold queue (scale to zero,
-docs/operations/scale-to-zero.md): a flood at zero replicas, clients that send a request at zero
-and vanish, and a held client that reads nothing once its request is released. Each test starts
+docs/operations/scale-to-zero.md): a flood at zero replicas, a flood from one client beside
+another client, clients that send a request at zero and vanish, and a held client that reads
+nothing once its request is released. Each test starts
 its own router in front of a recording replica that is not up yet (its port known, nothing
 listening there), and starts the replica when the test says so."""
 
@@ -11,7 +12,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -31,12 +32,16 @@ from abuse_kit import (
 
 from autoglm_router.answers import HELD_SECONDS, HOLD_RETRY_AFTER_SECONDS
 from testkit.probe import metric
-from testkit.waiting import eventually
+from testkit.waiting import TIME_SCALE, eventually
 
 pytestmark = pytest.mark.timeout(60)
 
+RecordInput = Callable[[str, str, bool], None]
 QUEUE = 4  # --hold-queue-size
 FLOOD = 40  # requests sent together at zero
+# These tests send from one address and are about the queue's own bound: one client may hold
+# the whole queue here (the default, a quarter of it, is the fair-share test's).
+WHOLE_QUEUE = ("--hold-per-client", str(QUEUE))
 
 
 @dataclass
@@ -119,16 +124,17 @@ class HeldPeak:
 def test_a_flood_at_zero_holds_only_the_queue_and_every_other_request_is_refused_at_once(
     start_router: StartRouter, later: LaterReplica
 ) -> None:
-    hold_seconds = 3.0
+    hold_seconds = 3.0 * TIME_SCALE  # every bound below is a share of it, or a scaled slack
     router = start_router([later.replica.base_url], "--hold-queue-size", str(QUEUE),
-                          "--hold-seconds", str(hold_seconds))
+                          *WHOLE_QUEUE, "--hold-seconds", str(hold_seconds))
     answered: list[tuple[float, Reply]] = []  # (seconds from send to answer, the answer)
     together = threading.Barrier(FLOOD)
 
     def send() -> None:
-        together.wait(10)
+        together.wait(10 * TIME_SCALE)
         sent = time.monotonic()
-        reply = exchange(router.port, request("POST", CHAT, CHAT_BODY), timeout=hold_seconds + 10)
+        reply = exchange(router.port, request("POST", CHAT, CHAT_BODY),
+                         timeout=hold_seconds + 10 * TIME_SCALE)
         answered.append((time.monotonic() - sent, reply))
 
     threads = [threading.Thread(target=send) for _ in range(FLOOD)]
@@ -136,7 +142,7 @@ def test_a_flood_at_zero_holds_only_the_queue_and_every_other_request_is_refused
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join(hold_seconds + 15)
+            thread.join(hold_seconds + 15 * TIME_SCALE)
     assert not any(t.is_alive() for t in threads), "a request hangs"
     assert len(answered) == FLOOD and all(r.status == 503 for _, r in answered), answered
     for _, reply in answered:
@@ -145,12 +151,15 @@ def test_a_flood_at_zero_holds_only_the_queue_and_every_other_request_is_refused
     timed_out = [(took, r) for took, r in answered if float(r.headers[HELD_SECONDS]) > 0.0]
     # Past the queue: answered at once, well before the hold would have ended.
     assert len(full) == FLOOD - QUEUE, [r.headers for _, r in answered]
-    assert max(took for took, _ in full) < hold_seconds / 3, sorted(t for t, _ in full)
+    at_once = hold_seconds / 3
+    assert max(took for took, _ in full) < at_once, sorted(t for t, _ in full)
     # In the queue: held to its bound, then answered, not left hanging.
     assert len(timed_out) == QUEUE
     for took, reply in timed_out:
-        assert hold_seconds <= float(reply.headers[HELD_SECONDS]) < hold_seconds + 2, reply
-        assert took < hold_seconds + 3, took
+        held_for = float(reply.headers[HELD_SECONDS])
+        assert hold_seconds <= held_for < hold_seconds + 2 * TIME_SCALE, reply
+        assert took < hold_seconds + 3 * TIME_SCALE, took
+        assert took >= at_once, took  # the control: a held answer fails the "at once" bound
     print(f"held gauge read {gauge.reads} times during the flood; highest {gauge.peak:g}")
     assert gauge.peak == QUEUE, gauge.peak  # never above the queue, and the queue was full
     assert overflows(router, "full") == FLOOD - QUEUE
@@ -163,11 +172,73 @@ def test_a_flood_at_zero_holds_only_the_queue_and_every_other_request_is_refused
     with _held_client(router) as sock:
         eventually(lambda: held(router) == 1, 5, every=0.05, what="the next request held")
         later.start()
-        reply = read_reply(sock, 10)
+        reply = read_reply(sock, 10 * TIME_SCALE)
     assert reply.status == 200, reply
     assert float(reply.headers[HELD_SECONDS]) > 0.0
     assert later.chats() == 1  # only the request held now: none of the refused ones
     assert health(router).json()["status"] == "ok"
+
+
+# --- a flood from one client leaves room for another ---------------------------------------------
+
+FAIR_QUEUE = 8  # --hold-queue-size; one client's share is a quarter of it by default
+SHARE = FAIR_QUEUE // 4
+FLOODER, NEIGHBOUR = "127.0.0.2", "127.0.0.3"  # two clients, by source address
+STREAMED_CHAT = json.dumps({"model": "autoglm-phone-9b", "stream": True,
+                            "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+def test_a_flood_from_one_client_leaves_room_for_another(
+    start_router: StartRouter, later: LaterReplica, record_input: RecordInput
+) -> None:
+    """20 streamed chats at once from one address at zero: its share is held, the rest is
+    refused at once; a request from another address is held beside them, and every held one
+    is served once a replica is up."""
+    flood = 20
+    # No heartbeat: the held streams' answers are the replica's own, as the others here read.
+    router = start_router([later.replica.base_url], "--hold-queue-size", str(FAIR_QUEUE),
+                          "--hold-seconds", "60", "--hold-heartbeat-seconds", "0")
+    answered: list[tuple[float, Reply]] = []  # (seconds from send to answer, the answer)
+    together = threading.Barrier(flood)
+
+    def send(source: str) -> None:
+        together.wait(10 * TIME_SCALE)
+        sent = time.monotonic()
+        reply = exchange(router.port, request("POST", CHAT, STREAMED_CHAT),
+                         timeout=30 * TIME_SCALE, source=source)
+        answered.append((time.monotonic() - sent, reply))
+
+    threads = [threading.Thread(target=send, args=(FLOODER,)) for _ in range(flood)]
+    for thread in threads:
+        thread.start()
+    eventually(lambda: len(answered) == flood - SHARE, 10, every=0.05,
+               what="the flood past its share answered")
+    assert held(router) == SHARE
+    for took, reply in answered:
+        refused = (reply.status == 503 and float(reply.headers[HELD_SECONDS]) == 0.0
+                   and reply.headers["retry-after"] == str(HOLD_RETRY_AFTER_SECONDS))
+        record_input("router's hold queue, one client's flood", "refused 503 at once", refused)
+        assert refused, reply
+        assert took < 1.0 * TIME_SCALE, took  # at once, not held first
+    assert overflows(router, "client_full") == flood - SHARE
+    assert overflows(router, "full") == 0
+    # Another client is held beside the flood, not refused.
+    with socket.create_connection(("127.0.0.1", router.port), timeout=5,
+                                  source_address=(NEIGHBOUR, 0)) as neighbour:
+        neighbour.sendall(request("POST", CHAT, STREAMED_CHAT))
+        eventually(lambda: held(router) == SHARE + 1, 10, every=0.05,
+                   what="the other client's request held")
+        assert overflows(router, "client_full") == flood - SHARE
+        later.start()
+        neighbours = read_reply(neighbour, 10 * TIME_SCALE)
+    for thread in threads:
+        thread.join(15 * TIME_SCALE)
+    assert not any(t.is_alive() for t in threads), "a held request hangs"
+    assert neighbours.status == 200 and float(neighbours.headers[HELD_SECONDS]) > 0.0, neighbours
+    served = [r for _, r in answered if r.status == 200]
+    assert len(served) == SHARE and all(float(r.headers[HELD_SECONDS]) > 0.0 for r in served)
+    assert later.chats() == SHARE + 1  # the held ones only: none of the refused
+    assert held(router) == 0
 
 
 # --- clients that vanish while held --------------------------------------------------------------
@@ -184,7 +255,7 @@ def test_clients_that_vanish_while_held_free_their_places(
     start_router: StartRouter, later: LaterReplica, how: str
 ) -> None:
     router = start_router([later.replica.base_url], "--hold-queue-size", str(QUEUE),
-                          "--hold-seconds", "60")
+                          *WHOLE_QUEUE, "--hold-seconds", "60")
     gone = [_held_client(router) for _ in range(QUEUE)]
     eventually(lambda: held(router) == QUEUE, 10, every=0.05, what=f"{QUEUE} requests held")
     full = exchange(router.port, request("POST", CHAT, CHAT_BODY))
@@ -202,7 +273,7 @@ def test_clients_that_vanish_while_held_free_their_places(
         assert overflows(router, "full") == 1
         # ... and served once a replica is up; nothing of the vanished clients reaches it.
         later.start()
-        replies = [read_reply(sock, 10) for sock in again]
+        replies = [read_reply(sock, 10 * TIME_SCALE) for sock in again]
     finally:
         for sock in again:
             sock.close()

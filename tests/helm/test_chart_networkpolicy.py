@@ -1,6 +1,7 @@
 """The optional NetworkPolicies: serving pods' API port reachable only from the named clients, the
 routers, Prometheus and the helm test pod, their admin port only from the operator, and reaching
-neither link-local nor the cluster's ranges; the operator pod only on its metrics port, from
+neither link-local nor the cluster's ranges; the routers' ops port only from Prometheus and the
+operator (which reads their demand there); the operator pod only on its metrics port, from
 Prometheus. The local test cluster enforces no NetworkPolicy: these tests are the check.
 
 Selectors are checked against the objects they must match (the operator's own pod template, the
@@ -114,7 +115,8 @@ def test_router_pods_take_only_the_named_clients_prometheus_and_helm_test() -> N
     assert _selects(policy["spec"]["podSelector"], pod["metadata"]["labels"])
     serving = builders.pod_template("phone-9b", AutoGLMDeploymentSpec())
     assert not _selects(policy["spec"]["podSelector"], serving["metadata"]["labels"])
-    # The API port for the clients and the helm test; /health and /metrics for Prometheus only.
+    # The API port for the clients and the helm test; the ops port for Prometheus and the
+    # operator (test_router_ops_port_takes_only_prometheus_and_the_operator).
     api, ops = policy["spec"]["ingress"]
     assert api["ports"] == [{"port": "http", "protocol": "TCP"}]
     assert ops["ports"] == [{"port": "metrics", "protocol": "TCP"}]
@@ -130,8 +132,40 @@ def test_router_pods_take_only_the_named_clients_prometheus_and_helm_test() -> N
         _peer_matches(p, NAMESPACE, {"app": "other"}) for p in peers if "podSelector" in p
     )
     assert len(peers) == 2
+
+
+@pytest.mark.parametrize("models_namespace", [NAMESPACE, "models"])
+def test_router_ops_port_takes_only_prometheus_and_the_operator(models_namespace: str) -> None:
+    """The ops port serves /metrics, /health and the demand report the operator reads for scale
+    to zero (GET /autoglm/v1/demand): Prometheus and the operator's pods (the release
+    namespace) reach it, wherever the models run; not the clients, the serving pods, the helm
+    test pod, nor a pod elsewhere with the operator's labels."""
+    docs = render({**ENABLED, "tests.namespace": NAMESPACE,
+                   "networkPolicy.namespaces": [models_namespace]})
+    policy = one(docs, "NetworkPolicy", f"{FULLNAME}-router")
+    assert policy["metadata"]["namespace"] == models_namespace
+    _, ops = policy["spec"]["ingress"]
+    owner = builders.Owner("phone-9b", models_namespace, "u")
+    router_pod = router_builders.pod_template(owner, AutoGLMDeploymentSpec())
+    (ops_port,) = [p for p in router_pod["spec"]["containers"][0]["ports"]
+                   if p["name"] == "metrics"]  # fmt: skip
+    # The port the operator's RouterReader is given (handlers/reconcile.py) is this one.
+    assert ops["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert ops_port["containerPort"] == router_builders.METRICS_PORT
     prometheus = one(docs, "NetworkPolicy", f"{FULLNAME}-operator")["spec"]["ingress"][0]["from"]
-    assert ops["from"] == prometheus
+    operator_peers = [p for p in ops["from"] if p not in prometheus]
+    assert ops["from"][: len(prometheus)] == prometheus and len(operator_peers) == 1
+    (peer,) = operator_peers
+    operator_pod = one(docs, "Deployment", FULLNAME)["spec"]["template"]["metadata"]["labels"]
+    assert _peer_matches(peer, NAMESPACE, operator_pod, models_namespace)
+    assert not _peer_matches(peer, "elsewhere", operator_pod, models_namespace)
+    serving = builders.pod_template("phone-9b", AutoGLMDeploymentSpec())["metadata"]["labels"]
+    test_pod = one(docs, "Pod", f"{FULLNAME}-test-models")["metadata"]["labels"]
+    for labels in (router_pod["metadata"]["labels"], serving, test_pod, {"app": "other"}):
+        for namespace in {NAMESPACE, models_namespace}:
+            assert not any(_peer_matches(p, namespace, labels, models_namespace)
+                           for p in ops["from"] if "podSelector" in p), (labels, namespace)
+    assert APPS not in ops["from"]
 
 
 GATEWAY = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "istio-ingress"}},

@@ -48,6 +48,7 @@ PROMTOOL = "/usr/bin/promtool"
 NAMESPACE, DEPLOYMENT = "team-a", "phone"
 PODS = ("phone-7d9f-abcde", "phone-7d9f-fghij")
 ROUTER_POD = "phone-router-5c8b-klmno"
+STANDBY_STATE = "Waking"  # the operator's status.standby.state while the dashboard is queried
 GRAFANA_VARIABLES = {
     "$namespace": NAMESPACE,
     "$deployment": DEPLOYMENT,
@@ -107,7 +108,7 @@ def test_promtool_accepts_the_rules(tmp_path: Path) -> None:
         [_tool(PROMTOOL), "check", "rules", str(rules)], capture_output=True, text=True
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 9 rules found" in out.stdout + out.stderr
+    assert "SUCCESS: 10 rules found" in out.stdout + out.stderr
 
 
 def _plain_config(docs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
@@ -286,6 +287,7 @@ def _router_alert_tests(series: Any, alert: Any) -> list[dict[str, Any]]:
                 alert("AutoGLMHoldQueueOverflow", "11m"),
             ],
         },
+        *_held_without_wake_tests(series, alert, routers),
         {  # 10% of requests fail at the replicas for over 5 minutes.
             "interval": "1m",
             "input_series": [requests("ok", "0+90x20"), requests("upstream_error", "0+6x20"),
@@ -313,6 +315,61 @@ def _router_alert_tests(series: Any, alert: Any) -> list[dict[str, Any]]:
             "interval": "1m",
             "input_series": [*added("request", fast), *added("first_byte", slow)],
             "alert_rule_test": [alert("AutoGLMRouterAddedLatencyHigh", "15m")],
+        },
+    ]
+
+
+def _held_without_wake_tests(
+    series: Any, alert: Any, routers: list[dict[str, str]]
+) -> list[dict[str, Any]]:
+    """AutoGLMHeldWithoutWake: held for 2m with no wake under way fires; a wake, a start or a
+    short hold does not."""
+    agd = {"namespace": NAMESPACE, "name": DEPLOYMENT}
+    fired = {"severity": "critical", "namespace": NAMESPACE, "autoglm_deployment": DEPLOYMENT}
+
+    def held(first: str, second: str = "0x12") -> list[dict[str, str]]:
+        return [series("autoglm_router_held_requests", routers[0], first),
+                series("autoglm_router_held_requests", routers[1], second)]
+
+    def standby(current: str) -> list[dict[str, str]]:
+        return [series("autoglm_operator_standby_state", {**agd, "state": state},
+                       "1x12" if state == current else "0x12")
+                for state in ("Serving", "Asleep", "Idle", "Waking", "AutoscalerConflict")]
+
+    def replicas(wanted: str, ready: str) -> list[dict[str, str]]:
+        return [series("autoglm_operator_replicas", agd, wanted),
+                series("autoglm_operator_ready_replicas", agd, ready)]
+
+    return [
+        {  # Idle at zero, a router holds, the operator starts nothing: fires after 2m.
+            "interval": "1m",
+            "input_series": [*held("0 2x11", "0 0 1x10"), *standby("Idle"),
+                             *replicas("0x12", "0x12")],
+            "alert_rule_test": [
+                alert("AutoGLMHeldWithoutWake", "2m"),
+                alert("AutoGLMHeldWithoutWake", "4m", fired),
+            ],
+        },
+        {  # Held while every replica is ready (routers that do not see them): fires too.
+            "interval": "1m",
+            "input_series": [*held("1x12"), *standby("Serving"), *replicas("2x12", "2x12")],
+            "alert_rule_test": [alert("AutoGLMHeldWithoutWake", "5m", fired)],
+        },
+        {  # Waking: the wake is under way, however long the hold (the state alone says so).
+            "interval": "1m",
+            "input_series": [*held("3x12"), *standby("Waking")],
+            "alert_rule_test": [alert("AutoGLMHeldWithoutWake", "10m")],
+        },
+        {  # No scaleToZero (KEDA woke it): a replica asked for and not ready yet is a start.
+            "interval": "1m",
+            "input_series": [*held("1x12"), *replicas("0 1x11", "0x12")],
+            "alert_rule_test": [alert("AutoGLMHeldWithoutWake", "10m")],
+        },
+        {  # Held for a minute at zero, then released: shorter than the 2m.
+            "interval": "1m",
+            "input_series": [*held("0 1 1 0x9"), *standby("Idle"), *replicas("0x12", "0x12")],
+            "alert_rule_test": [alert("AutoGLMHeldWithoutWake", "2m"),
+                                alert("AutoGLMHeldWithoutWake", "10m")],
         },
     ]
 
@@ -388,6 +445,9 @@ def _router_registry() -> CollectorRegistry:
         metrics.inflight.labels(replica).set(count)
     for mode, count in (("streaming", 1), ("batching", 1), ("unknown", 0)):
         metrics.replicas.labels(mode).set(count)
+    metrics.held.set(2)
+    metrics.hold_seconds.observe(42.0)
+    metrics.hold_overflows.labels("client_full").inc()
     return metrics.registry
 
 
@@ -426,6 +486,7 @@ def _operator_registry() -> CollectorRegistry:
     metrics.ready_replicas.labels(NAMESPACE, DEPLOYMENT).set(2)
     metrics.query_seconds.labels("qps").observe(0.01)
     metrics.query_errors.labels("qps", "NoData").inc()
+    metrics.observe_standby(NAMESPACE, DEPLOYMENT, {"state": STANDBY_STATE, "heldRequests": 2})
     return registry
 
 
@@ -565,7 +626,7 @@ def test_alert_rules_load_and_evaluate_without_errors(prometheus: str) -> None:
     with urllib.request.urlopen(f"{prometheus}/api/v1/rules", timeout=10) as response:
         groups = json.loads(response.read())["data"]["groups"]
     rules = [r for g in groups for r in g["rules"]]
-    assert len(rules) == 9
+    assert len(rules) == 10
     for rule in rules:
         assert rule["health"] == "ok", f"{rule['name']}: {rule.get('lastError')}"
         body = _query(rule["query"], prometheus)
@@ -592,6 +653,29 @@ def test_mode_per_replica_shows_each_pods_mode(prometheus: str) -> None:
     panel_expr = next(e for e in _dashboard_expressions() if 'mode="batching"' in e)
     result = _query(_substitute(panel_expr), prometheus)["data"]["result"]
     assert {r["metric"]["pod"]: r["value"][1] for r in result} == {PODS[0]: "0", PODS[1]: "1"}
+
+
+def test_standby_panel_names_each_deployments_current_state(prometheus: str) -> None:
+    from autoglm_operator.io.metrics import STANDBY_STATES
+
+    dashboard = json.loads((CHART / "files" / "dashboard.json").read_text())
+    panel = next(p for p in dashboard["panels"] if p["title"] == "Standby state")
+    (mapping,) = panel["fieldConfig"]["defaults"]["mappings"]
+    names = {code: m["text"] for code, m in mapping["options"].items()}
+    assert sorted(names.values()) == sorted(STANDBY_STATES), "a state the panel cannot name"
+    (target,) = panel["targets"]
+    result = _query(_substitute(target["expr"]), prometheus)["data"]["result"]
+    assert [(r["metric"]["name"], names.get(r["value"][1])) for r in result] == [
+        (DEPLOYMENT, STANDBY_STATE)]
+
+
+def test_held_requests_panel_shows_the_routers_and_the_operators_count(prometheus: str) -> None:
+    dashboard = json.loads((CHART / "files" / "dashboard.json").read_text())
+    panel = next(p for p in dashboard["panels"] if p["title"] == "Held requests")
+    routers, operator = (_query(_substitute(t["expr"]), prometheus)["data"]["result"]
+                         for t in panel["targets"])  # fmt: skip
+    assert [(r["metric"]["pod"], r["value"][1]) for r in routers] == [(ROUTER_POD, "2")]
+    assert [(r["metric"]["name"], r["value"][1]) for r in operator] == [(DEPLOYMENT, "2")]
 
 
 def test_gpu_memory_panel_is_a_fraction_per_pod(prometheus: str) -> None:

@@ -316,10 +316,17 @@ def test_dashboard_is_valid_json_in_a_sidecar_configmap() -> None:
     cm = one(docs, "ConfigMap", f"{FULLNAME}-dashboard")
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     dashboard = json.loads(cm["data"]["autoglm-serving.json"])
-    titles = {p["title"] for p in dashboard["panels"]}
+    panels = {p["title"]: p for p in dashboard["panels"]}
+    assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
     for needed in ("Requests per second", "Time to first token", "Requests waiting in the engine",
                    "KV cache usage", "GPU memory used", "Mode per replica"):  # fmt: skip
-        assert needed in titles
+        assert needed in panels
+    # Scale to zero: what the routers hold, how long it waits, what they refuse, the state.
+    for title, metric in (("Held requests", "autoglm_router_held_requests"),
+                          ("Hold waits", "autoglm_router_hold_seconds_bucket"),
+                          ("Hold overflows by reason", "autoglm_router_hold_overflows_total"),
+                          ("Standby state", "autoglm_operator_standby_state")):  # fmt: skip
+        assert any(metric in t["expr"] for t in panels[title]["targets"]), title
     assert (CHART / "files" / "dashboard.json").read_text().strip() == cm["data"][
         "autoglm-serving.json"
     ]

@@ -93,11 +93,41 @@ honor_labels, so its namespace is not replaced by the operator pod's). */}}
       annotations:
         summary: The routers of {{ "{{ $labels.namespace }}/{{ $labels.autoglm_deployment }}" }} answered {{ "{{ $value | humanize }}" }} request(s) 503 that they could not hold (5m).
         description: >-
-          With scaleToZero, a request that finds no ready replica is held; past spec.router.hold
-          (queueSize full, or waitSeconds waited) it gets 503 with Retry-After. reason="timeout":
-          the replicas took longer than waitSeconds to start (the Waking state in status.standby
-          and the Progressing condition say why: no GPU, image pull); reason="full": raise
-          queueSize, or a floor of warm replicas (scaleToZero.floor) for this traffic.
+          A request that finds no ready replica is held; past spec.router.hold (queueSize full,
+          perClient full for its client, or waitSeconds waited) it gets 503 with Retry-After.
+          reason="timeout": the replicas took longer than waitSeconds to start (the Waking state
+          in status.standby and the Progressing condition say why: no GPU, image pull);
+          reason="full": raise queueSize, or a floor of warm replicas (scaleToZero.floor) for this
+          traffic; reason="client_full": one client (source address) sent more than perClient
+          at once; behind a proxy that hides client addresses raise perClient to queueSize.
+    # Held, and nothing starting: not Waking, and no replica the operator asks for is unready.
+    # That leaves a deployment at zero nobody wakes (the operator down, or its reads of the
+    # routers' ops port refused) and routers that hold although replicas are ready.
+    - alert: AutoGLMHeldWithoutWake
+      expr: |
+        sum by (namespace, autoglm_deployment) (autoglm_router_held_requests) > 0
+        unless on (namespace, autoglm_deployment)
+        label_replace(
+          max by (namespace, name) (autoglm_operator_standby_state{state="Waking"}) == 1
+          or
+          max by (namespace, name) (autoglm_operator_replicas)
+            > max by (namespace, name) (autoglm_operator_ready_replicas),
+          "autoglm_deployment", "$1", "name", "(.+)"
+        )
+      for: {{ $r.heldWithoutWakeFor }}
+      labels:
+        severity: critical
+      annotations:
+        summary: The routers of {{ "{{ $labels.namespace }}/{{ $labels.autoglm_deployment }}" }} hold {{ "{{ $value }}" }} request(s) and no replica is starting.
+        description: >-
+          Requests have been held for {{ $r.heldWithoutWakeFor }} while status.standby is not Waking and no
+          replica the operator asks for is starting. With no replica running: the operator is
+          not waking the deployment (is it running? does autoglm_operator_standby_held_requests
+          see the requests? if not, it cannot read the routers' ops port, /autoglm/v1/demand:
+          a NetworkPolicy, or scaleToZero is off and no KEDA ScaledObject activates on
+          autoglm_router_held_requests). With replicas ready: the routers do not see them
+          (their /health lists the replicas they take). Held requests get 503 after
+          spec.router.hold.waitSeconds.
     - alert: AutoGLMRouterUpstreamErrors
       expr: |
         sum by (namespace, autoglm_deployment) (

@@ -26,20 +26,20 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from autoglm_api.standby import decode
+from autoglm_api.standby import Activity, activity_of
 from autoglm_operator.adaptive import pass_data
 from autoglm_operator.handlers import adaptive_pass
 from autoglm_operator.handlers import settings as settings_
 from autoglm_operator.io import executor
 from autoglm_operator.io.metrics import METRICS
+from autoglm_operator.io.router_client import RouterReader
 from autoglm_operator.io.runtime_client import RuntimeAdminError
 from autoglm_operator.reconcile import status as status_
-from autoglm_operator.reconcile.children import gateway, serving
+from autoglm_operator.reconcile.children import gateway, router, serving
 from autoglm_operator.reconcile.iteration import (
     Inputs,
     IterationPlan,
     Settled,
-    demand_annotations,
     latest_status,
     plan_iteration,
     settle,
@@ -203,24 +203,6 @@ class StandbyActuator:
                 self.logger.info(f"Pod {pod} {'asleep' if to_sleep else 'awake'}")
 
 
-    async def forget_gone_routers(self, inputs: Inputs) -> None:
-        """Remove the demand annotations of router pods that are gone and have reported
-        nothing for an hour (demand from them is ignored at once; an hour keeps a router the
-        pod index has not listed yet from losing its report)."""
-        _, gone = demand_annotations(inputs.observed)
-        meta = inputs.observed.body["metadata"]
-        every = meta.get("annotations") or {}
-        old = [k for k in gone if (report := decode(every[k])) is None
-               or inputs.now - report.last_request_at > settings_.FORGET_ROUTER_SECONDS]
-        if not old:
-            return
-        try:
-            await self.executor.call(
-                self.executor.remove_annotations, meta["namespace"], meta["name"], old)
-        except executor.ApiError as err:
-            self.logger.warning(f"Could not remove gone routers' demand annotations: {err}")
-
-
 class Reconciler:
     """One iteration of the reconcile loop after the indexes are read: check the spec and what
     it references (observe), plan (one pure function, iteration.plan_iteration), execute, write
@@ -229,6 +211,7 @@ class Reconciler:
     def __init__(self, client: executor.Kube, logger: kopf.Logger):
         self.executor = executor.Executor(client, logger)
         self.logger = logger
+        self.routers = RouterReader(router.METRICS_PORT)
 
     async def pass_once(
         self,
@@ -244,6 +227,11 @@ class Reconciler:
         inputs = await self._inputs(body, observed, state, step)
         now = time.monotonic()
         the_plan = plan_iteration(inputs, state, now)
+        if the_plan.standby.lowers(sum(1 for p in observed.pods if pods_.is_live(p))):
+            # Scaling down or to sleep cuts what a router relays: decide on reports read
+            # right now, never on one a second old.
+            inputs = replace(inputs, activity=await self._activity(inputs.spec, observed, state))
+            the_plan = plan_iteration(inputs, state, now)
         flips: list[pass_data.FlipOutcome] = []
         failed = False
         if the_plan.modes is not None and step is not None:
@@ -258,7 +246,6 @@ class Reconciler:
         problem = await self._children(body, the_plan, state)
         if standby is not None:
             await standby.carry_out(the_plan.standby, inputs, state)
-            await standby.forget_gone_routers(inputs)
         settled = settle(the_plan, state, flips, problem or inputs.problem)
         try:
             await self._write_status(body, the_plan, state, settled)
@@ -307,6 +294,7 @@ class Reconciler:
         elif problem is None and time.monotonic() >= state.retry_at:
             problem = await self._check_references(body, spec, meta["namespace"], generation, state)
         await self._read_scalers(spec, meta, state)
+        activity = await self._activity(spec, observed, state)
         return Inputs(
             owner=serving.Owner(meta["name"], meta["namespace"], meta["uid"]),
             observed=observed,
@@ -317,7 +305,28 @@ class Reconciler:
             modes=step.input if step else None,
             observation=step.observation if step else None,
             scalers=state.scalers if spec.scale_to_zero.enabled else (),
+            activity=activity,
         )
+
+    async def _activity(
+        self, spec: AutoGLMDeploymentSpec, observed: Observed, state: ReconcileMemory
+    ) -> Activity:
+        """With scaleToZero on, what the router pods hold and relay, read from each; a router
+        pod that is gone is forgotten at once."""
+        if not (spec.scale_to_zero.enabled and spec.router.enabled):
+            state.router_readings = {}
+            return Activity()
+        pods = [(pods_.name(p), ip) for p in observed.router_pods
+                if (ip := (p.get("status") or {}).get("podIP"))]
+        limit = spec.router.hold.queue_size + (spec.router.limits.max_inflight or 65536)
+        fresh = await self.routers.read(pods, limit)
+        live = {name for name, _ in pods}
+        state.router_readings = {name: reading for name, reading in
+                                 {**state.router_readings, **fresh}.items() if name in live}
+        # A held request waits at most waitSeconds: a report older than that and a read
+        # interval is of requests that are gone, whatever became of its router.
+        stale_after = spec.router.hold.wait_seconds + settings_.RECONCILE_INTERVAL_SECONDS
+        return activity_of(list(state.router_readings.values()), time.time(), stale_after)
 
     async def _read_scalers(
         self, spec: AutoGLMDeploymentSpec, meta: dict[str, Any], state: ReconcileMemory
@@ -429,6 +438,7 @@ class Reconciler:
         """The iteration's one status write, only when it changes status; then its Events."""
         observed = the_plan.inputs.observed
         meta = observed.body["metadata"]
+        METRICS.observe_standby(meta["namespace"], meta["name"], the_plan.standby.status)
         if settled.ready_replicas is not None:
             # The replicas that should run now: none are missing while scaleToZero holds 0.
             METRICS.replicas.labels(meta["namespace"], meta["name"]).set(
@@ -515,6 +525,7 @@ async def reconcile(
             await stopped.wait(settings_.RECONCILE_INTERVAL_SECONDS)
     finally:
         await adaptive.close()
+        await reconciler.routers.close()
         METRICS.forget(str(namespace), name)
         for gauge in (METRICS.replicas, METRICS.ready_replicas):
             with contextlib.suppress(KeyError):

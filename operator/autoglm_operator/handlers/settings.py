@@ -17,7 +17,6 @@ MAX_BACKOFF_SECONDS = 60.0
 # one shows within this), and how soon a failed sleep or wake of a pod is tried again.
 SCALERS_INTERVAL_SECONDS = 15.0
 STANDBY_RETRY_SECONDS = 5.0
-FORGET_ROUTER_SECONDS = 3600.0
 ANNOTATION_PREFIX = "autoglm.io"
 FINALIZER = "autoglm.io/operator"
 # Modules whose import registers kopf handlers; a module that is not installed is skipped.

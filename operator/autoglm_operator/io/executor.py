@@ -147,11 +147,6 @@ class Executor:
         found = self.kube.list_objects("HorizontalPodAutoscaler", namespace)
         return tuple(sorted(hpa["metadata"]["name"] for hpa in found if _targets(hpa, name)))
 
-    def remove_annotations(self, namespace: str, name: str, keys: Sequence[str]) -> None:
-        """Remove annotations of the AutoGLMDeployment (gone routers' demand reports)."""
-        self.kube.merge_patch(
-            KIND, namespace, name, {"metadata": {"annotations": dict.fromkeys(keys)}})
-
     def mark_sleeping(self, namespace: str, pod: str, level: int | None) -> None:
         """Record on the pod that the operator put it to sleep (None: it woke it)."""
         value = None if level is None else str(level)

@@ -1,4 +1,5 @@
-"""The operator's own Prometheus metrics: replicas, adaptive decisions, flips, query cost.
+"""The operator's own Prometheus metrics: replicas, standby, adaptive decisions, flips, query
+cost.
 
 Served by start_server() on AUTOGLM_OPERATOR_METRICS_PORT (default 8081; 0 turns it off), bound
 to AUTOGLM_OPERATOR_METRICS_ADDR (default every interface).
@@ -8,16 +9,22 @@ Series are labelled by deployment (namespace, name); forget() drops them when on
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import Any, get_args
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client import start_http_server as _start_http_server
 
 from autoglm_operator.adaptive.signals import Availability, Reading
+from autoglm_operator.resource.status import StandbyStatus
 
 DEFAULT_PORT = 8081
 PORT_ENV = "AUTOGLM_OPERATOR_METRICS_PORT"
 ADDR_ENV = "AUTOGLM_OPERATOR_METRICS_ADDR"
 _DEPLOYMENT = ["namespace", "name"]
+
+# Every status.standby.state, so a state's series reads 0, not absent, while it is not current.
+STANDBY_STATES: tuple[str, ...] = get_args(StandbyStatus.model_fields["state"].annotation)
 
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -90,6 +97,21 @@ class OperatorMetrics:
             buckets=(1, 2, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600),
             registry=registry,
         )
+        # scaleToZero: status.standby as series, for the dashboard and AutoGLMHeldWithoutWake.
+        self.standby_state = Gauge(
+            "autoglm_operator_standby_state",
+            "1 for the deployment's status.standby.state (Serving, Asleep, Idle, Waking, "
+            "AutoscalerConflict), 0 for the others; absent with scaleToZero off.",
+            [*_DEPLOYMENT, "state"],
+            registry=registry,
+        )
+        self.standby_held = Gauge(
+            "autoglm_operator_standby_held_requests",
+            "Requests the routers hold, as the operator last read their demand reports "
+            "(status.standby.heldRequests; a report past its age counts none).",
+            _DEPLOYMENT,
+            registry=registry,
+        )
         self.pass_seconds = Histogram(
             "autoglm_operator_adaptive_pass_seconds",
             "Duration of one adaptive pass (read, decide, apply).",
@@ -111,6 +133,18 @@ class OperatorMetrics:
             if outcome.failure is Availability.NO_DATA or outcome.failure is Availability.STALE:
                 self.query_errors.labels(outcome.name, outcome.failure.value).inc()
 
+    def observe_standby(
+        self, namespace: str, name: str, standby: Mapping[str, Any] | None
+    ) -> None:
+        """status.standby as the standby gauges; None (scaleToZero off) drops them."""
+        if standby is None:
+            _drop((self.standby_state, self.standby_held), namespace, name)
+            return
+        current = standby.get("state")
+        for state in STANDBY_STATES:
+            self.standby_state.labels(namespace, name, state).set(1 if state == current else 0)
+        self.standby_held.labels(namespace, name).set(int(standby.get("heldRequests") or 0))
+
     def forget(self, namespace: str, name: str) -> None:
         per_deployment = (
             self.decisions,
@@ -120,11 +154,18 @@ class OperatorMetrics:
             self.replicas,
             self.ready_replicas,
             self.wake_seconds,
+            self.standby_state,
+            self.standby_held,
         )
-        for metric in per_deployment:
-            for labels in list(metric._metrics):  # prometheus_client keeps children by label tuple
-                if labels[:2] == (namespace, name):
-                    metric.remove(*labels)
+        _drop(per_deployment, namespace, name)
+
+
+def _drop(metrics: tuple[Counter | Gauge | Histogram, ...], namespace: str, name: str) -> None:
+    """Remove the series of one deployment (the first two labels) from each metric."""
+    for metric in metrics:
+        for labels in list(metric._metrics):  # prometheus_client keeps children by label tuple
+            if labels[:2] == (namespace, name):
+                metric.remove(*labels)
 
 
 METRICS = OperatorMetrics()

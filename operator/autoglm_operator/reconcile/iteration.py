@@ -12,10 +12,10 @@ the plan out.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from autoglm_api.standby import DEMAND_ANNOTATION_PREFIX, Demand, annotation_key, demand_of
+from autoglm_api.standby import Activity
 from autoglm_operator.adaptive import pass_data, planning
 from autoglm_operator.adaptive import policy as pol
 from autoglm_operator.adaptive import report as report_
@@ -30,16 +30,6 @@ from autoglm_operator.reconcile.standby import StandbyPlan, plan_standby, pod_st
 from autoglm_operator.resource import pods as pods_
 from autoglm_operator.resource.conditions import without_empty
 from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
-
-
-def demand_annotations(observed: Observed) -> tuple[dict[str, str], tuple[str, ...]]:
-    """The routers' demand annotations on the object: (those of live router pods, the keys of
-    router pods that are gone, to remove)."""
-    annotations = observed.body["metadata"].get("annotations") or {}
-    live = {annotation_key(pods_.name(p)) for p in observed.router_pods}
-    reports = {k: v for k, v in annotations.items() if k.startswith(DEMAND_ANNOTATION_PREFIX)}
-    return ({k: v for k, v in reports.items() if k in live},
-            tuple(sorted(k for k in reports if k not in live)))
 
 
 def plan_modes(
@@ -76,12 +66,8 @@ class Inputs:
     observation: pass_data.Observation | None = None
     # HorizontalPodAutoscalers that scale this object (scaleToZero is refused beside one).
     scalers: tuple[str, ...] = ()
-
-    @property
-    def demand(self) -> Demand:
-        """What the routers report of the requests (their annotations on the object): of the
-        router pods that exist, so one gone mid-hold holds nothing up."""
-        return demand_of(demand_annotations(self.observed)[0])
+    # What the routers that exist hold and relay (scaleToZero), read from them this iteration.
+    activity: Activity = field(default_factory=Activity)
 
 
 @dataclass(frozen=True)
@@ -133,7 +119,7 @@ def plan_iteration(
     if inputs.modes is not None and inputs.observation is not None:
         modes = plan_modes(inputs.modes, inputs.observation, repaired)
     standby = plan_standby(
-        inputs.spec, inputs.demand,
+        inputs.spec, inputs.activity,
         latest_status(inputs.observed, memory).get("standby"),
         pod_states([p for p in inputs.observed.pods if pods_.is_live(p)], pods_.is_ready),
         inputs.now, inputs.scalers,

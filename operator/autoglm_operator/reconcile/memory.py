@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from autoglm_api.standby import Reading
 from autoglm_operator.reconcile import status as status_
 from autoglm_operator.reconcile.observe import Key
 from autoglm_operator.resource import pods as pods_
@@ -64,6 +65,8 @@ class ReconcileMemory:
     scalers: tuple[str, ...] = ()
     scalers_due_at: float = 0.0
     standby_retry_at: dict[str, float] = field(default_factory=dict)
+    # The last report each live router pod gave (io/router_client.py), by pod name.
+    router_readings: dict[str, Reading] = field(default_factory=dict)
 
 
 def has_pending(written: dict[Key, Written], now: float) -> bool:

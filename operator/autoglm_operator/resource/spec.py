@@ -660,18 +660,39 @@ class RouterLimits(CamelModel):
 
 
 class RouterHold(CamelModel):
-    """The queue that holds requests while no replica is ready (with scaleToZero on)."""
+    """The queue that holds requests while no replica can take them: at zero (scaleToZero, or
+    an HPA or KEDA that scales to zero), or while a rollout has no replica ready."""
+
+    model_config = validations(
+        cel(
+            "!has(self.perClient) || self.perClient <= self.queueSize",
+            "router.hold.perClient must not exceed router.hold.queueSize",
+            ".perClient",
+        ),
+    )
 
     queue_size: int = Field(
-        default=256, ge=1, le=65536,
+        default=256, ge=0, le=65536,
         description="Requests one router replica holds at once; one more is answered 503 "
-        "with Retry-After.",
+        "with Retry-After. 0: hold nothing, answer 503 at once.",
+    )
+    per_client: int | None = Field(
+        default=None, ge=1, le=65536,
+        description="Requests one client (its source address) may have held at once, so one "
+        "client cannot fill the queue; default a quarter of queueSize. Behind a proxy that "
+        "hides client addresses every client shares one bound: raise it to queueSize there.",
     )
     wait_seconds: int = Field(
         default=180, ge=1, le=3600,
         description="The longest a request is held; then 503 with Retry-After. Above the "
         "cold start (scheduling, image pull, model load): about a minute for a 9B model "
         "whose image is on the node.",
+    )
+    heartbeat_seconds: int = Field(
+        default=15, ge=1, le=300,
+        description="A held streamed request gets its response headers and an SSE comment "
+        "after this long, and another every as long, so proxies with an idle timeout (often "
+        "60 s) keep it open through a cold start.",
     )
 
 

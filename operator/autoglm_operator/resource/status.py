@@ -109,8 +109,9 @@ class StandbyStatus(CamelModel):
     """spec.scaleToZero: where the deployment stands, since when and why (reconcile/standby.py)."""
 
     state: Literal["Serving", "Asleep", "Idle", "Waking", "AutoscalerConflict"] = Field(
-        description="Serving: spec.replicas awake. Asleep: they run, asleep. Idle: scaleToZero."
-        "floor run. Waking: demand came, replicas start. AutoscalerConflict: an HPA scales "
+        description="Serving: spec.replicas awake (after a wake, wokenReplicas of them until "
+        "demand asks for more). Asleep: they run, asleep. Idle: scaleToZero.floor run. Waking: "
+        "a request is held, one replica starts. AutoscalerConflict: an HPA scales "
         "this object, so scaleToZero is not applied.")
     since: str | None = None
     reason: str = ""
@@ -119,8 +120,15 @@ class StandbyStatus(CamelModel):
         default=None, description="When it last started serving: the idle windows count "
         "from this or the last request, whichever is later.")
     last_request_time: str | None = Field(
-        default=None, description="The latest request a router reported.")
+        default=None, description="The latest start or end of an inference request a router "
+        "reported.")
     held_requests: int = Field(default=0, description="Requests the routers hold now.")
+    inflight_requests: int = Field(
+        default=0, description="Inference requests the routers relay now: while any is, the "
+        "deployment is not idle.")
+    woken_replicas: int | None = Field(
+        default=None, description="After a wake, the replicas that started first; the rest "
+        "start when demand fills them (unset: all of spec.replicas run).")
     wake_start_time: str | None = Field(
         default=None, description="When the demand that started the last wake arrived.")
     last_wake_millis: int | None = Field(

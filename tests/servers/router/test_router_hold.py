@@ -17,7 +17,7 @@ from router_kit import ADMIN_TOKEN, MODEL, RouterProcess, StartRouter, metric
 
 from autoglm_router.answers import HELD_SECONDS, HOLD_RETRY_AFTER_SECONDS
 from testkit.processes import SimProcess
-from testkit.waiting import eventually
+from testkit.waiting import TIME_SCALE, eventually
 
 pytestmark = pytest.mark.timeout(90)
 MESSAGES: Any = [{"role": "system", "content": "You operate an Android phone."},
@@ -78,7 +78,7 @@ class StreamedChat(threading.Thread):
             self.error = exc
 
     def result(self, timeout: float = 30.0) -> tuple[str, float]:
-        self.join(timeout)
+        self.join(timeout * TIME_SCALE)
         assert not self.is_alive(), "the chat did not end"
         if self.error is not None:
             raise self.error
@@ -141,9 +141,12 @@ def test_a_burst_at_zero_loses_nothing_and_only_past_the_bound_is_refused(
     start_router: StartRouter, later_sim: LaterSim
 ) -> None:
     sim = later_sim("streaming")
-    router = start_router([sim.base_url], "--hold-queue-size", "60", "--hold-seconds", "60",
-                          *POLL)
-    results = asyncio.run(asyncio.wait_for(_burst(router, 100, sim, holding=60), 60))
+    # One client sends the whole burst: its share of the queue is the queue (the bound per
+    # client is the abuse tier's).
+    router = start_router([sim.base_url], "--hold-queue-size", "60", "--hold-per-client", "60",
+                          "--hold-seconds", "60", *POLL)
+    results = asyncio.run(asyncio.wait_for(_burst(router, 100, sim, holding=60),
+                                           60 * TIME_SCALE))
     served = [r for r in results if isinstance(r, str)]
     refused = [r for r in results if not isinstance(r, str)]
     assert len(served) == 60 and all(served), "each held request served, with its text"

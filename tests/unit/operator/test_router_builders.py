@@ -90,7 +90,8 @@ def test_router_pods_are_cpu_only_restricted_and_spread() -> None:
     assert spread["labelSelector"] == {"matchLabels": ROUTING}
     # preStop sleep, then the drain of streams in flight, then a margin
     assert c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "5"]
-    assert pod["terminationGracePeriodSeconds"] == 5 + 30 + 10
+    # The drain outlasts the longest hold (router.hold.waitSeconds), so nothing held is lost.
+    assert pod["terminationGracePeriodSeconds"] == 5 + 180 + 10
 
 
 def test_router_args_are_what_the_router_cli_accepts() -> None:
@@ -117,7 +118,11 @@ def test_router_args_are_what_the_router_cli_accepts() -> None:
     # Streamed chats run past the streaming cap up to the engine's --max-num-seqs (the
     # envelope, 48); batching puts no class first.
     assert (parsed.streaming_chat_cap, parsed.batching_chat_cap) == (48, 48)
-    assert parsed.drain_seconds == 90
+    assert parsed.drain_seconds == 180  # the hold's bound, above the engine's 90 s drain
+    assert (parsed.hold_queue_size, parsed.hold_seconds, parsed.hold_per_client) == (
+        256, 180.0, None)
+    assert parsed.hold_heartbeat_seconds == 15.0
+    assert parsed.served_model_name == [spec.model.served_name]
     # Screenshots priced at the replicas' own budget: the official 5,000,000 at this context.
     assert parsed.image_max_pixels == spec.multimodal.effective_max_pixels(25480) == 5_000_000
     default = router_cli.build_parser().parse_args(router_builders.router_args(OWNER, SPEC))

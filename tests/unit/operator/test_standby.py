@@ -1,16 +1,19 @@
 """Scale to zero and warm standby as planned (reconcile/standby.py): the replicas to run, the
-pods to sleep or wake and status.standby, from the routers' demand and the clock."""
+pods to sleep or wake and status.standby, from the routers' activity and the clock; and the
+routers' reports read together (autoglm_api.standby.activity_of)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from autoglm_api.standby import Demand, RouterDemand, annotation_key, demand_of
+import pytest
+
+from autoglm_api.standby import Activity, Reading, RouterReport, activity_of, decode_report
 from autoglm_operator.reconcile.standby import PodState, StandbyPlan, plan_standby
 from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
 
 T0 = 1_800_000_000.0  # wall-clock seconds
-NO_DEMAND = Demand()
+NO_DEMAND = Activity()
 IDLE, SLEEP = 900, 300
 
 
@@ -33,7 +36,7 @@ class Clock:
         self.spec = the_spec
         self.status: dict[str, Any] | None = None
 
-    def at(self, now: float, demand: Demand = NO_DEMAND,
+    def at(self, now: float, demand: Activity = NO_DEMAND,
            running: list[PodState] | None = None, scalers: tuple[str, ...] = ()) -> StandbyPlan:
         plan = plan_standby(self.spec, demand, self.status,
                             pods() if running is None else running, now, scalers)
@@ -42,7 +45,7 @@ class Clock:
 
 
 def test_off_runs_the_spec_replicas_and_wakes_what_slept() -> None:
-    plan = plan_standby(spec(enabled=False), Demand(), None, pods(asleep=True), T0)
+    plan = plan_standby(spec(enabled=False), Activity(), None, pods(asleep=True), T0)
     assert plan.replicas == 2
     assert plan.wake == ("p0", "p1")
     assert plan.status is None
@@ -65,46 +68,119 @@ def test_requests_keep_it_serving() -> None:
     clock.at(T0)
     for minute in range(1, 60):
         now = T0 + 60 * minute
-        plan = clock.at(now, Demand(last_request_at=now - 30))
+        plan = clock.at(now, Activity(last_request_at=now - 30))
         assert plan.replicas == 2 and not plan.events
 
 
-def test_a_held_request_wakes_it_and_the_wait_is_reported() -> None:
+def held(at: float, count: int = 1) -> Activity:
+    return Activity(holding=count, held_since=at)
+
+
+def test_a_held_request_wakes_one_replica_and_the_wait_is_reported() -> None:
     clock = Clock(spec())
     clock.at(T0)
     clock.at(T0 + IDLE)
     arrived = T0 + IDLE + 100
-    held = Demand(last_request_at=arrived, holding=3, held_since=arrived)
-    waking = clock.at(arrived + 0.5, held, running=[])
-    assert waking.replicas == 2
+    waking = clock.at(arrived + 1, held(arrived, 3), running=[])
+    assert waking.replicas == 1  # one replica first, the rest as demand asks
     assert [e.reason for e in waking.events] == ["Waking"]
     assert "3 request(s) held" in waking.events[0].message
-    starting = clock.at(arrived + 30, held, running=pods(ready=False))
-    assert starting.replicas == 2 and not starting.events
-    woke = clock.at(arrived + 41.25, held, running=pods(1))
+    starting = clock.at(arrived + 30, held(arrived, 3), running=pods(1, ready=False))
+    assert starting.replicas == 1 and not starting.events
+    woke = clock.at(arrived + 41.25, held(arrived, 3), running=pods(1))
     assert [e.reason for e in woke.events] == ["Woke"]
+    assert woke.replicas == 1 and woke.woke_after == pytest.approx(41.25)
     assert clock.status is not None
-    assert clock.status["lastWakeMillis"] == 41250
-    released = Demand(last_request_at=arrived, last_wait_seconds=41.5)
-    clock.at(arrived + 42, released, running=pods(2))
+    assert clock.status["lastWakeMillis"] == 41250 and clock.status["wokenReplicas"] == 1
+    released = Activity(last_request_at=arrived + 42, last_wait_seconds=41.5)
+    assert clock.at(arrived + 42, released, running=pods(1)).replicas == 1
     assert clock.status["state"] == "Serving"
     assert clock.status["lastHeldWaitMillis"] == 41500
-    # A whole window from the wake, not from the last request before it.
-    assert clock.at(arrived + 41.25 + IDLE - 1, released).replicas == 2
-    assert clock.at(arrived + 41.25 + IDLE, released).replicas == 0
+    # A whole window from the last request, then back to zero.
+    assert clock.at(arrived + 42 + IDLE - 1, released, running=pods(1)).replicas == 1
+    assert clock.at(arrived + 42 + IDLE, released, running=pods(1)).replicas == 0
 
 
-def test_a_wake_no_replica_finishes_goes_back_when_nobody_waits() -> None:
+def test_a_woken_deployment_grows_when_its_first_replica_is_full() -> None:
+    clock = Clock(spec())
+    clock.at(T0)
+    clock.at(T0 + IDLE)
+    now = T0 + IDLE + 10
+    clock.at(now, held(now - 2), running=[])
+    clock.at(now + 60, held(now - 2), running=pods(1))
+    cap = min(spec().admission_caps(streamed_chat=False).values())
+    below = clock.at(now + 61, Activity(last_request_at=now + 61, inflight=cap - 1),
+                     running=pods(1))
+    assert below.replicas == 1 and not below.events
+    full = clock.at(now + 62, Activity(last_request_at=now + 62, inflight=cap), running=pods(1))
+    assert full.replicas == 2
+    assert [e.reason for e in full.events] == ["ScaledUp"]
+    assert clock.status is not None and clock.status["wokenReplicas"] is None
+    # Once grown it stays at spec.replicas until idle.
+    assert clock.at(now + 63, Activity(last_request_at=now + 63)).replicas == 2
+
+
+def test_a_request_still_held_as_its_replica_turns_ready_grows_nothing() -> None:
+    """The routers see a replica ready a moment after the operator does: the request held
+    through the cold start is no sign that the replica is full."""
+    clock = Clock(spec())
+    clock.at(T0)
+    clock.at(T0 + IDLE)
+    now = T0 + IDLE + 10
+    clock.at(now, held(now - 2), running=[])
+    clock.at(now + 60, held(now - 2), running=pods(1))
+    assert clock.at(now + 61, held(now - 2), running=pods(1)).replicas == 1
+
+
+def test_a_wake_whose_requests_left_goes_back_at_once() -> None:
     clock = Clock(spec())
     clock.at(T0)
     clock.at(T0 + IDLE)
     arrived = T0 + IDLE + 10
-    clock.at(arrived, Demand(last_request_at=arrived, holding=1, held_since=arrived), [])
-    gave_up = Demand(last_request_at=arrived)  # the router answered 503 past its bound
-    assert clock.at(arrived + IDLE - 1, gave_up, []).replicas == 2
-    back = clock.at(arrived + IDLE, gave_up, [])
+    assert clock.at(arrived + 1, held(arrived), []).replicas == 1
+    # Its client left (or it waited out its hold) before the replica was ready.
+    back = clock.at(arrived + 3, Activity(), pods(1, ready=False))
     assert back.replicas == 0
     assert [e.reason for e in back.events] == ["WakeAbandoned"]
+
+
+def test_a_request_served_during_the_wake_keeps_it() -> None:
+    """The replica's readiness reaches the operator after the router released the request to
+    it: a request since the wake started is not an abandoned wake."""
+    clock = Clock(spec())
+    clock.at(T0)
+    clock.at(T0 + IDLE)
+    arrived = T0 + IDLE + 10
+    clock.at(arrived + 1, held(arrived), [])
+    served = Activity(last_request_at=arrived + 5, inflight=1)
+    assert clock.at(arrived + 5, served, pods(1, ready=False)).replicas == 1
+    assert clock.status is not None and clock.status["state"] == "Waking"
+
+
+def test_a_stream_in_flight_outlasts_the_idle_window() -> None:
+    clock = Clock(spec())
+    clock.at(T0)
+    streaming = Activity(last_request_at=T0 + 1, inflight=1)
+    assert clock.at(T0 + IDLE * 3, streaming).replicas == 2
+    done = Activity(last_request_at=T0 + IDLE * 3)  # it ended: the window starts there
+    assert clock.at(T0 + IDLE * 4 - 1, done).replicas == 2
+    assert clock.at(T0 + IDLE * 4, done).replicas == 0
+
+
+def test_a_held_request_keeps_a_serving_deployment_from_idling() -> None:
+    clock = Clock(spec())
+    clock.at(T0)
+    assert clock.at(T0 + IDLE * 2, held(T0 + IDLE * 2 - 5)).replicas == 2
+
+
+def test_the_idle_clock_survives_routers_that_restarted() -> None:
+    """A restarted router has relayed nothing: the last request status recorded still dates
+    the window."""
+    clock = Clock(spec())
+    clock.at(T0)
+    clock.at(T0 + 100, Activity(last_request_at=T0 + 100))
+    assert clock.at(T0 + 100 + IDLE - 1, Activity()).replicas == 2
+    assert clock.at(T0 + 100 + IDLE, Activity()).replicas == 0
 
 
 def test_sleep_comes_first_then_zero_and_demand_wakes_the_sleepers() -> None:
@@ -113,14 +189,22 @@ def test_sleep_comes_first_then_zero_and_demand_wakes_the_sleepers() -> None:
     slept = clock.at(T0 + SLEEP)
     assert slept.replicas == 2
     assert slept.sleep == ("p0", "p1")
+    assert slept.lowers(2)
     assert [e.reason for e in slept.events] == ["Slept"]
     # Marked asleep by the executor: not asked again.
     assert clock.at(T0 + SLEEP + 1, running=pods(asleep=True)).sleep == ()
     now = T0 + SLEEP + 60
-    woke = clock.at(now, Demand(last_request_at=now), running=pods(asleep=True))
+    woke = clock.at(now, Activity(last_request_at=now), running=pods(asleep=True))
     assert woke.wake == ("p0", "p1")
     assert woke.replicas == 2
     assert clock.status is not None and clock.status["state"] == "Serving"
+
+
+def test_nothing_sleeps_while_a_request_is_in_flight() -> None:
+    clock = Clock(spec(sleep=True))
+    clock.at(T0)
+    busy = clock.at(T0 + SLEEP * 2, Activity(last_request_at=T0, inflight=1))
+    assert busy.sleep == () and not busy.events
 
 
 def test_a_floor_with_sleep_keeps_a_warm_standby() -> None:
@@ -131,10 +215,13 @@ def test_a_floor_with_sleep_keeps_a_warm_standby() -> None:
     assert idle.replicas == 1
     assert [e.reason for e in idle.events] == ["ScaledToFloor"]
     now = T0 + IDLE + 5
-    # The standby is ready, asleep: demand wakes it and scales back up at once, no Waking.
-    woke = clock.at(now, Demand(last_request_at=now, holding=1, held_since=now),
-                    running=[PodState("p0", True, True)])
-    assert (woke.replicas, woke.wake) == (2, ("p0",))
+    # The standby is ready, asleep: demand wakes it, and no replica starts before it serves;
+    # the rest start when demand fills it.
+    standby = [PodState("p0", True, True)]
+    waking = clock.at(now, held(now - 1), running=standby)
+    assert (waking.replicas, waking.wake) == (1, ("p0",))
+    woke = clock.at(now + 1, held(now - 1), running=standby)
+    assert (woke.replicas, [e.reason for e in woke.events]) == (1, ["Woke"])
     assert clock.status is not None and clock.status["state"] == "Serving"
 
 
@@ -151,47 +238,49 @@ def test_an_autoscaler_on_the_object_refuses_scale_to_zero_once() -> None:
     assert resumed.replicas == 2
 
 
-def test_routers_demand_is_merged_from_their_annotations() -> None:
-    annotations = {
-        annotation_key("r-a"): RouterDemand(T0 + 5, holding=2, held_since=T0 + 1).encode(),
-        annotation_key("r-b"): RouterDemand(T0 + 9, holding=1, held_since=T0 + 3,
-                                            last_wait_seconds=0.5).encode(),
-        annotation_key("r-c"): "not json",
-        "other.io/x": "1",
-    }
-    demand = demand_of(annotations)
-    assert demand == Demand(last_request_at=T0 + 9, holding=3, held_since=T0 + 1,
-                            last_wait_seconds=0.5)
-    assert demand_of(None) == Demand()
+# -- the routers' reports, together -----------------------------------------------------------
+
+STALE = 181.0
 
 
-def test_a_router_pod_that_is_gone_holds_nothing_up() -> None:
-    """A router that crashed while holding leaves its annotation: the plan reads only those of
-    router pods that exist, and the gone one's key is listed for removal."""
-    from autoglm_operator.reconcile.iteration import demand_annotations
-    from autoglm_operator.reconcile.observe import Observed
-
-    live, gone = "phone-9b-router-a", "phone-9b-router-b"
-    body = {"metadata": {"annotations": {
-        annotation_key(live): RouterDemand(T0).encode(),
-        annotation_key(gone): RouterDemand(T0 + 5, holding=4, held_since=T0 + 1).encode(),
-        "kopf.zalando.org/x": "y",
-    }}}
-    observed = Observed(body=body, deployment=None, children={}, secret=None, pods=[],
-                        router_pods=[{"metadata": {"name": live}}])
-    reports, stale = demand_annotations(observed)
-    assert demand_of(reports) == Demand(last_request_at=T0)
-    assert stale == (annotation_key(gone),)
+def test_reports_are_dated_on_the_operators_clock_and_summed() -> None:
+    a = Reading(RouterReport(holding=2, held_for=4.0, inflight=1, idle_for=5.0), T0 + 10)
+    b = Reading(RouterReport(holding=1, held_for=7.0, idle_for=1.0, last_wait=0.5), T0 + 10)
+    assert activity_of([a, b], T0 + 10, STALE) == Activity(
+        last_request_at=T0 + 9, holding=3, held_since=T0 + 3, inflight=1,
+        last_wait_seconds=0.5)
+    assert activity_of([], T0, STALE) == Activity()
 
 
-def test_a_request_still_held_keeps_a_woken_deployment_up() -> None:
-    """Woken, its replicas report ready before they serve (a slow engine start): the request
-    still held is demand now, however long ago it arrived, so no idle window ends under it."""
-    clock = Clock(spec())
-    clock.at(T0)
-    clock.at(T0 + IDLE)
-    arrived = T0 + IDLE + 1
-    held = Demand(last_request_at=arrived, holding=1, held_since=arrived)
-    clock.at(arrived, held, running=[])
-    clock.at(arrived + 1, held)  # Woke: ready pods
-    assert clock.at(arrived + 1 + IDLE * 2, held).replicas == 2
+def test_a_router_that_stopped_answering_holds_nothing_up_after_the_bound() -> None:
+    lost = Reading(RouterReport(holding=4, held_for=1.0, inflight=2, idle_for=0.0), T0)
+    assert activity_of([lost], T0 + STALE, STALE).busy
+    gone = activity_of([lost], T0 + STALE + 0.1, STALE)
+    assert not gone.busy and gone.holding == 0 and gone.inflight == 0
+    assert gone.last_request_at == T0  # still dates the idle window
+
+
+def test_a_router_that_relayed_nothing_dates_nothing() -> None:
+    fresh = Reading(RouterReport(), T0)
+    assert activity_of([fresh], T0, STALE).last_request_at is None
+
+
+@pytest.mark.parametrize("body", [
+    b"not json", b"[]", b"{}", b'{"holding": -1, "inflight": 0}',
+    b'{"holding": 1, "inflight": 0}',  # held, but for how long?
+    b'{"holding": 10001, "heldForSeconds": 1, "inflight": 0}',
+    b'{"holding": true, "heldForSeconds": 1, "inflight": 0}',
+    b'{"holding": 0, "inflight": 0, "idleForSeconds": -5}',
+    b'{"holding": 0, "inflight": 0, "idleForSeconds": NaN}',
+    b'{"holding": 0, "inflight": 0, "idleForSeconds": Infinity}',
+    b'{"holding": 0, "inflight": 0, "idleForSeconds": "3"}',
+    b'{"holding": 0, "inflight": 1.5}',
+    b'{"holding": 0, "inflight": 0, "pad": "' + b"x" * 5000 + b'"}',
+])
+def test_a_hostile_or_broken_report_is_refused(body: bytes) -> None:
+    assert decode_report(body, max_count=10000) is None
+
+
+def test_a_report_round_trips() -> None:
+    report = RouterReport(holding=2, held_for=3.25, inflight=5, idle_for=0.5, last_wait=2.0)
+    assert decode_report(report.encode(), max_count=10) == report

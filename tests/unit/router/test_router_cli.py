@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from autoglm_api.profiles import Mode
-from autoglm_router.cli import build_parser, check_demand_flags, create_app, demand_of, main
-from autoglm_router.kube import AnnotationPatch, KubernetesDiscovery
+from autoglm_router.cli import build_parser, create_app, main
+from autoglm_router.kube import KubernetesDiscovery
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -34,11 +34,14 @@ from autoglm_router.kube import AnnotationPatch, KubernetesDiscovery
       "--ext-proc-fallbacks", "-1"], "--ext-proc-fallbacks must be at least 0"),
     (["--endpoint", "http://a:8000", "--hold-queue-size", "-1"], "must be at least 0"),
     (["--endpoint", "http://a:8000", "--hold-seconds", "0"], "must be above 0"),
-    # The demand report goes through the apiserver: a static list has no access to it.
+    (["--endpoint", "http://a:8000", "--hold-queue-size", "8", "--hold-per-client", "9"],
+     "--hold-per-client (9) must not exceed --hold-queue-size (8)"),
+    (["--endpoint", "http://a:8000", "--hold-per-client", "0"], "must be above 0"),
+    (["--endpoint", "http://a:8000", "--hold-heartbeat-seconds", "-1"], "must be at least 0"),
+    (["--endpoint", "http://a:8000", "--hold-heartbeat-seconds", "nan"], "must be at least 0"),
+    # The router writes nothing to the apiserver any more: the old report flags are gone.
     (["--endpoint", "http://a:8000", "--demand-object", "serving/autoglm"],
-     "--demand-object only apply with --kubernetes"),
-    (["--endpoint", "http://a:8000", "--demand-interval", "5"],
-     "--demand-interval only applies with --demand-object"),
+     "unrecognized arguments"),
 ])
 def test_bad_flags_are_refused(argv: list[str], message: str,
                                capsys: pytest.CaptureFixture[str]) -> None:
@@ -53,9 +56,16 @@ def test_flags_reach_the_routing_config_and_proxy() -> None:
         "--endpoint", "http://a:8000/", "--load-factor", "2", "--no-spill", "--no-shed",
         "--other-overflow", "0.5", "--fresh-seconds", "0.25",
         "--streaming-cap", "4", "--max-body-bytes", "4096", "--prefix-chars", "64",
-        "--hold-queue-size", "32", "--hold-seconds", "90"])
+        "--hold-queue-size", "32", "--hold-seconds", "90", "--hold-per-client", "3",
+        "--hold-heartbeat-seconds", "20", "--served-model-name", "a",
+        "--served-model-name", "b"])
     app = create_app(args)
-    assert (app.hold.size, app.hold.seconds, app.demand) == (32, 90.0, None)
+    assert (app.hold.size, app.hold.seconds, app.hold.per_client) == (32, 90.0, 3)
+    assert app.settings.hold_heartbeat == 20.0
+    assert app.settings.served_model_names == ("a", "b")
+    default = create_app(build_parser().parse_args([
+        "--endpoint", "http://a:8000", "--hold-queue-size", "32"]))
+    assert default.hold.per_client == 8  # a quarter of the queue
     assert app.config.load_factor == 2.0 and not app.config.spill and not app.config.shed
     assert app.config.other_overflow == 0.5 and app.config.fresh_seconds == 0.25
     assert app.config.caps[Mode.STREAMING] == 4 and app.config.caps[Mode.BATCHING] == 64
@@ -76,8 +86,6 @@ KUBE = ["--kubernetes", "--selector", "app.kubernetes.io/instance=demo"]
      "--port-name and --target-port exclude each other"),
     ([*KUBE, "--target-port", "0"], "must be above 0"),
     ([*KUBE, "--kubeconfig", "/nonexistent/kubeconfig"], "cannot read kubeconfig"),
-    ([*KUBE, "--demand-object", "autoglm"], "is not NAMESPACE/NAME"),
-    ([*KUBE, "--demand-object", "serving/autoglm/x"], "is not NAMESPACE/NAME"),
 ])
 def test_bad_kubernetes_flags_are_refused(argv: list[str], message: str,
                                           capsys: pytest.CaptureFixture[str]) -> None:
@@ -124,36 +132,6 @@ def test_kubernetes_flags_reach_the_pod_watch(tmp_path: Path) -> None:
     watch = create_app(args).discovery
     assert isinstance(watch, KubernetesDiscovery)
     assert (watch.namespace, watch.table.port) == ("ns", 8123)
-
-
-def test_the_demand_report_needs_this_pods_name(tmp_path: Path) -> None:
-    args = build_parser().parse_args([*KUBE, "--demand-object", "serving/autoglm"])
-    assert "$POD_NAME" in (check_demand_flags(args, env={}) or "")
-    assert check_demand_flags(args, env={"POD_NAME": "autoglm-router-abc"}) is None
-    config = tmp_path / "kubeconfig"
-    config.write_text(json.dumps({
-        "current-context": "dev",
-        "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:6443"}}],
-        "contexts": [{"name": "dev", "context": {"cluster": "c", "namespace": "team"}}],
-    }))
-    args = build_parser().parse_args([*KUBE, "--kubeconfig", str(config), "--demand-object",
-                                      "serving/autoglm", "--demand-interval", "3"])
-    patch = demand_of(args, env={"POD_NAME": "autoglm-router-abc"})
-    assert isinstance(patch, AnnotationPatch)
-    assert patch.url == ("http://127.0.0.1:6443/apis/autoglm.io/v1alpha1/namespaces/serving/"
-                         "autoglmdeployments/autoglm")
-    assert patch.key == "demand.autoglm.io/autoglm-router-abc"
-    app = create_app(args, demand=patch)
-    assert app.demand is not None and app.demand.book.interval == 3.0
-    assert app.hold.size == 0  # reporting does not need holding
-
-
-def test_kubernetes_with_a_demand_object_and_no_pod_name_is_refused(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.delenv("POD_NAME", raising=False)
-    with pytest.raises(SystemExit):
-        main([*KUBE, "--demand-object", "serving/autoglm"])
-    assert "--demand-object needs $POD_NAME" in capsys.readouterr().err
 
 
 SECURITY_DOC = Path(__file__).resolve().parents[3] / "docs" / "operations" / "security.md"

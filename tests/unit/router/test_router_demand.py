@@ -1,21 +1,19 @@
-"""The demand report: when a router tells the operator of its requests (a fake clock), what it
-sends (a fake apiserver), and the proxy reporting as it holds and releases."""
+"""The demand report a router gives the operator (GET /autoglm/v1/demand on its ops port): what
+the book counts (a fake clock), and the proxy keeping it as it holds, relays and answers."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, MutableMapping
+from collections.abc import MutableMapping
 from typing import Any
 
 import pytest
-from aiohttp import web
 from router_fakes import FixedDiscovery
 
-from autoglm_api.standby import RouterDemand, annotation_key, decode
-from autoglm_operator.resource import spec
-from autoglm_router.demand import DemandBook, DemandReporter
-from autoglm_router.kube import DEPLOYMENT_API, AnnotationPatch, ApiAccess, ApiError
+from autoglm_api.standby import DEMAND_PATH, WAKE_AFTER_SECONDS, RouterReport, decode_report
+from autoglm_router.demand import DemandBook
+from autoglm_router.hold import HoldQueue
 from autoglm_router.proxy import ProxySettings, RouterApp
 from autoglm_router.routing import RoutingConfig
 from testkit.waiting import eventually_async
@@ -25,219 +23,157 @@ pytestmark = pytest.mark.timeout(20)
 
 class Clock:
     def __init__(self) -> None:
-        self.now = 1_700_000_000.0
+        self.now = 1000.0
 
     def __call__(self) -> float:
         return self.now
 
 
-def sent(book: DemandBook, ok: bool = True) -> RouterDemand:
-    demand = book.begin()
-    book.done(ok)
-    return demand
+def test_a_fresh_router_reports_nothing() -> None:
+    assert DemandBook(Clock()).report([]) == RouterReport()
 
 
-def test_nothing_is_reported_before_the_first_request_which_is_reported_at_once() -> None:
+def test_requests_in_flight_count_until_their_end_and_date_the_idle_window() -> None:
     clock = Clock()
-    book = DemandBook(10.0, clock)
-    assert book.due_in() is None
-    book.request()
-    assert book.due_in() == 0
-    assert sent(book) == RouterDemand(clock.now)
-    assert book.due_in() is None  # nothing new
+    book = DemandBook(clock)
+    book.started()
+    book.started()
+    clock.now += 30
+    assert book.report([]) == RouterReport(inflight=2, idle_for=30.0)
+    book.finished(held_seconds=None)
+    clock.now += 5
+    book.finished(held_seconds=12.5)
+    clock.now += 2
+    assert book.report([]) == RouterReport(inflight=0, idle_for=2.0, last_wait=12.5)
 
 
-def test_while_requests_arrive_a_report_goes_at_most_once_per_interval() -> None:
+def test_a_held_request_is_demand_only_once_it_waited_a_second() -> None:
     clock = Clock()
-    book = DemandBook(10.0, clock)
-    book.request()
-    sent(book)
-    clock.now += 1.0
-    book.request()
-    assert book.due_in() == pytest.approx(9.0)
-    clock.now += 4.0
-    book.request()
-    assert book.due_in() == pytest.approx(5.0)
-    clock.now += 5.0
-    assert book.due_in() == 0
-    assert sent(book).last_request_at == clock.now - 5.0  # the latest request's time
+    book = DemandBook(clock)
+    arrived = [clock.now, clock.now + 0.5]
+    clock.now += 0.9
+    assert book.report(arrived).holding == 0  # a client that leaves now wakes nothing
+    clock.now += WAKE_AFTER_SECONDS
+    report = book.report(arrived)
+    assert (report.holding, report.held_for) == (2, pytest.approx(1.9))
 
 
-def test_holding_starts_and_ends_are_reported_at_once_between_intervals() -> None:
-    clock = Clock()
-    book = DemandBook(10.0, clock)
-    book.request()
-    sent(book)
-    clock.now += 1.0
-    book.request()
-    book.holding(2, clock.now)
-    assert book.due_in() == 0  # the wake signal does not wait out the interval
-    wake = sent(book)
-    assert (wake.holding, wake.held_since) == (2, clock.now)
-    clock.now += 0.5
-    book.holding(3, clock.now - 1.5)
-    assert book.due_in() == pytest.approx(9.5)  # more held: news, not a signal
-    clock.now += 0.5
-    book.waited(2.0)
-    book.holding(0, None)
-    assert book.due_in() == 0  # the all-clear
-    clear = sent(book)
-    assert (clear.holding, clear.held_since, clear.last_wait_seconds) == (0, None, 2.0)
-    # The release counts as activity: the idle window starts after a slow start, not before.
-    assert clear.last_request_at == clock.now
+# --- the proxy keeping it ----------------------------------------------------------------------
 
 
-def test_a_failed_report_is_sent_again_a_little_later_and_none_goes_while_one_is_out() -> None:
-    clock = Clock()
-    book = DemandBook(10.0, clock, retry_seconds=1.0)
-    book.request()
-    book.holding(1, clock.now)
-    book.begin()
-    clock.now += 0.2
-    book.request()
-    assert book.due_in() is None  # one on its way
-    book.done(ok=False)
-    assert book.due_in() == pytest.approx(1.0)
-    clock.now += 1.0
-    assert book.due_in() == 0
-    assert sent(book).holding == 1
+def scope_of(method: str, path: str, client: str = "127.0.0.1") -> dict[str, Any]:
+    return {"type": "http", "method": method, "path": path, "raw_path": path.encode(),
+            "query_string": b"", "headers": [], "client": (client, 5000)}
 
 
-class FakePatch:
-    """Records each value; fails the first `failures` calls as a 403 would."""
-
-    def __init__(self, failures: int = 0) -> None:
-        self.failures = failures
-        self.values: list[RouterDemand] = []
-        self.closed = False
-
-    async def __call__(self, value: str) -> None:
-        if self.failures:
-            self.failures -= 1
-            raise ApiError(403, "forbidden")
-        demand = decode(value)
-        assert demand is not None
-        self.values.append(demand)
-
-    async def close(self) -> None:
-        self.closed = True
-
-
-async def test_the_reporter_retries_a_failure_and_sends_the_last_state_after_the_interval(
-) -> None:
-    patch, results = FakePatch(failures=1), []
-    reporter = DemandReporter(DemandBook(0.3, retry_seconds=0.05), patch, results.append)
-    reporter.book.request()
-    reporter.changed()
-    await eventually_async(lambda: len(patch.values) == 1, 5, every=0.01)
-    assert results == [False, True]
-    first = patch.values[0].last_request_at
-    reporter.book.request()  # within the interval: it goes once the interval is over
-    reporter.changed()
-    await eventually_async(lambda: len(patch.values) == 2, 5, every=0.01)
-    assert patch.values[1].last_request_at > first
-    await reporter.close()
-    assert patch.closed
-
-
-class SlowPatch(FakePatch):
-    async def __call__(self, value: str) -> None:
-        await asyncio.sleep(0.1)
-        await super().__call__(value)
-
-
-async def test_a_stopping_reporter_lets_the_report_on_its_way_and_the_all_clear_arrive() -> None:
-    patch = SlowPatch()
-    reporter = DemandReporter(DemandBook(600.0), patch)
-    reporter.book.request()
-    reporter.book.holding(1, 1.0)
-    reporter.changed()  # the wake signal goes out
-    reporter.book.holding(0, None)  # the drain answered it meanwhile
-    reporter.changed()
-    await reporter.close()
-    assert [d.holding for d in patch.values] == [1, 0] and patch.closed
-
-
-# --- the proxy reporting -----------------------------------------------------------------------
-
-
-async def test_the_proxy_reports_the_wake_signal_and_the_all_clear_at_once() -> None:
-    patch = FakePatch()
-    app = RouterApp(FixedDiscovery(), RoutingConfig(),
-                    ProxySettings(hold_queue_size=4, demand_interval=600.0), demand=patch)
-    leaves = asyncio.Event()
-    bodies = [{"type": "http.request", "body": b'{"messages": []}', "more_body": False}]
-
-    async def receive() -> dict[str, Any]:
-        if bodies:
-            return bodies.pop()
-        await leaves.wait()
-        return {"type": "http.disconnect"}
+async def report_of(app: RouterApp) -> RouterReport:
+    sent: list[MutableMapping[str, Any]] = []
 
     async def send(message: MutableMapping[str, Any]) -> None:
-        pass
+        sent.append(message)
 
-    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions",
-             "query_string": b"", "headers": [], "client": ("127.0.0.1", 5000)}
-    task = asyncio.ensure_future(app(scope, receive, send))
-    # With a 600 s interval only the immediate reports can arrive within the test.
-    await eventually_async(lambda: any(d.holding == 1 for d in patch.values), 5, every=0.01)
-    wake = next(d for d in patch.values if d.holding == 1)
-    assert wake.held_since is not None and wake.held_since >= wake.last_request_at - 1e-3
-    leaves.set()
-    await asyncio.wait_for(task, 2)
-    await eventually_async(lambda: patch.values[-1].holding == 0, 5, every=0.01)
-    assert app.metrics.registry.get_sample_value(
-        "autoglm_router_demand_patches_total", {"result": "ok"}) == len(patch.values)
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    await app.ops(scope_of("GET", DEMAND_PATH), receive, send)
+    assert sent[0]["status"] == 200
+    report = decode_report(sent[1]["body"], 10_000)
+    assert report is not None
+    return report
+
+
+class Client:
+    """One request into the app: its body, and a disconnect when the test says so."""
+
+    def __init__(self, app: RouterApp, method: str, path: str, body: bytes = b"") -> None:
+        self.messages: list[MutableMapping[str, Any]] = []
+        self.leaves = asyncio.Event()
+        self._body = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            if self._body:
+                return self._body.pop()
+            await self.leaves.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            self.messages.append(message)
+
+        self.task = asyncio.ensure_future(app(scope_of(method, path), receive, send))
+
+    @property
+    def status(self) -> int | None:
+        return next((m["status"] for m in self.messages
+                     if m["type"] == "http.response.start"), None)
+
+
+def holding_app(clock: Clock, **settings: Any) -> RouterApp:
+    app = RouterApp(FixedDiscovery(), RoutingConfig(),
+                    ProxySettings(hold_queue_size=4, hold_heartbeat=0, **settings))
+    app.demand = DemandBook(clock)
+    app.hold = HoldQueue(4, 180.0, clock=clock)
+    return app
+
+
+async def test_a_client_that_leaves_within_a_second_is_no_demand() -> None:
+    clock = Clock()
+    app = holding_app(clock)
+    client = Client(app, "POST", "/v1/chat/completions", b'{"messages": []}')
+    await eventually_async(lambda: len(app.hold) == 1, 5, every=0.01)
+    clock.now += 0.3
+    assert (await report_of(app)).holding == 0
+    client.leaves.set()
+    await asyncio.wait_for(client.task, 2)
+    clock.now += 5
+    assert await report_of(app) == RouterReport()  # nothing held, nothing relayed, ever
     await app.stop()
-    assert patch.closed
 
 
-# --- the patch on the wire ---------------------------------------------------------------------
+async def test_a_request_still_held_after_a_second_is_demand() -> None:
+    clock = Clock()
+    app = holding_app(clock)
+    client = Client(app, "POST", "/v1/chat/completions", b'{"messages": []}')
+    await eventually_async(lambda: len(app.hold) == 1, 5, every=0.01)
+    clock.now += 2
+    report = await report_of(app)
+    assert (report.holding, report.held_for, report.idle_for) == (1, 2.0, None)
+    client.leaves.set()
+    await asyncio.wait_for(client.task, 2)
+    assert (await report_of(app)).holding == 0
+    await app.stop()
 
 
-def test_the_routers_idea_of_the_resource_is_the_operators() -> None:
-    assert DEPLOYMENT_API == (spec.GROUP, spec.VERSION, spec.PLURAL)
+async def test_models_at_zero_are_listed_by_the_router_and_wake_nothing() -> None:
+    clock = Clock()
+    app = holding_app(clock, served_model_names=("autoglm-phone-9b",))
+    client = Client(app, "GET", "/v1/models")
+    await asyncio.wait_for(client.task, 2)
+    assert client.status == 200
+    listed = json.loads(client.messages[1]["body"])
+    assert [m["id"] for m in listed["data"]] == ["autoglm-phone-9b"]
+    assert len(app.hold) == 0
+    assert await report_of(app) == RouterReport()
+    await app.stop()
 
 
-@pytest.fixture
-async def apiserver() -> AsyncIterator[tuple[list[web.Request], list[bytes], str]]:
-    seen: list[web.Request] = []
-    bodies: list[bytes] = []
-
-    async def handle(request: web.Request) -> web.Response:
-        seen.append(request)
-        bodies.append(await request.read())
-        if request.match_info["name"] == "missing":
-            return web.json_response({"kind": "Status", "code": 404}, status=404)
-        return web.json_response({"kind": "AutoGLMDeployment"})
-
-    app = web.Application()
-    app.router.add_patch(
-        "/apis/autoglm.io/v1alpha1/namespaces/{namespace}/autoglmdeployments/{name}", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield seen, bodies, f"http://127.0.0.1:{port}"
-    await runner.cleanup()
+async def test_models_at_zero_without_names_is_a_503_not_a_hold() -> None:
+    app = holding_app(Clock())
+    client = Client(app, "GET", "/v1/models")
+    await asyncio.wait_for(client.task, 2)
+    assert client.status == 503 and len(app.hold) == 0
+    await app.stop()
 
 
-async def test_the_patch_merges_this_pods_annotation_only(
-        apiserver: tuple[list[web.Request], list[bytes], str]) -> None:
-    seen, bodies, server = apiserver
-    key = annotation_key("autoglm-router-7d9c-abcde")
-    patch = AnnotationPatch(ApiAccess(server, token="t0k"), "serving", "autoglm", key)
-    value = RouterDemand(1_700_000_000.5, holding=2, held_since=1_700_000_000.0).encode()
-    await patch(value)
-    request = seen[0]
-    assert request.path.endswith("/namespaces/serving/autoglmdeployments/autoglm")
-    assert request.headers["Content-Type"] == "application/merge-patch+json"
-    assert request.headers["Authorization"] == "Bearer t0k"
-    assert json.loads(bodies[0]) == {"metadata": {"annotations": {key: value}}}
-    missing = AnnotationPatch(ApiAccess(server), "serving", "missing", key)
-    with pytest.raises(ApiError, match="404"):
-        await missing(value)
-    await patch.close()
-    await missing.close()
+async def test_the_report_refuses_other_methods() -> None:
+    app = holding_app(Clock())
+    sent: list[MutableMapping[str, Any]] = []
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    await app.ops(scope_of("POST", DEMAND_PATH), receive, send)
+    assert sent[0]["status"] == 405
+    await app.stop()

@@ -21,7 +21,7 @@ from autoglm_api.profiles import Mode
 from autoglm_router.answers import HELD_SECONDS, HOLD_RETRY_AFTER_SECONDS
 from autoglm_router.discovery import Endpoint
 from autoglm_router.features import KeyKind, RequestFeatures, TrafficClass
-from autoglm_router.hold import HoldQueue, Outcome, releasable
+from autoglm_router.hold import HoldQueue, Outcome, Overflow, Ticket, releasable
 from autoglm_router.proxy import DRAIN_ANSWER_SECONDS, ProxySettings, RouterApp
 from autoglm_router.routing import ReplicaState, RoutingConfig
 from testkit.waiting import eventually_async
@@ -29,6 +29,7 @@ from testkit.waiting import eventually_async
 pytestmark = pytest.mark.timeout(20)
 S = Mode.STREAMING
 REPLICA = "http://127.0.0.1:9"
+CLIENT = "127.0.0.1"
 
 
 def features(streamed: bool, cost: float = 1.0) -> RequestFeatures:
@@ -52,8 +53,9 @@ def nowhere(f: RequestFeatures) -> None:
 
 
 def test_streamed_chats_are_released_first_then_the_rest_in_arrival_order() -> None:
-    queue = HoldQueue(10, 180.0, Clock())
-    other1, chat1, other2, chat2 = (queue.join(features(s)) for s in (False, True, False, True))
+    queue = HoldQueue(10, 180.0, per_client=10, clock=Clock())
+    other1, chat1, other2, chat2 = (queue.join(features(s), CLIENT)
+                                    for s in (False, True, False, True))
     released = queue.release([ReplicaState("r", S)], RoutingConfig(), nowhere)
     assert released == [chat1, chat2, other1, other2]
     assert all(t is not None and t.outcome is Outcome.RELEASED for t in released)
@@ -62,8 +64,8 @@ def test_streamed_chats_are_released_first_then_the_rest_in_arrival_order() -> N
 
 def test_a_wake_releases_what_the_replicas_admit_and_the_rest_waits_for_room() -> None:
     config = RoutingConfig(chat_caps={S: 2, Mode.BATCHING: 2})
-    queue = HoldQueue(10, 180.0, Clock())
-    held = [queue.join(features(True)) for _ in range(3)]
+    queue = HoldQueue(10, 180.0, per_client=10, clock=Clock())
+    held = [queue.join(features(True), CLIENT) for _ in range(3)]
     one = ReplicaState("r", S)
     # Each released chat is charged to the replica before the next is placed: two fit.
     assert queue.release([one], config, nowhere) == held[:2]
@@ -75,42 +77,70 @@ def test_a_wake_releases_what_the_replicas_admit_and_the_rest_waits_for_room() -
 def test_a_request_that_does_not_fit_lets_one_behind_it_that_does_go() -> None:
     # A non-streamed request may queue past the caps (other_overflow); a chat may not.
     config = RoutingConfig(chat_caps={S: 1, Mode.BATCHING: 1}, caps={S: 1, Mode.BATCHING: 1})
-    queue = HoldQueue(10, 180.0, Clock())
-    chat, batch = queue.join(features(True)), queue.join(features(False))
+    queue = HoldQueue(10, 180.0, per_client=10, clock=Clock())
+    chat, batch = queue.join(features(True), CLIENT), queue.join(features(False), CLIENT)
     full = ReplicaState("r", S, inflight=1, load=1.0)
     assert queue.release([full], config, nowhere) == [batch]
     assert queue.in_order() == [chat]
 
 
 def test_nothing_is_released_while_no_replica_is_up() -> None:
-    queue = HoldQueue(10, 180.0, Clock())
-    queue.join(features(True))
+    queue = HoldQueue(10, 180.0, per_client=10, clock=Clock())
+    queue.join(features(True), CLIENT)
     down = [ReplicaState("a", S, ready=False), ReplicaState("b", S, draining=True)]
     assert queue.release(down, RoutingConfig(), nowhere) == []
     assert len(queue) == 1
 
 
 def test_sleeping_replicas_take_held_requests_all_on_the_one_that_wakes() -> None:
-    queue = HoldQueue(10, 180.0, Clock())
-    held = [queue.join(features(True)) for _ in range(3)]
+    queue = HoldQueue(10, 180.0, per_client=10, clock=Clock())
+    held = [queue.join(features(True), CLIENT) for _ in range(3)]
     pool = [ReplicaState("b", S, asleep=True), ReplicaState("a", S, asleep=True)]
     assert releasable([t for t in held if t], pool, RoutingConfig(), nowhere) == held
 
 
 def test_the_queue_holds_no_more_than_its_size() -> None:
-    queue = HoldQueue(2, 180.0, Clock())
-    assert queue.join(features(True)) and queue.join(features(False))
-    assert queue.join(features(True)) is None
-    assert HoldQueue(0, 180.0).join(features(True)) is None  # holding off
+    queue = HoldQueue(2, 180.0, per_client=2, clock=Clock())
+    assert queue.join(features(True), CLIENT) and queue.join(features(False), CLIENT)
+    assert queue.join(features(True), CLIENT) is Overflow.FULL
+    assert HoldQueue(0, 180.0).join(features(True), CLIENT) is Overflow.FULL  # holding off
+
+
+def test_one_client_holds_at_most_its_share_and_leaves_room_for_others() -> None:
+    queue = HoldQueue(8, 180.0, clock=Clock())
+    assert queue.per_client == 2  # a quarter of the queue by default
+    flood = [queue.join(features(True), "10.0.0.1") for _ in range(5)]
+    assert [isinstance(t, Overflow) for t in flood] == [False, False, True, True, True]
+    assert flood[2] is Overflow.CLIENT
+    other = queue.join(features(True), "10.0.0.2")
+    assert isinstance(other, Ticket) and len(queue) == 3
+    first = flood[0]
+    assert isinstance(first, Ticket)
+    queue.leave(first)  # its share frees with it
+    assert isinstance(queue.join(features(True), "10.0.0.1"), Ticket)
+
+
+def test_a_request_held_again_after_a_429_keeps_its_place_and_waits_before_its_next_try() -> None:
+    clock = Clock()
+    queue = HoldQueue(4, 180.0, clock=clock)
+    ticket = queue.join(features(True), CLIENT)
+    assert isinstance(ticket, Ticket)
+    pool = [ReplicaState(REPLICA, S, True, False, 0, 0.0)]
+    assert queue.release(pool, RoutingConfig(), nowhere) == [ticket]
+    queue.rejoin(ticket, wait=1.0)
+    assert queue.release(pool, RoutingConfig(), nowhere) == []
+    clock.now += 1.0
+    assert queue.release(pool, RoutingConfig(), nowhere) == [ticket]
+    assert queue.deadline(ticket) == 1000.0 + 180.0  # the first arrival's deadline
 
 
 def test_a_request_times_out_at_its_deadline_and_a_drain_brings_the_deadline_forward() -> None:
     clock = Clock()
-    queue = HoldQueue(10, 180.0, clock, wall=lambda: 5.0)
-    first = queue.join(features(True))
+    queue = HoldQueue(10, 180.0, per_client=10, clock=clock)
+    first = queue.join(features(True), CLIENT)
     clock.now += 100.0
-    second = queue.join(features(False))
-    assert queue.held_since() == 5.0
+    second = queue.join(features(False), CLIENT)
+    assert queue.arrivals() == [1000.0, 1100.0]
     clock.now += 79.9
     assert queue.expire() == []
     clock.now += 0.1
@@ -124,12 +154,12 @@ def test_a_request_times_out_at_its_deadline_and_a_drain_brings_the_deadline_for
 
 
 def test_a_request_that_leaves_is_out_of_the_queue() -> None:
-    queue = HoldQueue(1, 180.0, Clock())
-    ticket = queue.join(features(True))
+    queue = HoldQueue(1, 180.0, per_client=1, clock=Clock())
+    ticket = queue.join(features(True), CLIENT)
     assert ticket is not None
     queue.leave(ticket)
     queue.leave(ticket)  # twice is once
-    assert len(queue) == 0 and queue.join(features(True)) is not None
+    assert len(queue) == 0 and queue.join(features(True), CLIENT) is not None
 
 
 # --- the proxy holding ------------------------------------------------------------------------
@@ -210,10 +240,12 @@ class Client:
         return {k.decode(): v.decode() for k, v in self.sent[0]["headers"]}
 
 
-def holding_app(size: int = 8, seconds: float = 60.0) -> tuple[RouterApp, Appearing, Upstream]:
+def holding_app(size: int = 8, seconds: float = 60.0, **settings: Any
+                ) -> tuple[RouterApp, Appearing, Upstream]:  # fmt: skip
     discovery, upstream = Appearing(), Upstream()
     app = RouterApp(discovery, RoutingConfig(),
-                    ProxySettings(hold_queue_size=size, hold_seconds=seconds))
+                    ProxySettings(hold_queue_size=size, hold_seconds=seconds,
+                                  hold_per_client=size, **settings))
     app.client = upstream  # type: ignore[assignment]
     return app, discovery, upstream
 
@@ -392,3 +424,119 @@ async def test_a_request_sent_to_a_replica_not_listening_yet_is_held_again_not_f
     assert upstream.bodies[0] == b"refused" and len(upstream.bodies) == 2
     assert counted(app, "ok") == 1
     assert sample(app, "autoglm_router_hold_seconds_count") == 1  # one request, one wait
+
+
+def scope_from(client: str) -> dict[str, Any]:
+    return {**scope(), "client": (client, 5000)}
+
+
+async def test_a_flood_from_one_client_leaves_room_for_another() -> None:
+    discovery, upstream = Appearing(), Upstream()
+    app = RouterApp(discovery, RoutingConfig(), ProxySettings(hold_queue_size=8))
+    app.client = upstream  # type: ignore[assignment]
+    flood = [Client({"messages": [], "stream": True}) for _ in range(6)]
+    tasks = [asyncio.ensure_future(app(scope_from("10.0.0.1"), c.receive, c.send))
+             for c in flood]
+    await eventually_async(lambda: sum(t.done() for t in tasks) == 4, 5, every=0.01,
+                           what="all but its share refused")
+    assert [c.status for c, t in zip(flood, tasks, strict=True) if t.done()] == [503] * 4
+    assert sample(app, "autoglm_router_hold_overflows_total", reason="client_full") == 4
+    other = Client({"messages": [], "stream": True})
+    held = asyncio.ensure_future(app(scope_from("10.0.0.2"), other.receive, other.send))
+    await eventually_async(lambda: len(app.hold) == 3, 5, every=0.01, what="the other held")
+    discovery.up = True
+    await asyncio.wait_for(asyncio.gather(held, *tasks), 5)
+    assert other.status == 200 and len(upstream.bodies) == 3
+
+
+class Full:
+    """A replica's 429, read whole."""
+
+    status = 429
+    raw_headers = [(b"content-type", b"application/json"), (b"retry-after", b"1")]
+    content_length = None
+
+    class content:  # aiohttp's attribute name
+        @staticmethod
+        async def iter_any() -> AsyncIterator[bytes]:
+            yield b'{"error": {"message": "full", "code": 429}}'
+
+    def close(self) -> None:
+        pass
+
+
+class FullFirst(Upstream):
+    """Answers 429 to the first request (a replica full when the held request reaches it)."""
+
+    async def request(self, *args: Any, data: bytes | None = None, **kwargs: Any) -> Any:
+        if not self.bodies:
+            self.bodies.append(b"429")
+            return Full()
+        return await super().request(*args, data=data, **kwargs)
+
+
+async def test_a_held_request_that_meets_a_full_replica_at_release_is_held_again() -> None:
+    discovery, upstream = Appearing(), FullFirst()
+    app = RouterApp(discovery, RoutingConfig(),
+                    ProxySettings(hold_queue_size=8, hold_seconds=60, hold_heartbeat=0))
+    app.client = upstream  # type: ignore[assignment]
+    client = Client({"messages": [], "stream": True})
+    task = call(app, client)
+    await eventually_async(lambda: len(app.hold) == 1, 5, every=0.01, what="held")
+    discovery.up = True
+    await asyncio.wait_for(task, 5)
+    assert client.status == 200  # not the 429 it met on its way
+    assert upstream.bodies[0] == b"429" and len(upstream.bodies) == 2
+    assert sample(app, "autoglm_router_hold_seconds_count") == 1
+
+
+async def test_a_429_for_a_request_never_held_is_the_clients_answer() -> None:
+    discovery, upstream = Appearing(), FullFirst()
+    discovery.up = True
+    app = RouterApp(discovery, RoutingConfig(), ProxySettings(hold_queue_size=8))
+    app.client = upstream  # type: ignore[assignment]
+    client = Client({"messages": [], "stream": True})
+    await asyncio.wait_for(call(app, client), 5)
+    assert client.status == 429 and len(app.hold) == 0
+
+
+def body_of(client: Client) -> bytes:
+    return b"".join(m.get("body", b"") for m in client.sent[1:])
+
+
+async def test_a_held_stream_hears_heartbeats_then_its_replicas_events() -> None:
+    app, discovery, _ = holding_app(hold_heartbeat=0.05)
+    client = Client({"messages": [], "stream": True})
+    task = call(app, client)
+    await eventually_async(lambda: body_of(client).count(b": held") >= 2, 5, every=0.01,
+                           what="two heartbeats")
+    assert client.status == 200
+    assert client.headers["content-type"] == "text/event-stream"
+    discovery.up = True
+    await asyncio.wait_for(task, 5)
+    events = body_of(client)
+    assert events.endswith(b'data: {"ok": true}\n\ndata: [DONE]\n\n')
+    assert [m["type"] for m in client.sent].count("http.response.start") == 1
+
+
+async def test_a_held_stream_that_waits_out_its_hold_ends_with_an_error_event() -> None:
+    app, _, _ = holding_app(seconds=0.3, hold_heartbeat=0.05)
+    client = Client({"messages": [], "stream": True})
+    await asyncio.wait_for(call(app, client), 5)
+    assert client.status == 200  # committed by the first heartbeat
+    events = body_of(client).split(b"\n\n")
+    error = json.loads(events[-3].removeprefix(b"data: "))["error"]
+    assert error["code"] == 503 and "within" in error["message"]
+    assert events[-2] == b"data: [DONE]"
+
+
+async def test_a_held_request_that_is_not_streamed_hears_nothing_until_its_answer() -> None:
+    app, discovery, _ = holding_app(hold_heartbeat=0.05)
+    client = Client({"messages": []})
+    task = call(app, client)
+    await eventually_async(lambda: len(app.hold) == 1, 5, every=0.01)
+    await asyncio.sleep(0.2)  # four heartbeat intervals: none may come
+    assert client.sent == []
+    discovery.up = True
+    await asyncio.wait_for(task, 5)
+    assert client.status == 200

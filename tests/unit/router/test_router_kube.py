@@ -138,7 +138,8 @@ def test_one_endpoint_per_address_the_ready_pod_first() -> None:
 
 def test_data_path_reports_mark_endpoints() -> None:
     table = listed(pod("a", ip="10.1.0.1"), pod("b", ip="10.1.0.2"))
-    marked = table.endpoints(draining={"uid-a"}, unreachable={"http://10.1.0.2:8000"})
+    marked = table.endpoints(draining={"http://10.1.0.1:8000"},
+                             unreachable={"http://10.1.0.2:8000"})
     assert [(e.draining, e.ready) for e in marked] == [(True, True), (False, False)]
     assert table.uid_of("http://10.1.0.1:8000") == "uid-a"
 

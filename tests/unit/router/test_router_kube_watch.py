@@ -144,12 +144,19 @@ async def test_an_unreachable_replica_is_out_until_its_health_answers(
         answers["status"] = 200
         await eventually_async(lambda: watch.endpoints()[0].ready, 5, every=0.01,
                                what="the replica ready")
-        watch.report_draining(url)  # draining lasts until the pod is gone,
-        watch.report_unreachable(url)  # through more probes and a /health that answers 200
-        answered = len(probes)
-        await eventually_async(lambda: len(probes) > answered and watch.endpoints()[0].ready, 5,
-                               every=0.01, what="a probe more, the replica ready")
+        # A draining answer holds the address out while its /health fails (a draining runtime
+        # answers 503 there) and no longer: a new pod that got a leaving pod's address is used
+        # once it answers.
+        answers["status"] = 503
+        watch.report_draining(url)
         assert watch.endpoints()[0].draining
+        answered = len(probes)
+        await eventually_async(lambda: len(probes) > answered + 1, 5, every=0.01,
+                               what="two probes more")
+        assert watch.endpoints()[0].draining
+        answers["status"] = 200
+        await eventually_async(lambda: not watch.endpoints()[0].draining, 5, every=0.01,
+                               what="the address back in use")
     finally:
         await watch.stop()
         await runner.cleanup()

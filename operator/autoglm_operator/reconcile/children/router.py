@@ -3,9 +3,9 @@ ServiceAccount, Role, RoleBinding), from the spec, as plain dicts.
 
 The router (`autoglm-router --kubernetes`, router/README.md) watches the serving pods of its
 own deployment and routes each request by mode and session. It needs `list` and `watch` on
-pods of its namespace and, with spec.scaleToZero, `patch` on its own AutoGLMDeployment (the
-demand annotation, autoglm_api.standby): that is all its Role grants (the operator can grant no
-more than it holds, and the router calls nothing else). Service `<name>` selects its pods
+pods of its namespace: that is all its Role grants, with scale to zero too (the operator reads
+each router's demand from its ops port, autoglm_api.standby), so the process that parses every
+client's bytes can change nothing in the cluster. Service `<name>` selects its pods
 (serving.service with `via_router`).
 """
 
@@ -18,8 +18,7 @@ from autoglm_operator.reconcile.children import serving
 from autoglm_operator.reconcile.children.serving import Manifest, Owner
 from autoglm_operator.resource import names
 from autoglm_operator.resource.names import router_name
-from autoglm_operator.resource.spec import GROUP as AGD_GROUP
-from autoglm_operator.resource.spec import PLURAL, AutoGLMDeploymentSpec
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
 
 ROUTER_COMPONENT = "router"
 CONTAINER_NAME = "router"
@@ -56,21 +55,9 @@ def _metadata(owner: Owner, **extra: Any) -> dict[str, Any]:
 
 def drain_seconds(spec: AutoGLMDeploymentSpec) -> int:
     """How long a stopping router lets its requests finish: as long as a serving pod drains,
-    and with scaleToZero as long as a request may be held, so a held one is not lost."""
-    held = spec.router.hold.wait_seconds if spec.scale_to_zero.enabled else 0
+    and as long as a request may be held, so a held one is not lost."""
+    held = spec.router.hold.wait_seconds if spec.router.hold.queue_size else 0
     return max(spec.engine.shutdown_timeout_seconds, held)
-
-
-# How often a router with traffic tells the operator (demand annotation): often enough that an
-# idle window never ends under traffic, rarely enough to cost the apiserver little.
-MAX_DEMAND_INTERVAL_SECONDS = 30
-
-
-def demand_interval_seconds(spec: AutoGLMDeploymentSpec) -> int:
-    settings = spec.scale_to_zero
-    windows = [settings.idle_seconds] + ([settings.sleep.idle_seconds]
-                                         if settings.sleep.enabled else [])
-    return max(1, min(MAX_DEMAND_INTERVAL_SECONDS, min(windows) // 4))
 
 
 def termination_grace_seconds(spec: AutoGLMDeploymentSpec) -> int:
@@ -99,19 +86,22 @@ def router_args(owner: Owner, spec: AutoGLMDeploymentSpec) -> list[str]:
         # Screenshots are priced as the replicas' processor scales them.
         "--image-max-pixels", str(spec.multimodal.effective_max_pixels(spec.max_model_len)),
     ]  # fmt: skip
+    hold = router.hold
+    args += [
+        # At zero the router answers GET /v1/models itself, waking nothing.
+        "--served-model-name", spec.model.served_name,
+        "--hold-queue-size", str(hold.queue_size),
+        "--hold-seconds", str(hold.wait_seconds),
+        "--hold-heartbeat-seconds", str(hold.heartbeat_seconds),
+    ]
+    if hold.per_client is not None:
+        args += ["--hold-per-client", str(hold.per_client)]
     if not router.spill:
         args.append("--no-spill")
     if spec.gateway.enabled:
         args += ["--ext-proc-port", str(EXT_PROC_PORT)]
     for field, value in router.limits.model_dump(exclude_none=True).items():
         args += [ROUTER_LIMIT_FLAGS[field], str(value)]
-    if spec.scale_to_zero.enabled:
-        args += [
-            "--hold-queue-size", str(router.hold.queue_size),
-            "--hold-seconds", str(router.hold.wait_seconds),
-            "--demand-object", f"{owner.namespace}/{owner.name}",
-            "--demand-interval", str(demand_interval_seconds(spec)),
-        ]
     return args
 
 
@@ -182,17 +172,12 @@ def _ports(spec: AutoGLMDeploymentSpec) -> list[dict[str, Any]]:
 
 
 def _env(spec: AutoGLMDeploymentSpec) -> dict[str, Any]:
-    """The replicas' key, so the router refuses a keyless request before reading its body;
-    with scaleToZero its pod's name, which keys its demand annotation."""
-    env = []
+    """The replicas' key, so the router refuses a keyless request before reading its body."""
     ref = spec.api_key_secret_ref
-    if ref is not None:
-        env.append({"name": "VLLM_API_KEY",
-                    "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
-    if spec.scale_to_zero.enabled:
-        env.append({"name": "POD_NAME",
-                    "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
-    return {"env": env} if env else {}
+    if ref is None:
+        return {}
+    return {"env": [{"name": "VLLM_API_KEY",
+                     "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]}
 
 
 def pod_template(owner: Owner, spec: AutoGLMDeploymentSpec) -> dict[str, Any]:
@@ -260,17 +245,12 @@ def service_account(owner: Owner) -> Manifest:
     }
 
 
-def role(owner: Owner, spec: AutoGLMDeploymentSpec) -> Manifest:
-    rules: list[dict[str, Any]] = [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": list(POD_VERBS)}]
-    if spec.scale_to_zero.enabled:
-        rules.append({"apiGroups": [AGD_GROUP], "resources": [PLURAL],
-                      "resourceNames": [owner.name], "verbs": ["patch"]})
+def role(owner: Owner) -> Manifest:
     return {
         "apiVersion": RBAC_API_VERSION,
         "kind": "Role",
         "metadata": _metadata(owner),
-        "rules": rules,
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": list(POD_VERBS)}],
     }
 
 
@@ -296,7 +276,7 @@ def children(owner: Owner, spec: AutoGLMDeploymentSpec) -> list[Manifest]:
         return []
     return [
         service_account(owner),
-        role(owner, spec),
+        role(owner),
         role_binding(owner),
         deployment(owner, spec),
         pod_disruption_budget(owner),
