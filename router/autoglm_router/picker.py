@@ -9,6 +9,15 @@ replica's `ip:port` in the `x-gateway-destination-endpoint` header and `envoy.lb
 with the refusal the HTTP router would give, as an ImmediateResponse. The gateway streams the
 response itself.
 
+With no replica up, an inference request (a POST) waits in the HTTP router's own hold queue
+(`RouterApp._held`, the same bounds, order and release) inside the ext_proc exchange: the
+picker first asks Envoy for more time for its pending message (`override_message_timeout`, as
+long as the hold plus HOLD_MARGIN_SECONDS, honoured up to the filter's `max_message_timeout`),
+then answers once a replica takes the request, or with the HTTP router's 503 past the hold's
+bounds. Nothing reaches the client while it waits (no SSE heartbeat: the response has not
+begun). A gateway that closes the stream takes the request out of the queue. `GET /v1/models`
+at zero is answered from `--served-model-name`, waking nothing.
+
 In-flight accounting rides on the stream: Envoy closes it when the HTTP request ends (answered,
 failed or abandoned by its client) as long as it may still have something to send on it (in
 BUFFERED mode always; in FULL_DUPLEX_STREAMED with response_trailer_mode SEND, which sends no
@@ -23,10 +32,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import grpc
@@ -35,11 +45,11 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
 from envoy.type.v3 import http_status_pb2
-from google.protobuf import struct_pb2
+from google.protobuf import duration_pb2, struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from autoglm_router import answers
-from autoglm_router.answers import REQUEST_ID, Answer
+from autoglm_router.answers import HELD_SECONDS, REQUEST_ID, Answer
 from autoglm_router.epp import (
     DESTINATION_HEADER,
     DESTINATION_NAMESPACE,
@@ -51,8 +61,8 @@ from autoglm_router.epp import (
     in_subset,
 )
 from autoglm_router.features import RequestFeatures
-from autoglm_router.proxy import HOP_BY_HOP, RouterApp, connection_tokens, outcome_of
-from autoglm_router.routing import Refusal, Route, charged_cost
+from autoglm_router.proxy import HOP_BY_HOP, RouterApp, _Call, connection_tokens, outcome_of
+from autoglm_router.routing import NO_REPLICA, Refusal, Route, charged_cost
 from autoglm_router.sessions import session_of
 
 log = logging.getLogger(__name__)
@@ -66,6 +76,15 @@ ROUTED = "routed"
 # message and the message's bytes, or the full-duplex parts and their join for the scan.
 # The router's body budget counts it so.
 BODY_COPIES = 2
+# Envoy waits this much longer than the hold for a held request's answer, so that the hold's
+# own 503 goes out before the gateway's timeout: max_message_timeout must allow the sum.
+HOLD_MARGIN_SECONDS = 5.0
+# Where Envoy's ext_proc filter puts the `request_attributes` it is configured to send.
+ATTRIBUTES_NAMESPACE = "envoy.filters.http.ext_proc"
+SOURCE_ADDRESS = "source.address"
+# The hold queue's client for a gateway that names no source address: its requests share one
+# client's bound (docs/router/gateway.md), since a header the client sent names nobody.
+GATEWAY_CLIENT = "gateway"
 
 
 class Exchange:
@@ -98,6 +117,13 @@ class Exchange:
         self._mode_label = "none"
         self._status = 0
         self._accounting = contextlib.ExitStack()
+        self._inference = False  # routed, and counted in the demand book until close
+        self._client = GATEWAY_CLIENT  # its share of the hold queue is bounded
+        self._assigned_id = ""  # the request id its answers carry, once one is needed
+        self._with_body = False
+        self.holding = False  # no replica: `hold()` is to be awaited for the answers
+        self._waiting = False  # in the hold queue now
+        self.held_seconds: float | None = None  # how long it waited for a replica, if it did
 
     def on(self, message: Any) -> list[Any]:
         kind = message.WhichOneof("request")
@@ -117,7 +143,7 @@ class Exchange:
 
     def timed_out(self) -> list[Any]:
         """The body did not arrive within the body deadline."""
-        return self._refuse(answers.body_too_slow(self.app.settings.body_timeout))
+        return self._answer(answers.body_too_slow(self.app.settings.body_timeout))
 
     def close(self) -> None:
         """The stream ended: the HTTP request is over, however it ended."""
@@ -125,7 +151,15 @@ class Exchange:
             outcome = outcome_of(self._status) if self._status else ROUTED
             self.app.metrics.requests.labels(self._features.traffic_class.value,
                                              self._mode_label, outcome).inc()
+        elif self._waiting and self._features is not None:
+            # Its client left while it was held (the gateway closed the stream).
+            self.app.metrics.requests.labels(self._features.traffic_class.value, "none",
+                                             "client_gone").inc()
+            self._waiting = False
         self._accounting.close()
+        if self._inference:
+            self.app.demand.finished(self.held_seconds)
+            self._inference = False
         self._release_body()
         if self._admitted:
             self.app.inflight -= 1
@@ -140,13 +174,14 @@ class Exchange:
             self._response_mode = message.protocol_config.response_body_mode
         self._headers = {h.key.lower(): _value(h) for h in message.request_headers.headers.headers}
         self._subset = _subset_hint(message.metadata_context)
+        self._client = _client_of(message) or GATEWAY_CLIENT
         path = self._headers.get(":path", "")
         self._method = self._headers.get(":method", "")
         self._raw_path = path.split("?", 1)[0]
         refusal = self.app.admission(self._method, self._raw_path,
                                      self._headers.get("authorization"))
         if refusal is not None:
-            return self._refuse(refusal)
+            return self._answer(refusal)
         self.app.inflight += 1
         self._admitted = True
         if message.request_headers.end_of_stream:
@@ -157,12 +192,12 @@ class Exchange:
             name = BodyMode.Name(self._mode)
             log.error("The gateway sends request bodies in %s mode; the picker routes on the "
                       "body: set request_body_mode FULL_DUPLEX_STREAMED (or BUFFERED)", name)
-            return self._refuse(Answer(500, answers.error_body(
+            return self._answer(Answer(500, answers.error_body(
                 f"The gateway's ext_proc request_body_mode {name} cannot be routed on.", 500)))
         size = self.app.body_size(self._headers.get("content-length"))
         refusal = self.app.body_refusal(size, held=size * BODY_COPIES)
         if refusal is not None:
-            return self._refuse(refusal)
+            return self._answer(refusal)
         self._declared = size
         self._held = size * BODY_COPIES
         self.app.buffered_body_bytes += self._held
@@ -179,7 +214,7 @@ class Exchange:
         self._size += len(body.body)
         limit = self.app.settings.max_body_bytes
         if self._size > min(limit, self._declared):
-            return self._refuse(answers.body_too_large(limit))
+            return self._answer(answers.body_too_large(limit))
         # BUFFERED_PARTIAL sends one message, the whole body or as much as the gateway buffers.
         if body.end_of_stream or self._mode == BodyMode.BUFFERED_PARTIAL:
             return self._route(with_body=True)
@@ -192,14 +227,71 @@ class Exchange:
         body = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
         features = app.features_of(self._method, self._raw_path, body, self._headers)
         self._features = features
-        app.note_request()
-        pool = in_subset(app.pool(), self._subset)
-        chosen = destinations(features, pool, app.config, app.sessions.last(features),
-                              self.fallbacks)
+        self._with_body = with_body
+        chosen = self._destinations()
+        if isinstance(chosen, Refusal) and chosen.reason == NO_REPLICA:
+            inference = self._method == "POST"
+            if not inference and app.settings.served_model_names:
+                # GET /v1/models at zero: answered from what the router knows, waking nothing.
+                app.metrics.requests.labels(features.traffic_class.value, "none", "ok").inc()
+                return self._answer(answers.models_at_zero(app.settings.served_model_names,
+                                                           app.started_at),
+                                    details="autoglm_picker_models_at_zero")
+            # The protocol asks for 503 at once when none of the gateway's subset is eligible.
+            if inference and app.hold.size and self._subset is None:
+                self.holding = True
+                return [self._more_time()]
+        return self._routed(chosen)
+
+    def _destinations(self) -> list[Route] | Refusal:
+        assert self._features is not None
+        pool = in_subset(self.app.pool(), self._subset)
+        return destinations(self._features, pool, self.app.config,
+                            self.app.sessions.last(self._features), self.fallbacks)
+
+    def _more_time(self) -> Any:
+        """Envoy's wait for the pending message, stretched to cover the hold (once a message:
+        Envoy ignores a second ask, and one past its max_message_timeout)."""
+        wait = duration_pb2.Duration()
+        wait.FromTimedelta(datetime.timedelta(
+            seconds=self.app.hold.seconds + HOLD_MARGIN_SECONDS))
+        return ext_proc.ProcessingResponse(override_message_timeout=wait)
+
+    async def hold(self) -> list[Any]:
+        """Wait in the hold queue until a replica takes the request; its answers then, or
+        the HTTP router's answer past the hold's bounds. Cancelled (the gateway closed the
+        stream), it leaves the queue."""
+        self.holding = False
+        features = self._features
+        assert features is not None
+        call = _Call(self._method, self._raw_path, [], bytearray(), features,
+                     self._request_id(), self._arrival, client=self._client)
+        self._waiting = True
+        try:
+            route = await self.app._held(call, None)
+        finally:
+            self.held_seconds = call.held_seconds
+            if call.ticket is not None and call.held_seconds is not None:
+                self.app.metrics.hold_seconds.observe(call.held_seconds)
+        self._waiting = False
+        if isinstance(route, Answer):
+            self.app.metrics.requests.labels(features.traffic_class.value, "none",
+                                             "refused").inc()
+            return self._answer(route)
+        # The pool took it just now, with no await since: the same choice, with fallbacks.
+        return self._routed(self._destinations())
+
+    def _routed(self, chosen: list[Route] | Refusal) -> list[Any]:
+        app = self.app
+        features = self._features
+        assert features is not None
         if isinstance(chosen, Refusal):
             app.metrics.requests.labels(features.traffic_class.value, "none", "refused").inc()
-            return self._refuse(answers.refused(chosen, self._request_id()))
+            return self._answer(answers.refused(chosen, self._request_id()))
         self._routes = chosen
+        if self._method == "POST":  # an inference request: in flight until the stream closes
+            app.demand.started()
+            self._inference = True
         first = chosen[0]
         self._mode_label = app.mode_label(first.replica)
         self._accounting.enter_context(app.book.open(first.replica,
@@ -211,7 +303,7 @@ class Exchange:
             app.metrics.placements.labels(app.sessions.place(session, first.replica)).inc()
         app.metrics.added_latency.labels("request").observe(time.perf_counter() - self._arrival)
         destination = ",".join(address_of(r.replica) for r in chosen)
-        return self._destination_answers(destination, with_body)
+        return self._destination_answers(destination, self._with_body)
 
     def _destination_answers(self, destination: str, with_body: bool) -> list[Any]:
         # Hop-by-hop headers stop here, as at the HTTP router (the gateway keeps TE and
@@ -247,16 +339,16 @@ class Exchange:
                     body=part, end_of_stream=i == last)))))
             for i, part in enumerate(self._parts)]
 
-    def _refuse(self, answer: Answer) -> list[Any]:
+    def _answer(self, answer: Answer, details: str = "autoglm_picker_refused") -> list[Any]:
+        """The request answered here, as an ImmediateResponse: nothing more to do."""
         self.ended = True
         self._release_body()
+        held = ((HELD_SECONDS, f"{self.held_seconds:.3f}"),) if self.held_seconds is not None \
+            else ()
         return [ext_proc.ProcessingResponse(immediate_response=ext_proc.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=answer.status),
-            headers=ext_proc.HeaderMutation(set_headers=[
-                base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(
-                    key=key, raw_value=value.encode()), append_action=OVERWRITE)
-                for key, value in (("content-type", "application/json"), *answer.headers)]),
-            body=answer.body, details="autoglm_picker_refused"))]
+            headers=_set_headers((("content-type", "application/json"), *answer.headers, *held)),
+            body=answer.body, details=details))]
 
     def _release_body(self) -> None:
         self.app.buffered_body_bytes -= self._held
@@ -265,7 +357,10 @@ class Exchange:
         self._size = 0
 
     def _request_id(self) -> str:
-        return self._headers.get(REQUEST_ID) or uuid.uuid4().hex
+        """The gateway's request id, else one of its own, the same for the whole request."""
+        if not self._assigned_id:
+            self._assigned_id = self._headers.get(REQUEST_ID) or uuid.uuid4().hex
+        return self._assigned_id
 
     # --- the response: seen only when the gateway sends it ---------------------------------------
 
@@ -274,7 +369,12 @@ class Exchange:
         status = headers.get(":status", "")
         self._status = int(status) if status.isdigit() else 0
         self._follow_served(message.metadata_context)
-        return [ext_proc.ProcessingResponse(response_headers=ext_proc.HeadersResponse())]
+        if self.held_seconds is None:
+            return [ext_proc.ProcessingResponse(response_headers=ext_proc.HeadersResponse())]
+        # A gateway that shows the picker the response gets the HTTP router's held header.
+        return [ext_proc.ProcessingResponse(response_headers=ext_proc.HeadersResponse(
+            response=ext_proc.CommonResponse(header_mutation=_set_headers(
+                ((HELD_SECONDS, f"{self.held_seconds:.3f}"),)))))]
 
     def _follow_served(self, metadata: Any) -> None:
         """The gateway says which of the destinations served the request (one of the fallbacks
@@ -301,6 +401,33 @@ class Exchange:
 
 def _value(header: Any) -> str:
     return header.raw_value.decode("latin-1") if header.raw_value else header.value
+
+
+def _set_headers(headers: Iterable[tuple[str, str]]) -> Any:
+    return ext_proc.HeaderMutation(set_headers=[
+        base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=key, raw_value=value.encode()),
+                                   append_action=OVERWRITE)
+        for key, value in headers])
+
+
+def _client_of(message: Any) -> str | None:
+    """The downstream address the gateway itself names (Envoy's `source.address` attribute,
+    sent when the filter's `request_attributes` lists it), without its port: a client's own
+    headers (X-Forwarded-For) would let it pass for anyone."""
+    if ATTRIBUTES_NAMESPACE not in message.attributes:
+        return None
+    fields = message.attributes[ATTRIBUTES_NAMESPACE].fields
+    if SOURCE_ADDRESS not in fields or fields[SOURCE_ADDRESS].WhichOneof("kind") != "string_value":
+        return None
+    return host_of(fields[SOURCE_ADDRESS].string_value) or None
+
+
+def host_of(address: str) -> str:
+    """`ip` of `ip:port`, `[v6]:port` or a bare address."""
+    if address.startswith("["):
+        return address[1:].partition("]")[0]
+    host, colon, port = address.rpartition(":")
+    return host if colon and port.isdigit() and ":" not in host else address
 
 
 def _metadata_value(metadata: Any, namespace: str, key: str) -> Any:
@@ -345,13 +472,17 @@ class Picker(ext_proc_grpc.ExternalProcessorServicer):
                     return
                 for response in exchange.on(message):
                     yield response
+                if exchange.holding:
+                    for response in await exchange.hold():
+                        yield response
         finally:
             exchange.close()
 
 
 class Health(health_pb2_grpc.HealthServicer):
     """gRPC health as GIE pickers serve it: `liveness` while the process answers; readiness
-    (``, `readiness`, the ext_proc service) while it has a replica and does not drain."""
+    (``, `readiness`, the ext_proc service) while it has a replica, or holds requests until one
+    is up, and does not drain."""
 
     def __init__(self, app: RouterApp) -> None:
         self.app = app
@@ -362,7 +493,8 @@ class Health(health_pb2_grpc.HealthServicer):
             return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
         if service not in ("", "readiness", EXT_PROC_SERVICE):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {service!r}")
-        ready = not self.app.draining and self.app.ready()
+        # Holding, a picker with no replica still serves: it holds requests until one is up.
+        ready = not self.app.draining and (self.app.ready() or self.app.hold.size > 0)
         status = (health_pb2.HealthCheckResponse.SERVING if ready
                   else health_pb2.HealthCheckResponse.NOT_SERVING)
         return health_pb2.HealthCheckResponse(status=status)

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from autoglm_router.picker import HOLD_MARGIN_SECONDS, SOURCE_ADDRESS
+from autoglm_router.proxy import ProxySettings
 from testkit.processes import RouterProcess, ServerProcess, free_port
 
 Shape = Literal["original_dst", "override_host"]
@@ -52,6 +54,14 @@ class GatewayLimits:
     stream_timeout: float = 3600.0
     max_connections: int = 2048
     max_body_bytes: int = 16 * 1024 * 1024  # what BUFFERED mode must be able to hold
+    # The picker's --hold-seconds: at zero a request waits that long in the ext_proc exchange,
+    # before it is sent upstream (0: the gateway gives the picker no time to hold).
+    hold_seconds: float = ProxySettings.hold_seconds
+
+    @property
+    def hold_allowance(self) -> float:
+        """How much longer than its usual deadlines Envoy must wait for a held request."""
+        return self.hold_seconds + HOLD_MARGIN_SECONDS if self.hold_seconds else 0.0
 
 
 def _seconds(value: float) -> str:
@@ -67,6 +77,7 @@ def gateway_config(
     pool: Sequence[str] = (), fail_open: bool = False,
     request_body_mode: str = "BUFFERED", response_header_mode: str = "SKIP",
     response_body_mode: str = "NONE", retries: int = 1, limits: GatewayLimits = GatewayLimits(),
+    message_timeout: float = 5.0,
 ) -> dict[str, Any]:
     """The bootstrap; `pool` is the InferencePool's endpoints (`ip:port`) for `override_host`.
     The response goes past the picker unless `response_header_mode`/`response_body_mode` send
@@ -91,7 +102,13 @@ def gateway_config(
             "response_trailer_mode": "SEND",
         },
         # Per message; the picker answers in milliseconds, but shares 2 cores with the test.
-        "message_timeout": "5s",
+        "message_timeout": _seconds(message_timeout),
+        # A request held at zero: the picker asks for its hold and a margin for the message it
+        # holds (override_message_timeout). Envoy ignores an ask past this, and any with 0.
+        "max_message_timeout": _seconds(limits.hold_allowance),
+        # The client the hold's per-client bound counts: Envoy's own word for the peer (after
+        # its X-Forwarded-For trust rules), never a header the client wrote.
+        "request_attributes": [SOURCE_ADDRESS],
         # The picker's `envoy.lb` metadata is dropped unless accepted (override_host reads it).
         "metadata_options": {"receiving_namespaces": {"untyped": ["envoy.lb"]}},
     }
@@ -121,7 +138,9 @@ def gateway_config(
         "use_remote_address": True,
         "always_set_request_id_in_response": True,  # as the router returns its X-Request-Id
         "request_headers_timeout": _seconds(limits.header_timeout),
-        "request_timeout": _seconds(limits.body_timeout),
+        # Until the request goes upstream: its body, then any hold at zero.
+        "request_timeout": _seconds(limits.body_timeout + limits.hold_allowance),
+        # No byte moves while a request is held: keep it above the hold's allowance.
         "stream_idle_timeout": _seconds(limits.stream_idle),
         "max_request_headers_kb": limits.max_header_bytes // 1024,
         "common_http_protocol_options": {

@@ -42,8 +42,9 @@ from testkit.waiting import eventually
 
 pytestmark = pytest.mark.timeout(90)
 
+# The picker holds nothing here (no --hold-queue-size): Envoy's request deadline is the body's.
 STRICT = GatewayLimits(header_timeout=1, body_timeout=1, keep_alive=1, max_connections=16,
-                       max_header_bytes=16384, max_headers=64)
+                       max_header_bytes=16384, max_headers=64, hold_seconds=0)
 
 
 @pytest.fixture(scope="module")

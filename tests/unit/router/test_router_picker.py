@@ -22,7 +22,7 @@ from autoglm_router import answers
 from autoglm_router.discovery import Endpoint
 from autoglm_router.epp import address_of, destinations, in_subset
 from autoglm_router.features import NEUTRAL, KeyKind, RequestFeatures, TrafficClass
-from autoglm_router.picker import EXT_PROC_SERVICE, Health, Picker
+from autoglm_router.picker import EXT_PROC_SERVICE, Health, Picker, host_of
 from autoglm_router.proxy import ProxySettings, RouterApp
 from autoglm_router.routing import Refusal, ReplicaState, RoutingConfig
 
@@ -421,6 +421,174 @@ async def test_a_full_duplex_response_body_is_handed_back_as_it_came() -> None:
     assert echoed.response_body.response.body_mutation.streamed_response.end_of_stream
 
 
+# --- at zero: the HTTP router's hold queue, within the exchange --------------------------------
+
+
+def held_app(**settings: Any) -> tuple[RouterApp, FixedDiscovery]:
+    """No replica, holding."""
+    pool = FixedDiscovery()
+    return app_of(pool, hold_queue_size=settings.pop("hold_queue_size", 4), **settings), pool
+
+
+def from_client(message: Any, address: str) -> Any:
+    """`message` with the `source.address` attribute Envoy sends when asked to."""
+    attributes = struct_pb2.Struct()
+    attributes.update({"source.address": address})
+    message.attributes["envoy.filters.http.ext_proc"].CopyFrom(attributes)
+    return message
+
+
+async def held_stream(app: RouterApp, message: Any | None = None
+                      ) -> tuple[Stream, asyncio.Task[Any]]:  # fmt: skip
+    """A streamed chat's exchange, held: the picker has asked Envoy for more time."""
+    before = len(app.hold)
+    stream = Stream(Picker(app), [message or headers_message(), *body_messages(STREAMED_CHAT)],
+                    hold=asyncio.Event())
+    task = asyncio.ensure_future(stream.run())
+    async with asyncio.timeout(5):
+        while len(app.hold) == before and not task.done():
+            await asyncio.sleep(0.01)
+    assert not task.done(), stream.responses
+    return stream, task
+
+
+def counted(app: RouterApp, outcome: str) -> float:
+    return float(app.metrics.requests.labels("streamed_chat", "none", outcome)._value.get())
+
+
+@pytest.mark.parametrize("mode", [Mode_.FULL_DUPLEX_STREAMED, Mode_.BUFFERED])
+async def test_a_request_at_zero_is_held_then_sent_to_the_replica_that_comes_up(
+    mode: int
+) -> None:
+    app, pool = held_app(hold_seconds=30)
+    stream, task = await held_stream(app, headers_message(mode=mode))
+    asked, *_ = [r for r in stream.responses if r.HasField("override_message_timeout")]
+    # Envoy is asked to wait out the hold and its margin for the pending message.
+    assert asked.override_message_timeout.ToTimedelta().total_seconds() == 35
+    assert asked.WhichOneof("response") is None
+    assert len(app.hold) == 1 and app.metrics.held._value.get() == 1
+    assert app.demand.inflight == 0  # not in flight while held
+    assert app.buffered_body_bytes == 2 * len(STREAMED_CHAT)  # its body is kept meanwhile
+    await asyncio.sleep(0.2)
+    pool.listed.append(Endpoint(STREAMING, Mode.STREAMING, ready=True))
+    while not any(destination_or_none(r) for r in stream.responses if r.WhichOneof("response")):
+        assert not task.done()
+        await asyncio.sleep(0.01)
+    routed = next(r for r in stream.responses
+                  if r.WhichOneof("response") and destination_or_none(r))
+    assert destination(routed)[0] == "10.0.0.1:8000"
+    if mode == Mode_.FULL_DUPLEX_STREAMED:
+        echoed = stream.responses[-1].request_body.response.body_mutation.streamed_response
+        assert echoed.body == STREAMED_CHAT and echoed.end_of_stream
+    assert len(app.hold) == 0 and app.metrics.held._value.get() == 0
+    assert app.demand.inflight == 1 and app.book.count[STREAMING] == 1
+    assert app.buffered_body_bytes == 0
+    assert stream.hold is not None
+    stream.hold.set()
+    await asyncio.wait_for(task, 5)
+    assert app.demand.inflight == 0 and app.inflight == 0
+    assert app.metrics.hold_seconds._sum.get() >= 0.2
+    assert app.demand.report([]).last_wait is not None  # the wait is reported
+
+
+async def test_a_hold_past_its_bound_gets_the_http_routers_503() -> None:
+    app, _ = held_app(hold_seconds=0.2)
+    status, head, body = await http_answer(app, "POST", CHAT, {}, STREAMED_CHAT)
+    *_, answered = await exchange(app, headers_message(), *body_messages(STREAMED_CHAT))
+    picker_status, picker_head, picker_body = immediate(answered)
+    assert picker_status == status == 503
+    assert picker_head["retry-after"] == head["retry-after"] == "10"
+    message, http_message = (json.loads(b)["error"]["message"] for b in (picker_body, body))
+    assert message.startswith("No replica could take the request within 0.2")
+    assert message.split(" within")[0] == http_message.split(" within")[0]
+    assert float(picker_head["x-autoglm-held-seconds"]) >= 0.2
+    assert app.metrics.hold_overflows.labels("timeout")._value.get() == 2
+    assert counted(app, "refused") == 2  # once per front
+    assert len(app.hold) == 0 and app.inflight == 0 and app.buffered_body_bytes == 0
+
+
+async def test_a_full_queue_and_a_clients_full_share_get_the_http_routers_503s() -> None:
+    app, _ = held_app(hold_queue_size=2, hold_per_client=1)
+    _, first_task = await held_stream(app, from_client(headers_message(), "10.1.0.1:4000"))
+    # The same client again, from another port: its share is taken.
+    (refused,) = [r for r in await exchange(
+        app, from_client(headers_message(), "10.1.0.1:4001"), *body_messages(STREAMED_CHAT))
+        if r.WhichOneof("response")]
+    assert immediate(refused)[:3:2] == (503, answers.hold_client_full("rid-1").body)
+    # Another client is held beside it; then the queue is full for anyone.
+    _, other_task = await held_stream(app, from_client(headers_message(), "[fd00::2]:80"))
+    assert len(app.hold) == 2
+    (full,) = [r for r in await exchange(
+        app, from_client(headers_message(), "10.1.0.3:4000"), *body_messages(STREAMED_CHAT))
+        if r.WhichOneof("response")]
+    status, head, body = immediate(full)
+    assert (status, body) == (503, answers.hold_full("rid-1").body)
+    assert head["retry-after"] == "10" and head["x-autoglm-held-seconds"] == "0.000"
+    for task in (first_task, other_task):
+        task.cancel()
+    await asyncio.gather(first_task, other_task, return_exceptions=True)
+    assert len(app.hold) == 0
+
+
+async def test_a_gateway_that_names_no_client_holds_as_one_client() -> None:
+    app, _ = held_app(hold_queue_size=8, hold_per_client=1)
+    _, task = await held_stream(app)
+    (refused,) = [r for r in await exchange(app, headers_message(),
+                                            *body_messages(STREAMED_CHAT))
+                  if r.WhichOneof("response")]
+    assert immediate(refused)[2] == answers.hold_client_full("rid-1").body
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_client_that_leaves_while_held_leaves_the_queue() -> None:
+    app, _ = held_app(hold_seconds=30)
+    _, task = await held_stream(app)
+    task.cancel()  # the gateway closed the stream
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert len(app.hold) == 0 and app.metrics.held._value.get() == 0
+    assert app.inflight == 0 and app.buffered_body_bytes == 0 and app.demand.inflight == 0
+    assert counted(app, "client_gone") == 1
+    assert app.demand.report(app.hold.arrivals()).holding == 0
+
+
+async def test_the_model_list_at_zero_is_the_routers_own_and_holds_nothing() -> None:
+    app, _ = held_app(served_model_names=("autoglm-phone-9b",))
+    status, _, body = await http_answer(app, "GET", "/v1/models", {}, b"")
+    (response,) = await exchange(app, headers_message("/v1/models", "GET", body=None))
+    assert immediate(response)[0] == status == 200
+    assert immediate(response)[2] == body
+    assert [m["id"] for m in json.loads(body)["data"]] == ["autoglm-phone-9b"]
+    assert response.immediate_response.details == "autoglm_picker_models_at_zero"
+    assert len(app.hold) == 0 and app.metrics.hold_seconds._sum.get() == 0
+    # Without the names, as the HTTP router: 503 at once, never held (not inference).
+    unnamed, _ = held_app()
+    (refused,) = await exchange(unnamed, headers_message("/v1/models", "GET", body=None))
+    assert immediate(refused)[0] == 503
+
+
+async def test_a_subset_hint_with_none_eligible_is_503_at_once_as_the_protocol_says() -> None:
+    app, _ = held_app()
+    (refused,) = await exchange(app, headers_message(subset=[]), *body_messages(STREAMED_CHAT))
+    assert immediate(refused)[0] == 503 and len(app.hold) == 0
+
+
+async def test_without_a_hold_queue_no_replica_is_503_at_once() -> None:
+    app = app_of(FixedDiscovery())
+    responses = await exchange(app, headers_message(), *body_messages(STREAMED_CHAT))
+    assert [r.WhichOneof("response") for r in responses] == ["immediate_response"]
+
+
+@pytest.mark.parametrize(("address", "host"), [
+    ("10.0.0.7:51234", "10.0.0.7"), ("[fd00::7]:443", "fd00::7"), ("10.0.0.7", "10.0.0.7"),
+    ("fd00::7", "fd00::7"),
+])
+def test_the_client_is_the_gateways_source_address_without_its_port(address: str,
+                                                                     host: str) -> None:
+    assert host_of(address) == host
+
+
 # --- health -----------------------------------------------------------------------------------
 
 
@@ -450,6 +618,11 @@ async def test_health_is_ready_with_a_replica_and_not_while_draining() -> None:
     none = Health(app_of(FixedDiscovery()))
     reply = await none.Check(health_pb2.HealthCheckRequest(service="readiness"), Context())
     assert reply.status == not_serving
+    # Holding, a picker with no replica takes requests: it holds them until one is up.
+    holding = Health(app_of(FixedDiscovery(), hold_queue_size=4))
+    reply = await holding.Check(health_pb2.HealthCheckRequest(service=EXT_PROC_SERVICE),
+                                Context())
+    assert reply.status == serving
     with pytest.raises(LookupError):
         await health.Check(health_pb2.HealthCheckRequest(service="other"), Context())
 
