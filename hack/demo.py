@@ -6,9 +6,11 @@ each serving pod and an `autoglm-router` for each router pod. Traffic goes to Se
 `<name>`, as clients' would: through the router, which sends each request to a replica of the
 right mode. Streamed chats all along, with a peak of batch jobs (non-streamed requests) on top:
 the adaptive pass sizes the split by each class's demand, moves a replica to batching for the
-peak and back to streaming after it, and this script shows it as it happens. At the end it prints
-where the requests went and writes a PNG of load, TTFT and modes over time. Ctrl-C stops
-everything it started.
+peak and back to streaming after it, and this script shows it as it happens. Then scale to zero:
+with the traffic over, the deployment goes idle after `scaleToZero.idleSeconds` and its
+Deployment to zero; one streamed chat is held by the router while a replica starts, and served.
+At the end it prints where the requests went and writes a PNG of load, TTFT, modes and replicas
+over time. Ctrl-C stops everything it started.
 """
 
 from __future__ import annotations
@@ -25,12 +27,15 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import openai
 import yaml
 
 from autoglm_operator.io.prom import demand_query
+from autoglm_router.answers import HELD_SECONDS
 from testkit.loadgen import LoadReport, run_load
 from testkit.localcluster import LocalCluster, free_port, loopback_pod_cidr, running_cluster
 from testkit.localprom import LocalPrometheus
@@ -45,6 +50,11 @@ SYSTEM_NAMESPACE = "autoglm-system"
 DEMO_NAMESPACE = "demo"
 NAME = "phone-9b"
 RELEASE = "autoglm"
+# Above the quiet phase's 2 s between chats, so only the end of the traffic starts the idle
+# window; short, so the demo reaches zero about half a minute after its last request.
+IDLE_SECONDS = 30
+LOAD_SECONDS = 5.0  # the sims' model load for the wake from zero, so the hold is long enough to see
+STANDBY_REASONS = ("ScaledToZero", "Waking", "Woke", "WakeAbandoned", "ScaledUp")
 
 
 def step(message: str) -> None:
@@ -66,12 +76,40 @@ class Sample:
     ttft_p95: float | None
     batching: int
     streaming: int
+    running: int  # the Deployment's ready replicas
+    desired: int  # the Deployment's spec.replicas
+    standby: str  # status.standby.state
+    held: int  # status.standby.heldRequests: what the routers hold now
+
+
+@dataclass
+class HeldChat:
+    """The streamed chat sent at zero: when, how long the router held it, when it was done."""
+
+    sent_at: float  # seconds from the start of the traffic
+    model: str = ""
+    held: float | None = None  # the router's x-autoglm-held-seconds header
+    took: float | None = None  # until the whole answer was in
+    answer: str = ""
+    error: str | None = None
+
+    @property
+    def served(self) -> bool:
+        return self.error is None and bool(self.answer) and bool(self.held)
 
 
 @dataclass
 class Timeline:
     samples: list[Sample] = field(default_factory=list)
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    zero_at: float | None = None  # when status.standby was Idle and the Deployment at zero
+    # The operator's idle window: its last request (lastRequestTime) to ScaledToZero (since).
+    idle_window: tuple[float, float] | None = None
+    chat: HeldChat | None = None
+
+    def at_zero(self) -> bool:
+        last = self.samples[-1] if self.samples else None
+        return last is not None and last.standby == "Idle" and last.desired == last.running == 0
 
 
 def traffic(scale: float) -> tuple[list[Phase], list[Phase]]:
@@ -104,7 +142,7 @@ def qps_at(phases: list[Phase], t: float) -> float:
 
 
 def demo_resource(prometheus_url: str, replicas: int) -> dict[str, Any]:
-    """examples/autoglm.yaml with demo timings: seconds instead of minutes."""
+    """examples/autoglm.yaml with demo timings: seconds instead of minutes, and scale to zero."""
     resource = yaml.safe_load((REPO / "examples" / "autoglm.yaml").read_text())
     resource["metadata"]["name"] = NAME
     resource["spec"]["replicas"] = replicas
@@ -123,6 +161,7 @@ def demo_resource(prometheus_url: str, replicas: int) -> dict[str, Any]:
         "cooldownSeconds": 20,
         "minStreamingReplicas": 1,
     }
+    resource["spec"]["scaleToZero"] = {"enabled": True, "idleSeconds": IDLE_SECONDS}
     return resource
 
 
@@ -213,6 +252,13 @@ def show_where_requests_went(runner: PodRunner, proxy: ServiceProxy) -> None:
         print(f"  {traffic_class:>13} -> {mode:>9} replicas: {count:6.0f} {outcome}")
 
 
+def deployment_replicas(cluster: LocalCluster) -> tuple[int, int]:
+    """The serving Deployment's (ready, spec) replicas."""
+    deployment = cluster.get_json("deployment", NAME, "-n", DEMO_NAMESPACE)
+    ready = int(deployment.get("status", {}).get("readyReplicas") or 0)
+    return ready, int(deployment["spec"]["replicas"])
+
+
 def pod_modes(cluster: LocalCluster) -> dict[str, str]:
     serving = f"app.kubernetes.io/instance={NAME},app.kubernetes.io/name=autoglm"
     pods = cluster.get_json("pods", "-n", DEMO_NAMESPACE, "-l", serving)
@@ -224,15 +270,19 @@ def pod_modes(cluster: LocalCluster) -> dict[str, str]:
 
 
 async def watch_and_show(
-    cluster: LocalCluster, runner: PodRunner, offered: Callable[[float], float],
-    report: LoadReport,
-    timeline: Timeline, started: float, duration: float,
+    cluster: LocalCluster, offered: Callable[[float], float], report: LoadReport,
+    timeline: Timeline, started: float, stop: asyncio.Event,
 ) -> None:  # fmt: skip
     seen_decision = None
-    while (t := time.monotonic() - started) < duration + 5:
-        agd = await asyncio.to_thread(cluster.get_json, "agd", NAME, "-n", DEMO_NAMESPACE)
-        modes = await asyncio.to_thread(pod_modes, cluster)
+    while not stop.is_set():
+        t = time.monotonic() - started
+        agd, modes, (running, desired) = await asyncio.gather(
+            asyncio.to_thread(cluster.get_json, "agd", NAME, "-n", DEMO_NAMESPACE),
+            asyncio.to_thread(pod_modes, cluster),
+            asyncio.to_thread(deployment_replicas, cluster),
+        )
         status = agd.get("status", {})
+        standby = status.get("standby") or {}
         now = time.monotonic()
         # Requests that started 2-12 s ago: nearly all have finished, so none is missed.
         recent = report.window(now - 12, now - 2)
@@ -245,14 +295,27 @@ async def watch_and_show(
             ttft_p95=percentile(ttfts, 0.95),
             batching=sum(1 for m in modes.values() if m == "batching"),
             streaming=sum(1 for m in modes.values() if m == "streaming"),
+            running=running,
+            desired=desired,
+            standby=standby.get("state", "-"),
+            held=int(standby.get("heldRequests") or 0),
         )
         timeline.samples.append(sample)
+        if timeline.zero_at is None and timeline.at_zero():
+            timeline.zero_at = t
         badges = " ".join("B" if m == "batching" else "S" for _, m in sorted(modes.items()))
         ttft = f"{sample.ttft_p95 * 1000:4.0f}ms" if sample.ttft_p95 is not None else "   -  "
+        chat = timeline.chat
+        waiting = (
+            f"  chat waiting {t - chat.sent_at:.0f}s"
+            if chat is not None and chat.took is None and chat.error is None
+            else ""
+        )
         print(
             f"t={t:5.0f}s  load {sample.offered_qps:5.1f} req/s  served {sample.served_qps:5.1f}"
             f" req/s  TTFT p95 {ttft}  modes [{badges}]  ready {status.get('ready', '-')}"
-            f"  failed {len(report.failures)}",
+            f"  failed {len(report.failures)}  deploy {running}/{desired}"
+            f"  {sample.standby:<7}  held {sample.held}{waiting}",
             flush=True,
         )
         decision = status.get("lastDecision")
@@ -266,32 +329,188 @@ async def watch_and_show(
                     f"{decision.get('message', '')}",
                     flush=True,
                 )
-        await asyncio.sleep(2)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 2)
+
+
+def streamed_chat(base_url: str, chat: HeldChat) -> None:
+    """One streamed chat through the official client, as a user's: the router's header says how
+    long it was held; `took` is until the whole answer was in."""
+    client = openai.OpenAI(base_url=base_url, api_key="EMPTY", max_retries=0, timeout=240)
+    started = time.monotonic()
+    try:
+        raw = client.chat.completions.with_raw_response.create(
+            model=chat.model, stream=True, max_tokens=16,
+            messages=[{"role": "user", "content": "Open the settings app."}],
+        )  # fmt: skip
+        held = float(raw.headers.get(HELD_SECONDS) or 0.0)
+        chat.answer = "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices)
+        chat.held, chat.took = held, time.monotonic() - started
+    except openai.OpenAIError as exc:
+        chat.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        client.close()
+
+
+def model_list(base_url: str) -> list[str]:
+    with openai.OpenAI(base_url=base_url, api_key="EMPTY", max_retries=0, timeout=30) as client:
+        return [m.id for m in client.models.list().data]
+
+
+async def until(condition: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.5)
+    return True
+
+
+async def scale_to_zero_episode(
+    cluster: LocalCluster, runner: PodRunner, base_url: str, timeline: Timeline, started: float
+) -> None:
+    """With the traffic over: the live table runs on until the deployment is idle and its
+    Deployment at zero, then one streamed chat is held while a replica starts, and served."""
+    step(f"Traffic over: idle window of {IDLE_SECONDS}s (scaleToZero.idleSeconds), then zero")
+    if not await until(timeline.at_zero, IDLE_SECONDS + 90):
+        print(
+            f"    !!! not at zero {IDLE_SECONDS + 90}s after the traffic: kubectl get agd "
+            f"{NAME} -n {DEMO_NAMESPACE} -o yaml (status.standby)",
+            flush=True,
+        )
+        return
+    standby = cluster.get_json("agd", NAME, "-n", DEMO_NAMESPACE)["status"]["standby"]
+    print(f"    >>> at zero: {standby.get('reason')}: {standby.get('message')}", flush=True)
+    if standby.get("lastRequestTime") and standby.get("since"):
+        # Wall-clock times in status, on the traffic's clock.
+        wall_started = time.time() - (time.monotonic() - started)
+        timeline.idle_window = (
+            datetime.fromisoformat(standby["lastRequestTime"]).timestamp() - wall_started,
+            datetime.fromisoformat(standby["since"]).timestamp() - wall_started,
+        )
+    # kwok gives a new pod a deleted pod's address at once, so the pod runner starts it only when
+    # the old one has drained (its preStop): the chat then waits for the cold start alone.
+    await until(lambda: not runner.serving_processes(DEMO_NAMESPACE), 60)
+    # The flips' replicas started at once; the one that wakes loads its model first, as vLLM's.
+    runner.sim_args = ["--model-load-seconds", str(LOAD_SECONDS)]
+    models = await asyncio.to_thread(model_list, base_url)
+    print(f"    >>> GET /v1/models at zero: {models}, answered by the router: it wakes nothing",
+          flush=True)  # fmt: skip
+    step(f"One streamed chat through Service {NAME} at zero: held by the router while a replica "
+         f"starts (its sim loads for {LOAD_SECONDS:.0f}s; kwok reports the pod Ready at once, the "
+         "router waits for the sim's /health)")  # fmt: skip
+    timeline.chat = chat = HeldChat(sent_at=time.monotonic() - started, model=models[0])
+    await asyncio.to_thread(streamed_chat, base_url, chat)
+    if chat.error is not None:
+        print(f"    !!! the held chat failed: {chat.error}", flush=True)
+        return
+    print(
+        f"    >>> held chat served: held {chat.held:.1f}s ({HELD_SECONDS}), whole answer "
+        f"after {chat.took:.1f}s: {chat.answer!r}",
+        flush=True,
+    )
+    # A few more rows: the routers' queue empty, the deployment Serving on the replica that woke.
+    await until(lambda: timeline.samples[-1].standby == "Serving", 20)
+    await asyncio.sleep(3)
 
 
 def write_chart(timeline: Timeline, path: Path) -> None:
+    """Three panels over the whole run, and a fourth that zooms on the scale-to-zero episode."""
     plt = pyplot()
 
-    t = [s.t for s in timeline.samples]
-    fig, axes = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
-    axes[0].plot(t, [s.offered_qps for s in timeline.samples], label="offered")
-    axes[0].plot(t, [s.served_qps for s in timeline.samples], label="served")
+    samples = timeline.samples
+    t = [s.t for s in samples]
+    fig, axes = plt.subplots(4, 1, figsize=(10, 11), gridspec_kw={"height_ratios": [1, 1, 1, 1.3]})
+    for ax in axes[1:3]:
+        ax.sharex(axes[0])
+    for ax in axes[:2]:
+        ax.tick_params(labelbottom=False)
+    axes[0].plot(t, [s.offered_qps for s in samples], label="offered")
+    axes[0].plot(t, [s.served_qps for s in samples], label="served")
     axes[0].set_ylabel("requests/s")
     axes[0].legend(loc="upper right")
-    axes[1].plot(t, [(s.ttft_p95 or 0) * 1000 for s in timeline.samples], color="tab:red")
+    axes[1].plot(t, [(s.ttft_p95 or 0) * 1000 for s in samples], color="tab:red")
     axes[1].set_ylabel("TTFT p95 (ms)")
-    axes[2].step(t, [s.batching for s in timeline.samples], where="post", label="batching")
-    axes[2].step(t, [s.streaming for s in timeline.samples], where="post", label="streaming")
-    axes[2].set_ylabel("replicas")
+    axes[2].step(t, [s.batching for s in samples], where="post", label="batching")
+    axes[2].step(t, [s.streaming for s in samples], where="post", label="streaming")
+    axes[2].set_ylabel("replicas per mode")
     axes[2].set_xlabel("seconds since traffic started")
-    axes[2].legend(loc="upper right")
+    axes[2].legend(loc="upper left")
     for decision in timeline.decisions:
-        for ax in axes:
+        for ax in axes[:3]:
             ax.axvline(decision["t"], color="grey", linestyle=":", linewidth=1)
-    fig.suptitle("AutoGLM adaptive modes: load, time to first token, replicas per mode")
+    # Idle at zero: shaded on every panel, from the first such sample to the next that is not.
+    for n, (start, end) in enumerate(idle_spans(samples)):
+        for ax in axes:
+            label = "status.standby Idle" if ax is axes[3] and not n else None
+            ax.axvspan(start, end, color="tab:blue", alpha=0.12, linewidth=0, label=label)
+    chat = timeline.chat
+    if chat is not None:
+        for ax in axes:
+            ax.axvline(chat.sent_at, color="tab:purple", linestyle="--", linewidth=1)
+    scale_to_zero_panel(axes[3], timeline)
+    fig.suptitle("AutoGLM: load, time to first token, replicas per mode, scale to zero")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
+
+
+def scale_to_zero_panel(ax: Any, timeline: Timeline) -> None:
+    """From the idle window on: the Deployment's replicas, the held requests and the chat."""
+    samples, chat, window = timeline.samples, timeline.chat, timeline.idle_window
+    t = [s.t for s in samples]
+    ax.step(t, [s.running for s in samples], where="post", color="black",
+            label="Deployment ready replicas")  # fmt: skip
+    ax.step(t, [s.held for s in samples], where="post", color="tab:purple", linestyle="--",
+            label="held requests (status.standby)")  # fmt: skip
+    top = max([s.desired for s in samples] + [1])
+    ax.set_ylim(-0.2, top + 1.8)  # room for the legend
+    start = window[0] if window is not None else (timeline.zero_at or t[-1]) - IDLE_SECONDS
+    ax.set_xlim(start - 10, t[-1] + 2)
+    ax.set_ylabel("scale to zero")
+    ax.set_xlabel("seconds since traffic started (zoom on the end)")
+    if window is not None:
+        ax.annotate("", (window[0], top + 0.4), (window[1], top + 0.4),
+                    arrowprops={"arrowstyle": "<->", "color": "tab:blue"})  # fmt: skip
+        ax.text((window[0] + window[1]) / 2, top + 0.5,
+                f"idle window: {window[1] - window[0]:.0f}s without a request", ha="center",
+                fontsize=8, color="tab:blue")  # fmt: skip
+    if chat is not None and chat.held is not None and chat.took is not None:
+        ax.axvspan(chat.sent_at, chat.sent_at + chat.held, color="tab:purple", alpha=0.25,
+                   linewidth=0, label="the chat's hold")  # fmt: skip
+        ax.annotate(f"chat held {chat.held:.1f}s,\nanswered after {chat.took:.1f}s",
+                    (chat.sent_at + chat.held, 1), xytext=(-8, 40), textcoords="offset points",
+                    ha="right", fontsize=8, color="tab:purple",
+                    arrowprops={"arrowstyle": "->", "color": "tab:purple"})  # fmt: skip
+    elif chat is not None:
+        ax.text(chat.sent_at, 1, f" chat failed: {chat.error}", fontsize=8, color="tab:red")
+    ax.legend(loc="upper left", fontsize=8, ncol=3)
+
+
+def idle_spans(samples: list[Sample]) -> list[tuple[float, float]]:
+    spans: list[tuple[float, float]] = []
+    start: float | None = None
+    for s in samples:
+        if s.standby == "Idle" and start is None:
+            start = s.t
+        elif s.standby != "Idle" and start is not None:
+            spans.append((start, s.t))
+            start = None
+    if start is not None:
+        spans.append((start, samples[-1].t))
+    return spans
+
+
+def standby_events(cluster: LocalCluster) -> list[str]:
+    """The AutoGLMDeployment's scale-to-zero Events, oldest first."""
+    selector = f"involvedObject.kind=AutoGLMDeployment,involvedObject.name={NAME}"
+    items = cluster.get_json("events", "-n", DEMO_NAMESPACE, "--field-selector", selector)
+    found = [e for e in items["items"] if e.get("reason") in STANDBY_REASONS]
+    found.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    return [
+        f"{e.get('lastTimestamp') or e.get('eventTime')}  {e['reason']:<13} {e['message']}"
+        for e in found
+    ]
 
 
 def helm(cluster: LocalCluster, *args: str) -> None:
@@ -306,6 +525,7 @@ def run(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="autoglm-demo-"))
     chats, jobs = traffic(args.time_scale)
     duration = chats[-1].until
+    print(f"workdir (the operator's log, pods/ with each pod's log): {workdir}")
     with contextlib.ExitStack() as stack:
         step("Starting the control plane (etcd, kube-apiserver, controllers, kwok GPU nodes)")
         cluster = stack.enter_context(
@@ -327,7 +547,8 @@ def run(args: argparse.Namespace) -> int:
         operator = start_operator(cluster, service_account_kubeconfig(cluster, workdir), workdir)
         stack.callback(stop_process, operator)
 
-        step(f"kubectl apply -f examples/autoglm.yaml ({args.replicas} replicas, demo timings)")
+        step(f"kubectl apply -f examples/autoglm.yaml ({args.replicas} replicas, demo timings, "
+             f"scaleToZero after {IDLE_SECONDS}s idle)")  # fmt: skip
         cluster.kubectl("create", "namespace", DEMO_NAMESPACE)
         cluster.apply(demo_resource(prom.url, args.replicas), DEMO_NAMESPACE)
         wait_ready(cluster, args.replicas)
@@ -343,14 +564,26 @@ def run(args: argparse.Namespace) -> int:
         timeline = Timeline()
 
         def offered(t: float) -> float:
-            return qps_at(chats, t) + qps_at(jobs, t)
+            return qps_at(chats, t) + qps_at(jobs, t) if t < duration else 0.0
 
         async def drive() -> None:
             started = time.monotonic()
+            stop = asyncio.Event()
+
+            async def traffic_then_zero() -> None:
+                try:
+                    await asyncio.gather(
+                        run_load(targets, lambda t: qps_at(chats, t), duration, report=report),
+                        run_load(targets, lambda t: qps_at(jobs, t), duration, report=report,
+                                 stream=False),
+                    )  # fmt: skip
+                    await scale_to_zero_episode(cluster, runner, targets[0], timeline, started)
+                finally:
+                    stop.set()  # the live table stops with the episode
+
             await asyncio.gather(
-                run_load(targets, lambda t: qps_at(chats, t), duration, report=report),
-                run_load(targets, lambda t: qps_at(jobs, t), duration, report=report, stream=False),
-                watch_and_show(cluster, runner, offered, report, timeline, started, duration),
+                traffic_then_zero(),
+                watch_and_show(cluster, offered, report, timeline, started, stop),
             )
 
         asyncio.run(drive())
@@ -364,6 +597,9 @@ def run(args: argparse.Namespace) -> int:
         summary = {
             "samples": [s.__dict__ for s in timeline.samples],
             "decisions": timeline.decisions,
+            "zeroAt": timeline.zero_at,
+            "idleWindow": timeline.idle_window,
+            "heldChat": timeline.chat.__dict__ if timeline.chat else None,
             "requests": len(report.results),
             "failed": len(report.failures),
         }
@@ -380,7 +616,39 @@ def run(args: argparse.Namespace) -> int:
             "--sort-by=.lastTimestamp",
         ).stdout  # fmt: skip
         print(events)
-        return 0 if up and down and not report.failures else 1
+        early = went_idle_during(timeline, duration)
+        print("scale to zero:")
+        print(f"  idle during the traffic: {'never' if early is None else f'at t={early:.0f}s'}")
+        at_zero = (
+            "never"
+            if timeline.zero_at is None
+            else (
+                f"t={timeline.zero_at:.0f}s, {timeline.zero_at - duration:.0f}s after the traffic"
+            )
+        )
+        print(f"  at zero (Idle, Deployment 0/0): {at_zero}")
+        print(f"  held chat: {describe(timeline.chat)}")
+        for line in standby_events(cluster):
+            print(f"  {line}")
+        flips_ok = bool(up and down and not report.failures)
+        zero_ok = (early is None and timeline.zero_at is not None
+                   and timeline.chat is not None and timeline.chat.served)  # fmt: skip
+        return 0 if flips_ok and zero_ok else 1
+
+
+def went_idle_during(timeline: Timeline, duration: float) -> float | None:
+    """When the idle window ended while the traffic ran, if it did: it must not, since the
+    quiet phase's chats come every 2 s and the window is IDLE_SECONDS."""
+    return next((s.t for s in timeline.samples
+                 if s.t < duration and s.standby in ("Idle", "Waking")), None)  # fmt: skip
+
+
+def describe(chat: HeldChat | None) -> str:
+    if chat is None:
+        return "not sent"
+    if chat.served:
+        return f"held {chat.held:.1f}s, whole answer after {chat.took:.1f}s"
+    return f"not served ({chat.error or f'held {chat.held}s, answer {chat.answer!r}'})"
 
 
 def main(argv: list[str] | None = None) -> int:
