@@ -656,9 +656,11 @@ class RouterApp:
                     return await ticket.wait()
             except TimeoutError:
                 pass
+            # The head goes out with the first heartbeat: its header says the wait so far.
+            call.held_seconds = self.hold.waited(ticket)
             try:
                 async with asyncio.timeout(self.settings.send_timeout):
-                    await send.heartbeat(self.hold.waited(ticket))
+                    await send.heartbeat(call.held_seconds)
             except TimeoutError:
                 raise _ClientStalled from None
 

@@ -29,6 +29,9 @@ from autoglm_api.standby import Activity
 from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
 
 SLEEPING_ANNOTATION = "autoglm.io/sleeping"  # on a pod the operator put to sleep: the level
+# A wake's requests that end within this of the hold's bound may have timed out there (the
+# routers' reports and this plan lag the bound by a second or two): their clients come back.
+HOLD_END_MARGIN_SECONDS = 5.0
 CONFLICT = "AutoscalerConflict"  # status.standby.state while an HPA owns the replica count
 
 
@@ -43,7 +46,9 @@ class Trigger(StrEnum):
     """What happened since the last plan, as the plan reads it (the first that holds)."""
 
     READY = "Ready"  # Waking: a replica is ready
-    ABANDONED = "Abandoned"  # Waking: nothing held any more, and nothing came since the wake
+    # Waking: nothing held any more and nothing came since the wake, its requests gone before
+    # their hold could end (their clients left), or an idle window after the wake began
+    ABANDONED = "Abandoned"
     DEMAND = "Demand"  # Asleep or Idle: a request came, or is held
     IDLE = "Idle"  # no request held, relayed or finished for idleSeconds
     QUIET = "Quiet"  # the same for sleep.idleSeconds
@@ -136,7 +141,14 @@ class _Moment:
         if state is State.WAKING:
             if self.ready:
                 return Trigger.READY
-            return None if activity.holding or came else Trigger.ABANDONED
+            if activity.holding or came:
+                return None
+            # Requests held past the hold's bound were answered 503 with Retry-After, and their
+            # clients come back: a start longer than the hold goes on for them.
+            waking_for = self.now - (_seconds(self.current.get("wakeStartTime")) or self.since)
+            timed_out = waking_for >= self.spec.router.hold.wait_seconds - HOLD_END_MARGIN_SECONDS
+            gone = not timed_out or waking_for >= settings.idle_seconds
+            return Trigger.ABANDONED if gone else None
         if state in (State.ASLEEP, State.IDLE) and (activity.holding or came):
             return Trigger.DEMAND
         if state is not State.IDLE and self.idle_for >= settings.idle_seconds:
@@ -246,9 +258,9 @@ def _entered(moment: _Moment, trigger: Trigger, target: State
                 f"woke the deployment{rest}.",
                 {"lastWakeMillis": round(waited * 1000), "wokenReplicas": woken})
     if trigger is Trigger.ABANDONED:
-        return ("WakeAbandoned", "The requests that woke the deployment left (or waited out "
-                "their hold) before a replica was ready, and none came since: back to "
-                f"{settings.floor} replicas.", {"wokenReplicas": None})
+        return ("WakeAbandoned", "The requests that woke the deployment left before a replica "
+                "was ready (or waited out their hold and none came back within idleSeconds): "
+                f"back to {settings.floor} replicas.", {"wokenReplicas": None})
     if trigger is Trigger.DEMAND:
         started = activity.held_since or moment.last_request or now
         held = f"{activity.holding} request(s) held; " if activity.holding else ""

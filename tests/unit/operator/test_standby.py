@@ -144,6 +144,31 @@ def test_a_wake_whose_requests_left_goes_back_at_once() -> None:
     assert [e.reason for e in back.events] == ["WakeAbandoned"]
 
 
+def test_a_start_longer_than_the_hold_goes_on_for_the_clients_that_come_back() -> None:
+    """A held request answered 503 at the hold's bound (180 s) comes back after its
+    Retry-After: the wake goes on for it, up to an idle window from the wake's start."""
+    clock = Clock(spec())
+    clock.at(T0)
+    clock.at(T0 + IDLE)
+    arrived = T0 + IDLE + 10
+    clock.at(arrived + 1, held(arrived), [])
+    timed_out = arrived + 180 + 1  # the router answered it 503 at 180 s
+    starting = clock.at(timed_out, Activity(), pods(1, ready=False))
+    assert starting.replicas == 1 and not starting.events
+    # Its retry is held again, and the replica, ready at 240 s, serves it.
+    clock.at(arrived + 191, held(arrived + 190), pods(1, ready=False))
+    woke = clock.at(arrived + 240, held(arrived + 190), pods(1))
+    assert [e.reason for e in woke.events] == ["Woke"]
+    # Nobody came back: the start is given up an idle window after the wake began.
+    clock = Clock(spec())
+    clock.at(T0)
+    clock.at(T0 + IDLE)
+    clock.at(arrived + 1, held(arrived), [])
+    assert clock.at(arrived + IDLE - 1, Activity(), pods(1, ready=False)).replicas == 1
+    back = clock.at(arrived + IDLE, Activity(), pods(1, ready=False))
+    assert back.replicas == 0 and [e.reason for e in back.events] == ["WakeAbandoned"]
+
+
 def test_a_request_served_during_the_wake_keeps_it() -> None:
     """The replica's readiness reaches the operator after the router released the request to
     it: a request since the wake started is not an abandoned wake."""

@@ -505,13 +505,21 @@ def body_of(client: Client) -> bytes:
 
 
 async def test_a_held_stream_hears_heartbeats_then_its_replicas_events() -> None:
-    app, discovery, _ = holding_app(hold_heartbeat=0.05)
+    discovery, upstream = ReadyTooEarly(), RefusesFirst()
+    app = RouterApp(discovery, RoutingConfig(), ProxySettings(
+        hold_queue_size=8, hold_seconds=60, hold_per_client=8, hold_heartbeat=0.05))
+    app.client = upstream  # type: ignore[assignment]
+    discovery.up = False
     client = Client({"messages": [], "stream": True})
     task = call(app, client)
+    await eventually_async(lambda: len(app.hold) == 1, 5, every=0.01, what="held")
+    discovery.up = True  # released: its first try finds no engine listening, held again
     await eventually_async(lambda: body_of(client).count(b": held") >= 2, 5, every=0.01,
                            what="two heartbeats")
     assert client.status == 200
     assert client.headers["content-type"] == "text/event-stream"
+    assert float(client.headers[HELD_SECONDS]) >= 0.05  # the wait until the head went out
+    assert [k for k, _ in client.sent[0]["headers"]].count(HELD_SECONDS.encode()) == 1
     discovery.up = True
     await asyncio.wait_for(task, 5)
     events = body_of(client)
