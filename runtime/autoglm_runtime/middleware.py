@@ -7,10 +7,11 @@ API is not served here: the launcher serves it on its own port and relays each c
 socket this middleware listens on while the app runs (admin.py).
 
 It also puts the engine to sleep and wakes it (vLLM's sleep mode; autoglm_api.standby): a
-relayed sleep, taken only while nothing is admitted or queued (vLLM's sleep aborts what runs),
-calls the engine client's `sleep(level)`; a request that reaches a sleeping replica is admitted
-as usual and, before it reaches the engine, waits for one wake, shared by every request that
-arrives meanwhile. No request is refused because the replica slept.
+relayed sleep, taken only while nothing is admitted or queued, calls the engine client's
+`sleep(level, mode="wait")`, so even a request the middleware did not count finishes rather
+than being aborted; a request that reaches a sleeping replica is admitted as usual and, before
+it reaches the engine, waits for one wake, shared by every request that arrives meanwhile, in
+the order vLLM's sleep-mode docs give. No request is refused because the replica slept.
 """
 
 from __future__ import annotations
@@ -70,15 +71,20 @@ NO_SLEEP_MODE = (
 )
 
 
+# vLLM's pause mode for a sleep (PauseMode, vllm/v1/engine/__init__.py): "wait" lets the
+# requests the engine runs finish first; its default, "abort", ends them.
+SLEEP_PAUSE_MODE = "wait"
+
+
 class EngineClient(Protocol):
     """What the middleware calls on vLLM's EngineClient (vllm/engine/protocol.py), which vLLM's
     routes reach as `request.app.state.engine_client`; the sim's engine has the same."""
 
     model_config: Any  # its enable_sleep_mode says whether the engine can sleep
 
-    async def sleep(self, level: int = 1) -> None: ...
+    async def sleep(self, level: int = 1, mode: str = "abort") -> None: ...
 
-    async def wake_up(self) -> bool: ...
+    async def wake_up(self, tags: list[str] | None = None) -> bool: ...
 
     async def collective_rpc(self, method: str) -> Any: ...
 
@@ -199,7 +205,8 @@ class ModeMiddleware:
             return
         busy = self.controller.inflight + self.controller.queued
         if busy:
-            # vLLM's sleep aborts the requests the engine holds: sleep only when idle.
+            # Whoever asked saw the replica idle, and it is not: its requests would wait out a
+            # sleep and a wake. Once a sleep starts, new ones wait for the wake instead.
             raise CallRefused(409, f"{busy} requests are admitted or queued; the replica "
                                    "sleeps only when it is idle.", 1)
         self.sleeping = True
@@ -208,7 +215,7 @@ class ModeMiddleware:
 
     async def _fall_asleep(self, engine: EngineClient, level: int) -> None:
         try:
-            await engine.sleep(level)
+            await engine.sleep(level, mode=SLEEP_PAUSE_MODE)
         except Exception:
             # vLLM pauses its scheduler before it frees the GPU: a wake resumes it.
             log.exception("The engine did not go to sleep; waking it")
@@ -224,7 +231,9 @@ class ModeMiddleware:
         return self._waking
 
     async def _wake_up(self) -> None:
-        """Wake the engine; a failure is logged and leaves it asleep, for the next caller."""
+        """Wake the engine; a failure is logged and leaves it asleep, for the next caller. No
+        warm-up request follows: vLLM's sleep-mode docs ask for none (a sleep keeps the
+        compiled kernels and CUDA graphs), and the requests that waited are served at once."""
         try:
             if self._falling_asleep is not None:
                 await self._falling_asleep  # the engine takes its calls in order
@@ -232,11 +241,12 @@ class ModeMiddleware:
             assert engine is not None  # it slept
             clock = asyncio.get_running_loop().time
             start = clock()
-            await engine.wake_up()
             if self._sleep_level == 2:
-                # Level 2 dropped the weights: load them again from the model's own path
-                # (vLLM's sleep mode docs). Sleeping already reset the prefix cache.
-                await engine.collective_rpc("reload_weights")
+                awake = await _wake_from_level_2(engine)
+            else:
+                awake = await engine.wake_up()
+            if not awake:
+                raise RuntimeError("vLLM says part of the engine is still asleep")
             took = clock() - start
             self.metrics.wake_seconds.observe(took)
             self.sleeping = False
@@ -468,6 +478,18 @@ class ModeMiddleware:
             return message
 
         return wrapped
+
+
+async def _wake_from_level_2(engine: EngineClient) -> bool:
+    """Level 2 dropped the weights: vLLM's documented wake (docs/features/sleep_mode.md,
+    "Sleep level 2"; vllm/snapshot/server.py _restore_reloadable_state does the same), the KV
+    cache last so the reload never competes with it for memory. True once fully awake."""
+    # vllm/v1/engine/async_llm.py AsyncLLM.wake_up: map the weights' memory back, empty.
+    await engine.wake_up(tags=["weights"])
+    # vllm/v1/worker/gpu_worker.py Worker.reload_weights: load them in place from the model.
+    await engine.collective_rpc("reload_weights")
+    # vllm/v1/engine/core.py EngineCore.wake_up: the KV cache; the scheduler resumes when all is.
+    return await engine.wake_up(tags=["kv_cache"])
 
 
 async def drain_all(grace_seconds: float) -> bool:

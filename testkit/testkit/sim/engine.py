@@ -8,9 +8,10 @@ as vLLM does. With prefix caching on (see `prefix_cache.py`) a sequence's cached
 count as prefilled when it is admitted: its steps pay only for the uncached prompt tokens, and an
 image whose placeholder tokens are all cached skips the vision encoder.
 
-With sleep mode on, it sleeps and wakes as vLLM's engine client does (`sleep`, `wake_up`,
-`is_sleeping`, `collective_rpc("reload_weights")`, the calls the mode middleware makes), taking
-`SleepModel`'s times; asleep, it runs no step: what it is given waits for the wake.
+With sleep mode on, it sleeps and wakes as vLLM 0.32's engine client does (`sleep(level, mode)`
+in the "abort" or "wait" pause mode, `wake_up(tags)`, `is_sleeping`,
+`collective_rpc("reload_weights")`, the calls the mode middleware makes), taking `SleepModel`'s
+times; asleep, it runs no step: what it is given waits for the wake.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ class SimModelConfig:
 
 # vLLM's engine_sleep_state labels (v1/metrics/loggers.py record_sleep_state) by sleep level.
 SLEEP_STATES = {None: "awake", 1: "weights_offloaded", 2: "discard_all"}
+# What a sleep puts to sleep and `wake_up(tags)` brings back (vllm/v1/executor/abstract.py).
+SLEEP_TAGS = frozenset({"weights", "kv_cache"})
 
 
 @dataclass(eq=False)
@@ -127,7 +130,11 @@ class SimEngine:
         self._last_output = float("-inf")
         self.model_config = SimModelConfig(config.enable_sleep_mode)
         self.paused = False  # vLLM pauses its scheduler for a sleep, until the wake
+        # False from a sleep until the wake: waiting sequences stay queued (vLLM's PAUSED_NEW).
+        self.admitting = True
+        self._ran_dry = asyncio.Event()  # the step loop found no running sequence left
         self.sleep_level: int | None = None  # the weights are off the GPUs at this level
+        self.sleeping_tags: set[str] = set()
         self._record_sleep_state()
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -181,36 +188,54 @@ class SimEngine:
 
     # --- sleep mode (vLLM's EngineClient: sleep, wake_up, is_sleeping, collective_rpc) -------
 
-    async def sleep(self, level: int = 1) -> None:
-        """Pause the scheduler, aborting what it holds (vLLM's default pause mode), then move
-        the weights off the GPUs (level 1) or drop them (level 2)."""
+    async def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        """Pause the scheduler in vLLM's pause `mode` (vllm/v1/engine/core.py pause_scheduler):
+        "abort" ends what it holds, "wait" lets the running sequences finish and keeps the
+        waiting ones queued for the wake; then move the weights off the GPUs (level 1) or drop
+        them (level 2)."""
         if not self.config.enable_sleep_mode:
             raise RuntimeError("Sleep mode is not enabled: start the sim with --enable-sleep-mode")
+        if mode not in ("abort", "wait"):
+            raise NotImplementedError(f"the sim has no pause mode {mode!r}")
+        self.admitting = False
+        if mode == "abort":
+            for request in [*self.running, *self.waiting]:
+                self._finish(request, "abort")
+            self.waiting.clear()
+            self._update_gauges()
+        while self.running and self._task is not None and not self._task.done():
+            self._ran_dry.clear()
+            self._wake.set()
+            await self._ran_dry.wait()
         self.paused = True
-        for request in [*self.running, *self.waiting]:
-            self._finish(request, "abort")
-        self.waiting.clear()
-        self._update_gauges()
         if self.sleep_level is None:
             await asyncio.sleep(self.config.sleep.sleep_seconds * self._scale())
             self.sleep_level = level
+            self.sleeping_tags = set(SLEEP_TAGS)
         self._record_sleep_state()
 
-    async def wake_up(self) -> bool:
-        """Bring the weights back and resume the scheduler; True: fully awake, as vLLM's."""
-        if self.sleep_level is not None:
+    async def wake_up(self, tags: list[str] | None = None) -> bool:
+        """Bring back the memory `tags` names (all without): the weights take the wake's time,
+        the KV cache none. The scheduler resumes once nothing is asleep; True then, as vLLM's
+        (vllm/v1/engine/core.py wake_up)."""
+        waking = self.sleeping_tags & (SLEEP_TAGS if tags is None else set(tags))
+        if "weights" in waking:
             await asyncio.sleep(self.config.sleep.wake_seconds * self._scale())
-            self.sleep_level = None
+        self.sleeping_tags -= waking
+        if self.sleeping_tags:
+            return False
+        self.sleep_level = None
         self.paused = False
+        self.admitting = True
         self._record_sleep_state()
         self._wake.set()
         return True
 
     async def is_sleeping(self) -> bool:
-        return self.paused or self.sleep_level is not None
+        return self.paused or not self.admitting or self.sleep_level is not None
 
     async def collective_rpc(self, method: str) -> None:
-        """Only the call the middleware makes after a level-2 wake: reload the weights."""
+        """Only the call the middleware makes in a level-2 wake: reload the weights."""
         if method != "reload_weights":
             raise NotImplementedError(f"the sim's engine has no {method}")
         await asyncio.sleep(self.config.sleep.reload_weights_seconds * self._scale())
@@ -235,7 +260,8 @@ class SimEngine:
     async def _run(self) -> None:
         deadline = self.clock()
         while True:
-            if self.paused or (not self.running and not self.waiting):
+            if self.paused or not (self.running or (self.waiting and self.admitting)):
+                self._ran_dry.set()
                 self._wake.clear()
                 await self._wake.wait()
                 deadline = self.clock()
@@ -281,7 +307,7 @@ class SimEngine:
 
         def admit_next() -> tuple[SimRequest, int] | None:
             nonlocal kv_free
-            while self.waiting and len(self.running) < self.config.max_num_seqs:
+            while self.admitting and self.waiting and len(self.running) < self.config.max_num_seqs:
                 head = self.waiting[0]
                 if head.cancelled:
                     heapq.heappop(self.waiting)

@@ -76,34 +76,47 @@ async def _lifespan(receive: Any, send: Any) -> None:
 
 
 class FakeEngineClient:
-    """vLLM's engine client as the middleware calls it to sleep and wake: records the calls;
-    a wake waits for `wake_gate` and takes `wake_seconds`, and fails while `wake_fails`."""
+    """vLLM's engine client as the middleware calls it to sleep and wake: records the calls
+    with their arguments; a sleep puts both of vLLM's memory tags to sleep, a wake brings back
+    the tags it names (all without) and says whether none is left asleep, as vLLM 0.32's
+    `wake_up(tags)` does. A wake waits for `wake_gate` and takes `wake_seconds`; it fails while
+    `wake_fails`, and leaves the KV cache asleep while `partial_wakes`."""
+
+    TAGS = frozenset({"weights", "kv_cache"})  # vllm/v1/executor/abstract.py SLEEP_TAGS
 
     def __init__(self, enable_sleep_mode: bool = True, wake_seconds: float = 0.0) -> None:
         self.model_config = SimpleNamespace(enable_sleep_mode=enable_sleep_mode)
         self.calls: list[tuple[Any, ...]] = []
-        self.asleep = False
+        self.sleeping_tags: set[str] = set()
         self.sleep_gate = asyncio.Event()
         self.sleep_gate.set()
         self.wake_gate = asyncio.Event()
         self.wake_gate.set()
         self.wake_seconds = wake_seconds
         self.wake_fails = 0  # wakes that fail before one succeeds
+        self.partial_wakes = 0  # wakes that leave the KV cache asleep (vLLM answers False)
 
-    async def sleep(self, level: int = 1) -> None:
-        self.calls.append(("sleep", level))
+    @property
+    def asleep(self) -> bool:
+        return bool(self.sleeping_tags)
+
+    async def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        self.calls.append(("sleep", level, mode))
         await self.sleep_gate.wait()
-        self.asleep = True
+        self.sleeping_tags = set(self.TAGS)
 
-    async def wake_up(self) -> bool:
-        self.calls.append(("wake_up",))
+    async def wake_up(self, tags: list[str] | None = None) -> bool:
+        self.calls.append(("wake_up", tags))
         await self.wake_gate.wait()
         await asyncio.sleep(self.wake_seconds)
         if self.wake_fails:
             self.wake_fails -= 1
             raise RuntimeError("CUDA error: out of memory")
-        self.asleep = False
-        return True
+        self.sleeping_tags -= self.TAGS if tags is None else set(tags)
+        if self.partial_wakes:
+            self.partial_wakes -= 1
+            self.sleeping_tags.add("kv_cache")
+        return not self.sleeping_tags
 
     async def collective_rpc(self, method: str) -> None:
         self.calls.append(("collective_rpc", method))

@@ -313,8 +313,9 @@ async def test_a_relayed_sleep_reaches_the_engine_client_of_the_app(
     await eventually_async(lambda: engine_client.asleep, 2, every=0.01, what="asleep")
     assert (await call({"op": "wake"}))["sleeping"] is True  # the wake is under way
     await eventually_async(lambda: not middleware.sleeping, 2, every=0.01, what="awake")
-    assert engine_client.calls == [("sleep", 2), ("wake_up",),
-                                   ("collective_rpc", "reload_weights")]
+    assert engine_client.calls == [("sleep", 2, "wait"), ("wake_up", ["weights"]),
+                                   ("collective_rpc", "reload_weights"),
+                                   ("wake_up", ["kv_cache"])]
     await inbox.put({"type": "lifespan.shutdown"})
     await task
 

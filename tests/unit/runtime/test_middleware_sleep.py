@@ -1,6 +1,7 @@
 """Sleep and wake in the mode middleware (vLLM's sleep mode, autoglm_api.standby): a relayed
-sleep puts the engine client to sleep only while the replica is idle, and a request that reaches
-a sleeping replica waits for one wake, shared with every other one, then is served."""
+sleep puts the engine client to sleep only while the replica is idle, in vLLM's "wait" pause
+mode, and a request that reaches a sleeping replica waits for one wake, shared with every other
+one and made in the order vLLM documents, then is served."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ CHAT_BODY = {"model": "autoglm-phone-9b", "messages": [{"role": "user", "content
 
 def sample(middleware: ModeMiddleware, name: str, labels: dict[str, str] | None = None) -> float:
     value = middleware.registry.get_sample_value(name, labels or {})
-    return 0.0 if value is None else value
+    assert value is not None, f"no sample {name} {labels or {}}"  # renamed: not read as 0
+    return value
 
 
 async def started(client: httpx.AsyncClient) -> None:
@@ -57,7 +59,7 @@ async def test_requests_to_a_sleeping_replica_share_one_wake_and_are_served(
     answers = await asyncio.gather(*chats)
     assert [answer.status_code for answer in answers] == [200, 200, 200]
     assert len(engine.bodies) == 3
-    assert engine_client.calls == [("sleep", 1), ("wake_up",)]
+    assert engine_client.calls == [("sleep", 1, "wait"), ("wake_up", None)]
     assert middleware.state()["sleeping"] is False
     assert sample(middleware, SLEEPING_METRIC) == 0
     assert sample(middleware, "autoglm_wake_seconds_count") == 1
@@ -74,15 +76,15 @@ async def test_a_request_while_the_engine_falls_asleep_waits_for_the_sleep_then_
     middleware.relayed({"op": "sleep"})
     chat = asyncio.create_task(client.post(CHAT, json=CHAT_BODY))
     await eventually_async(lambda: middleware.controller.inflight == 1, 2, every=0.01)
-    assert engine_client.calls == [("sleep", 1)] and engine.bodies == []
+    assert engine_client.calls == [("sleep", 1, "wait")] and engine.bodies == []
     engine_client.sleep_gate.set()
     assert (await chat).status_code == 200
-    assert engine_client.calls == [("sleep", 1), ("wake_up",)]
+    assert engine_client.calls == [("sleep", 1, "wait"), ("wake_up", None)]
     assert engine_client.asleep is False and len(engine.bodies) == 1
 
 
 @on_virtual_clock
-async def test_a_wake_from_level_2_reloads_the_weights(
+async def test_a_wake_from_level_2_follows_vllms_order(
     make_client: MakeClient, engine_client: FakeEngineClient
 ) -> None:
     middleware, client = make_client()
@@ -91,10 +93,30 @@ async def test_a_wake_from_level_2_reloads_the_weights(
     state = middleware.relayed({"op": "wake"})
     assert state["sleeping"] is True  # under way: the state says so until it is done
     await eventually_async(lambda: not middleware.state()["sleeping"], 2, every=0.01)
-    assert engine_client.calls == [("sleep", 2), ("wake_up",),
-                                   ("collective_rpc", "reload_weights")]
+    # vLLM's docs/features/sleep_mode.md, "Sleep level 2": the weights' memory, the weights
+    # loaded into it, then the KV cache.
+    assert engine_client.calls == [("sleep", 2, "wait"), ("wake_up", ["weights"]),
+                                   ("collective_rpc", "reload_weights"),
+                                   ("wake_up", ["kv_cache"])]
+    assert not engine_client.asleep
     assert (await client.post(CHAT, json=CHAT_BODY)).status_code == 200
-    assert len(engine_client.calls) == 3  # awake: nothing more to do
+    assert len(engine_client.calls) == 4  # awake: nothing more to do
+
+
+@on_virtual_clock
+async def test_a_wake_vllm_reports_partial_leaves_the_replica_asleep_for_the_next_request(
+    make_client: MakeClient, engine: FakeEngine, engine_client: FakeEngineClient
+) -> None:
+    middleware, client = make_client()
+    await started(client)
+    await asleep(middleware)
+    engine_client.partial_wakes = 1  # vLLM's wake_up answers False: not fully awake
+    failed = await client.post(CHAT, json=CHAT_BODY)
+    assert failed.status_code == 503 and engine.bodies == []
+    assert middleware.state()["sleeping"] is True
+    assert (await client.post(CHAT, json=CHAT_BODY)).status_code == 200
+    assert engine_client.calls == [("sleep", 1, "wait"), ("wake_up", None), ("wake_up", None)]
+    assert sample(middleware, "autoglm_wake_seconds_count") == 1  # the wake that worked
 
 
 @on_virtual_clock
@@ -111,7 +133,7 @@ async def test_a_failed_wake_is_a_503_to_retry_and_the_next_request_wakes_it(
     assert sample(middleware, "autoglm_requests_rejected_total", {"reason": "wake_failed"}) == 1
     assert middleware.controller.inflight == 0
     assert (await client.post(CHAT, json=CHAT_BODY)).status_code == 200
-    assert engine_client.calls == [("sleep", 1), ("wake_up",), ("wake_up",)]
+    assert engine_client.calls == [("sleep", 1, "wait"), ("wake_up", None), ("wake_up", None)]
     assert sample(middleware, "autoglm_wake_seconds_count") == 1  # the wake that worked
 
 
@@ -155,7 +177,7 @@ async def test_a_busy_replica_does_not_sleep_until_it_is_idle(
     engine.release.set()
     assert (await running).status_code == 200
     await asleep(middleware)
-    assert engine_client.calls == [("sleep", 1)]
+    assert engine_client.calls == [("sleep", 1, "wait")]
 
 
 @on_virtual_clock
@@ -169,13 +191,13 @@ async def test_sleep_and_wake_calls_that_change_nothing(
     middleware.relayed({"op": "sleep"})  # asleep already
     engine_client.wake_gate.clear()
     middleware.relayed({"op": "wake"})
-    await eventually_async(lambda: ("wake_up",) in engine_client.calls, 2, every=0.01)
+    await eventually_async(lambda: ("wake_up", None) in engine_client.calls, 2, every=0.01)
     with pytest.raises(CallRefused) as refused:
         middleware.relayed({"op": "sleep"})  # while it wakes
     assert refused.value.retry_after == 1
     engine_client.wake_gate.set()
     await eventually_async(lambda: not middleware.state()["sleeping"], 2, every=0.01)
-    assert engine_client.calls == [("sleep", 1), ("wake_up",)]
+    assert engine_client.calls == [("sleep", 1, "wait"), ("wake_up", None)]
     middleware.relayed({"op": "drain"})
     with pytest.raises(CallRefused, match="draining"):
         middleware.relayed({"op": "sleep"})

@@ -42,7 +42,8 @@ async def collect(r: SimRequest) -> list[int]:
 def metric(engine: SimEngine, name: str, **labels: str) -> float:
     value = engine.metrics.registry.get_sample_value(
         name, {"model_name": "m", "engine": "0", **labels})
-    return value or 0.0
+    assert value is not None, f"no sample {name} {labels}"  # renamed: not read as 0
+    return value
 
 
 async def test_one_step_per_token_after_prefill() -> None:
@@ -194,10 +195,14 @@ async def test_a_level_2_sleep_drops_the_weights_and_reloading_them_takes_its_ti
     engine = make(loop.time, enable_sleep_mode=True, time_factor=2.0)
     await engine.sleep(2)
     assert sleep_states(engine) == {"awake": 0, "weights_offloaded": 0, "discard_all": 1}
-    await engine.wake_up()
+    # vLLM's level-2 wake: the weights, their reload, then the KV cache; awake only at the end.
+    assert await engine.wake_up(tags=["weights"]) is False
+    assert await engine.is_sleeping() and sleep_states(engine)["discard_all"] == 1
     start = loop.time()
     await engine.collective_rpc("reload_weights")
     assert loop.time() - start == pytest.approx(2.0 * SleepModel().reload_weights_seconds)
+    assert await engine.wake_up(tags=["kv_cache"]) is True
+    assert not await engine.is_sleeping() and sleep_states(engine)["awake"] == 1
     with pytest.raises(NotImplementedError):
         await engine.collective_rpc("reset_weights")
 
@@ -229,6 +234,28 @@ def test_the_sims_sleep_flags(monkeypatch: pytest.MonkeyPatch,
     assert "not supported on the CPU" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         sim_main(["--wake-seconds", "-1"])
+
+
+@on_virtual_clock
+async def test_a_sleep_in_wait_mode_lets_the_running_finish_and_keeps_the_queued_for_the_wake(
+) -> None:
+    loop = asyncio.get_running_loop()
+    engine = make(loop.time, enable_sleep_mode=True, max_num_seqs=1)
+    running, waiting = request(target=10**4), request(target=3)
+    engine.submit(running)
+    engine.submit(waiting)
+    engine.start()
+    await asyncio.sleep(0.05)
+    assert engine.running == [running] and len(engine.waiting) == 1
+    tokens = asyncio.ensure_future(collect(running))
+    await engine.sleep(1, mode="wait")
+    assert await tokens == list(range(1, 10**4 + 1))  # finished, not aborted
+    assert engine.running == [] and engine.waiting == [waiting]
+    assert metric(engine, "vllm:request_success_total", finished_reason="length") == 1
+    assert await engine.is_sleeping() and waiting.tokens.empty()
+    await engine.wake_up()
+    assert await collect(waiting) == [1, 2, 3]
+    await engine.stop()
 
 
 @on_virtual_clock
