@@ -51,6 +51,16 @@ def _failure(seconds: float, what: str, last: object) -> AssertionError:
     return AssertionError(f"not true within {seconds:.0f} s: {what}; last: {last!r}")
 
 
+def _refuse_awaitable(value: object, what: str) -> None:
+    """A coroutine is truthy: a synchronous wait given one would pass without reading."""
+    if not inspect.isawaitable(value):
+        return
+    if inspect.iscoroutine(value):
+        value.close()  # never awaited, on purpose: no RuntimeWarning
+    raise TypeError(f"the predicate returned an awaitable ({type(value).__name__}), which a "
+                    f"synchronous wait cannot read: use eventually_async. {what}")
+
+
 def eventually(
     predicate: Callable[[], T | None],
     within: float,
@@ -62,7 +72,8 @@ def eventually(
     """Call `predicate` every `every` seconds until it returns something truthy, and return
     that. The deadline is `within` * TIME_SCALE seconds from now; a read that starts after it
     is the last one. An exception of a type in `ignoring` is a falsy read (the last one is in
-    the failure's message); any other one fails the wait at once."""
+    the failure's message); any other one fails the wait at once. A predicate that returns an
+    awaitable is refused (TypeError): use `eventually_async`."""
     seconds = within * TIME_SCALE
     deadline = time.monotonic() + seconds
     while True:
@@ -72,6 +83,7 @@ def eventually(
         except ignoring as err:
             last = err
         else:
+            _refuse_awaitable(last, what)
             if last:
                 return last  # type: ignore[return-value]
         if last_chance:

@@ -121,7 +121,8 @@ def test_load_flips_replicas_step_by_step_and_back_and_an_outage_holds_them(
         return bool(agd(cluster, namespace).get("status", {}).get("readyReplicas") == REPLICAS)
 
     def runtimes_up() -> bool:
-        return all(pod_runner.runtime_url(p) for p in pod_modes(cluster, namespace))
+        pods = pod_modes(cluster, namespace)  # no pod yet is not "a runtime per pod"
+        return len(pods) == REPLICAS and all(pod_runner.runtime_url(p) for p in pods)
 
     def all_streaming() -> bool:
         return set(pod_modes(cluster, namespace).values()) == {"streaming"}

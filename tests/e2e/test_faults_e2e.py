@@ -131,6 +131,7 @@ def test_a_runtime_pod_killed_under_load_finishes_what_it_admitted(
     obj = agd_object(replicas=3, modePolicy="Streaming", router={"enabled": False})
     deploy(cluster, namespace, obj, "3/3")
     pods = [p["metadata"]["name"] for p in live_pods(cluster, namespace)]
+    assert len(pods) == 3, pods  # the wait below holds for no pod at all
     eventually(lambda: all(pod_runner.running(p) for p in pods), 60, every=0.5,
                what="a runtime per pod", ignoring=KUBECTL_FAILED)
     with ServiceProxy(cluster, namespace, NAME, kubelet=pod_runner) as proxy:
@@ -267,6 +268,7 @@ def test_operator_killed_mid_flip_finishes_it_once_and_keeps_the_cooldown(
     operator.start(die_after=die_after)
     deploy(cluster, namespace, adaptive_object(prometheus.url), "2/2")
     pods = sorted(pod_modes(cluster, namespace))
+    assert len(pods) == 2, pods  # the wait below holds for no pod at all
     eventually(lambda: all(pod_runner.running(p) for p in pods), 60, every=0.5,
                what="a runtime per pod", ignoring=KUBECTL_FAILED)
     token = admin_token(cluster, namespace, pods[0])  # one pod template: one token

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import inspect
 import types
 from collections.abc import Callable, Iterator
 
@@ -131,6 +133,36 @@ async def test_the_async_wait_has_the_same_contract(clock: FakeClock) -> None:
     assert clock.now == 12.5  # two reads: the one in time and the one after the deadline
     with pytest.raises(ValueError):
         await eventually_async(reads(ValueError())[0], 5, ignoring=(KeyError,))
+
+
+def test_the_sync_wait_refuses_a_coroutine_at_once_and_closes_it(clock: FakeClock) -> None:
+    async def ready() -> bool:
+        return True
+
+    made: list[object] = []
+
+    def predicate() -> object:
+        made.append(ready())
+        return made[-1]
+
+    with pytest.raises(TypeError, match="eventually_async") as refused:
+        eventually(predicate, 5, what="the replica ready", ignoring=(TypeError,))
+    assert "the replica ready" in str(refused.value)
+    assert len(made) == 1 and clock.now == 0  # refused on the first read, not waited on
+    coroutine = made[0]
+    assert inspect.iscoroutine(coroutine)
+    assert inspect.getcoroutinestate(coroutine) == inspect.CORO_CLOSED  # no 'never awaited'
+
+
+def test_the_sync_wait_refuses_any_awaitable() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        done = loop.create_future()
+        done.set_result(True)  # truthy as an object, whatever it holds
+        with pytest.raises(TypeError, match="awaitable"):
+            eventually(lambda: done, 5)
+    finally:
+        loop.close()
 
 
 def test_on_the_real_clock() -> None:
