@@ -30,7 +30,11 @@ TOP = ("api", "bench", "charts", "crds", "docs", "examples", "hack", "images", "
        "router", "runtime", "testkit", "tests", ".ci", "Makefile", "pyproject.toml",
        "kind-config.yaml")  # fmt: skip
 # Paths the docs cite in another project's tree, which start like one of ours.
-NOT_OURS = {"api/openapi-spec/v3"}  # Kubernetes' source (docs/reference/resource-notes.md)
+NOT_OURS = {
+    "api/openapi-spec/v3",  # Kubernetes' source (docs/reference/resource-notes.md)
+    "docs/features/sleep_mode.md",  # vLLM's (runtime/README.md)
+    "docs/source/use_cases/autoscaling-keda.rst",  # vLLM production-stack's (scale_to_zero.md)
+}
 # Each package's folder: a path may start at the package (`autoglm_runtime/launcher.py`).
 PACKAGES = {"autoglm_api": "api", "autoglm_operator": "operator", "autoglm_runtime": "runtime",
             "autoglm_router": "router", "testkit": "testkit"}  # fmt: skip
