@@ -1,5 +1,6 @@
 """Sims a test module starts on loopback: each with its own config and labels files, every one
-stopped when the module's fixture ends."""
+stopped when the module's fixture ends. `later_sims` makes them without starting them: a
+replica whose port is known before it is up (scale to zero, the hold)."""
 
 from __future__ import annotations
 
@@ -42,4 +43,32 @@ def sim_starter(tmp_path_factory: pytest.TempPathFactory, *leading_args: str,
         yield start
     finally:
         for sim in started:
+            sim.stop()
+
+
+LaterSim = Callable[..., SimProcess]
+
+
+@contextlib.contextmanager
+def later_sims(tmp_path_factory: pytest.TempPathFactory,
+               env: Mapping[str, str]) -> Iterator[LaterSim]:
+    """`make(mode="streaming", *args)`: a sim at 20x real time in `mode`, with its port known
+    and not started (call its start() when the replica comes up)."""
+    made: list[SimProcess] = []
+
+    def make(mode: str = "streaming", *args: str) -> SimProcess:
+        folder = tmp_path_factory.mktemp("sim")
+        (folder / "config.json").write_text(json.dumps({"initialMode": mode}))
+        sim = SimProcess("--time-factor", "0.05", *args, env={
+            "AUTOGLM_CONFIG_FILE": str(folder / "config.json"),
+            "AUTOGLM_LABELS_FILE": str(folder / "labels"),
+            **env,
+        }, log_path=folder / "sim.log")
+        made.append(sim)
+        return sim
+
+    try:
+        yield make
+    finally:
+        for sim in made:
             sim.stop()

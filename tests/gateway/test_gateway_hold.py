@@ -16,7 +16,7 @@ from gateway_kit import ADMIN_TOKEN, MODEL, StartGateway, client
 from autoglm_router.answers import HOLD_RETRY_AFTER_SECONDS
 from testkit.gateway import Gateway, GatewayLimits
 from testkit.probe import metric
-from testkit.processes import SimProcess
+from testkit.sims import LaterSim, later_sims
 from testkit.waiting import TIME_SCALE, eventually
 
 pytestmark = pytest.mark.timeout(90)
@@ -26,25 +26,10 @@ HOLD = ("--hold-queue-size", "8")
 
 
 @pytest.fixture(scope="module")
-def later_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """later_sim(): a streaming sim at 20x real time with its port known, not started: a
-    replica that is not up yet."""
-    made: list[SimProcess] = []
-
-    def make() -> SimProcess:
-        folder = tmp_path_factory.mktemp("sim")
-        (folder / "config.json").write_text('{"initialMode": "streaming"}')
-        sim = SimProcess("--time-factor", "0.05", env={
-            "AUTOGLM_CONFIG_FILE": str(folder / "config.json"),
-            "AUTOGLM_LABELS_FILE": str(folder / "labels"),
-            "AUTOGLM_ADMIN_TOKEN": ADMIN_TOKEN,
-        }, log_path=folder / "sim.log")
-        made.append(sim)
-        return sim
-
-    yield make
-    for sim in made:
-        sim.stop()
+def later_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaterSim]:
+    """later_sim(mode, *args): a replica that is not up yet (testkit.sims.later_sims)."""
+    with later_sims(tmp_path_factory, {"AUTOGLM_ADMIN_TOKEN": ADMIN_TOKEN}) as make:
+        yield make
 
 
 def held(gateway: Gateway) -> float:
@@ -107,7 +92,7 @@ class StreamedChat(threading.Thread):
 
 @pytest.mark.parametrize("mode", ["FULL_DUPLEX_STREAMED", "BUFFERED"])
 def test_a_streamed_chat_at_zero_is_held_then_served_when_a_replica_comes_up(
-    gateways: StartGateway, later_sim: Any, mode: str
+    gateways: StartGateway, later_sim: LaterSim, mode: str
 ) -> None:
     sim = later_sim()
     # Envoy's own wait for the picker is 1 s: the hold outlasts it only by the picker's ask.
@@ -135,7 +120,7 @@ def test_a_streamed_chat_at_zero_is_held_then_served_when_a_replica_comes_up(
 
 
 def test_a_hold_past_its_bound_gets_the_http_routers_503_with_retry_after(
-    gateways: StartGateway, later_sim: Any
+    gateways: StartGateway, later_sim: LaterSim
 ) -> None:
     gateway = gateways([later_sim()], *HOLD, "--hold-seconds", "2",
                        limits=GatewayLimits(hold_seconds=2))
@@ -154,7 +139,7 @@ def test_a_hold_past_its_bound_gets_the_http_routers_503_with_retry_after(
 
 
 def test_without_room_to_wait_envoy_cuts_the_hold_short(
-    gateways: StartGateway, later_sim: Any
+    gateways: StartGateway, later_sim: LaterSim
 ) -> None:
     """The positive control: with no max_message_timeout Envoy ignores the picker's ask and
     fails the request at its message_timeout (504, BUFFERED); the picker's ticket leaves with
@@ -171,7 +156,7 @@ def test_without_room_to_wait_envoy_cuts_the_hold_short(
 
 
 def test_a_client_that_leaves_while_held_leaves_the_queue(
-    gateways: StartGateway, later_sim: Any
+    gateways: StartGateway, later_sim: LaterSim
 ) -> None:
     gateway = gateways([later_sim()], *HOLD, "--hold-seconds", "60",
                        limits=GatewayLimits(hold_seconds=60))
@@ -186,7 +171,7 @@ def test_a_client_that_leaves_while_held_leaves_the_queue(
 
 
 def test_one_client_cannot_take_the_whole_queue(
-    gateways: StartGateway, later_sim: Any
+    gateways: StartGateway, later_sim: LaterSim
 ) -> None:
     """Envoy names each client (`source.address`): one client's share of the queue is taken,
     another's is not. Two loopback addresses are two clients."""
@@ -209,7 +194,7 @@ def test_one_client_cannot_take_the_whole_queue(
 
 
 def test_the_model_list_at_zero_is_answered_and_holds_nothing(
-    gateways: StartGateway, later_sim: Any
+    gateways: StartGateway, later_sim: LaterSim
 ) -> None:
     gateway = gateways([later_sim()], *HOLD, "--served-model-name", MODEL)
     models = client(gateway).models.list()
@@ -221,7 +206,7 @@ def test_the_model_list_at_zero_is_answered_and_holds_nothing(
 
 
 def test_the_picker_is_ready_at_zero_while_it_holds(
-    gateways: StartGateway, later_sim: Any
+    gateways: StartGateway, later_sim: LaterSim
 ) -> None:
     gateway = gateways([later_sim()], *HOLD)
     eventually(lambda: gateway.envoy.stats().get("cluster.picker.health_check.success", 0) >= 1,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from router_kit import ADMIN_TOKEN, MODEL, RouterProcess, StartRouter, metric
 
 from autoglm_router.answers import HELD_SECONDS, HOLD_RETRY_AFTER_SECONDS
 from testkit.processes import SimProcess
+from testkit.sims import LaterSim, later_sims
 from testkit.waiting import TIME_SCALE, eventually
 
 pytestmark = pytest.mark.timeout(90)
@@ -25,29 +26,11 @@ MESSAGES: Any = [{"role": "system", "content": "You operate an Android phone."},
 # The router reads its endpoint's /health this often: a replica that comes up is seen within it.
 POLL = ("--poll-interval", "0.2")
 
-LaterSim = Callable[..., SimProcess]
-
-
 @pytest.fixture(scope="module")
 def later_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaterSim]:
-    """later_sim(mode, *args): a sim at 20x real time with its port known, not started: a
-    replica that is not up yet."""
-    made: list[SimProcess] = []
-
-    def make(mode: str, *args: str) -> SimProcess:
-        folder = tmp_path_factory.mktemp("sim")
-        (folder / "config.json").write_text(f'{{"initialMode": "{mode}"}}')
-        sim = SimProcess("--time-factor", "0.05", *args, env={
-            "AUTOGLM_CONFIG_FILE": str(folder / "config.json"),
-            "AUTOGLM_LABELS_FILE": str(folder / "labels"),
-            "AUTOGLM_ADMIN_TOKEN": ADMIN_TOKEN,
-        }, log_path=folder / "sim.log")
-        made.append(sim)
-        return sim
-
-    yield make
-    for sim in made:
-        sim.stop()
+    """later_sim(mode, *args): a replica that is not up yet (testkit.sims.later_sims)."""
+    with later_sims(tmp_path_factory, {"AUTOGLM_ADMIN_TOKEN": ADMIN_TOKEN}) as make:
+        yield make
 
 
 def held(router: RouterProcess) -> float:

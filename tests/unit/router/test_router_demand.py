@@ -66,16 +66,22 @@ def scope_of(method: str, path: str, client: str = "127.0.0.1") -> dict[str, Any
             "query_string": b"", "headers": [], "client": (client, 5000)}
 
 
-async def report_of(app: RouterApp) -> RouterReport:
+async def ops_call(app: RouterApp, method: str) -> list[MutableMapping[str, Any]]:
+    """What the ops port sends for `method` on the demand path."""
     sent: list[MutableMapping[str, Any]] = []
 
     async def send(message: MutableMapping[str, Any]) -> None:
         sent.append(message)
 
     async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
+        return {"type": "http.request", "body": b"{}", "more_body": False}
 
-    await app.ops(scope_of("GET", DEMAND_PATH), receive, send)
+    await app.ops(scope_of(method, DEMAND_PATH), receive, send)
+    return sent
+
+
+async def report_of(app: RouterApp) -> RouterReport:
+    sent = await ops_call(app, "GET")
     assert sent[0]["status"] == 200
     report = decode_report(sent[1]["body"], 10_000)
     assert report is not None
@@ -166,14 +172,6 @@ async def test_models_at_zero_without_names_is_a_503_not_a_hold() -> None:
 
 async def test_the_report_refuses_other_methods() -> None:
     app = holding_app(Clock())
-    sent: list[MutableMapping[str, Any]] = []
-
-    async def send(message: MutableMapping[str, Any]) -> None:
-        sent.append(message)
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"{}", "more_body": False}
-
-    await app.ops(scope_of("POST", DEMAND_PATH), receive, send)
+    sent = await ops_call(app, "POST")
     assert sent[0]["status"] == 405
     await app.stop()
