@@ -260,8 +260,10 @@ def counted(app: RouterApp, outcome: str) -> float:
 
 
 def sample(app: RouterApp, name: str, **labels: str) -> float:
+    """A sample the router exports; a name or label it does not export is a failure, not 0."""
     value = app.metrics.registry.get_sample_value(name, labels)
-    return 0.0 if value is None else value
+    assert value is not None, f"no sample {name}{labels}"
+    return value
 
 
 async def test_a_held_request_is_served_once_a_replica_comes_up() -> None:

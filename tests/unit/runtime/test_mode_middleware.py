@@ -18,8 +18,10 @@ def chat(**extra: Any) -> dict[str, Any]:
 
 
 def sample(middleware: Any, name: str, labels: dict[str, str] | None = None) -> float:
+    """A sample the middleware exports; a name or label it does not export is a failure, not 0."""
     value = middleware.registry.get_sample_value(name, labels or {})
-    return 0.0 if value is None else value
+    assert value is not None, f"no sample {name}{labels or ''}"
+    return value
 
 
 async def test_rewrites_the_body(make_client: MakeClient, engine: FakeEngine) -> None:

@@ -35,8 +35,10 @@ def route_table() -> list[tuple[str, str, str]]:
 
 
 def sample(middleware: Any, name: str, labels: dict[str, str] | None = None) -> float:
+    """A sample the middleware exports; a name or label it does not export is a failure, not 0."""
     value = middleware.registry.get_sample_value(name, labels or {})
-    return 0.0 if value is None else value
+    assert value is not None, f"no sample {name}{labels or ''}"
+    return value
 
 
 def header_names(engine: FakeEngine) -> set[bytes]:
