@@ -101,6 +101,14 @@ def stays_at_zero(cluster: LocalCluster, ns: str, seconds: float) -> None:
         time.sleep(0.5)
 
 
+def healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+            return bool(response.status == 200)
+    except OSError:  # refused, or an HTTPError (503 while the model loads)
+        return False
+
+
 def router_report(url: str) -> dict[str, Any]:
     with urllib.request.urlopen(f"{url}/autoglm/v1/demand", timeout=5) as response:
         return dict(json.loads(response.read()))
@@ -233,6 +241,10 @@ def test_a_stream_longer_than_the_idle_window_is_not_cut(
     obj = agd_object(replicas=1, adaptive={"paused": True},
                      scaleToZero={"enabled": True, "idleSeconds": IDLE_SECONDS})
     deploy(cluster, ns, obj, "1/1")
+    # kwok reports the pod Ready before its sim has loaded (no kubelet probes it): wait for the
+    # engine itself, as a readiness probe would.
+    eventually(lambda: any(healthy(url) for url in pod_runner.runtime_urls(ns).values()), 60,
+               every=0.5, what="the replica's engine loaded")
     with ServiceProxy(cluster, ns, NAME, kubelet=pod_runner) as proxy:
         eventually(lambda: len(proxy.endpoints()) == 2, 30, every=0.5,
                    what="2 ready router endpoints", ignoring=KUBECTL_FAILED)
