@@ -98,6 +98,7 @@ class Observation:
     runtime_modes: Mapping[str, Mode]
     unreachable: Mapping[str, str]
     reading: Reading | None = None
+    inflight: Mapping[str, int] = field(default_factory=dict)  # requests each pod serves now
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from autoglm_operator.io.prom import PrometheusReader
 from autoglm_operator.io.runtime_client import (
     RuntimeAdminError,
     RuntimeClient,
+    RuntimeMode,
     RuntimeUnauthorized,
     SetModeResult,
 )
@@ -101,9 +102,9 @@ class KubeIO:
     async def set_label(self, pod: str, mode: Mode) -> None:
         await asyncio.to_thread(self.executor.label_pod, self.namespace, pod, mode)
 
-    async def runtime_mode(self, ip: str) -> Mode:
+    async def runtime_state(self, ip: str) -> RuntimeMode:
         try:
-            return (await self._runtime(ip).get_mode(ip)).mode
+            return await self._runtime(ip).get_mode(ip)
         except RuntimeUnauthorized:
             self.unauthorized = True
             raise
@@ -124,7 +125,7 @@ class ReadIO(executor.ModeActuator, Protocol):
 
     async def read_metrics(self, pods: Sequence[str]) -> Reading: ...
 
-    async def runtime_mode(self, ip: str) -> Mode: ...
+    async def runtime_state(self, ip: str) -> RuntimeMode: ...
 
 
 async def read_observation(inp: PassInput, io: ReadIO) -> Observation:
@@ -133,21 +134,25 @@ async def read_observation(inp: PassInput, io: ReadIO) -> Observation:
     targets = [p for p in inp.pods if p.ready and p.ip]
     errors: dict[str, str] = {}
 
-    async def read(pod: PodView) -> Mode | None:
+    async def read(pod: PodView) -> RuntimeMode | None:
         assert pod.ip is not None
         try:
-            return await io.runtime_mode(pod.ip)
+            return await io.runtime_state(pod.ip)
         except RuntimeAdminError as error:
             logger.warning("Could not read the mode of pod %s: %s", pod.name, error)
             errors[pod.name] = str(error)
             return None
 
-    modes = await asyncio.gather(*(read(p) for p in targets))
-    runtime_modes = {p.name: m for p, m in zip(targets, modes, strict=True) if m is not None}
+    states = await asyncio.gather(*(read(p) for p in targets))
+    read_ok = [(p.name, s) for p, s in zip(targets, states, strict=True) if s is not None]
+    runtime_modes = {pod: s.mode for pod, s in read_ok}
+    inflight = {pod: n for pod, s in read_ok if isinstance(n := s.raw.get("inflight"), int)}
     reading = None
-    if inp.spec.mode_policy is ModePolicy.ADAPTIVE and not inp.spec.adaptive.paused:
+    spec = inp.spec
+    adaptive = spec.mode_policy is ModePolicy.ADAPTIVE and not spec.adaptive.paused
+    if adaptive or spec.autoscaling.enabled:  # the fleet is sized by the demand it reads
         reading = await io.read_metrics([p.name for p in inp.pods])
-    return Observation(runtime_modes, errors, reading)
+    return Observation(runtime_modes, errors, reading, inflight)
 
 
 def _plain(value: Any) -> Any:

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from autoglm_api.standby import Activity, activity_of
 from autoglm_operator.adaptive import pass_data
+from autoglm_operator.adaptive.signals import Samples
 from autoglm_operator.handlers import adaptive_pass
 from autoglm_operator.handlers import settings as settings_
 from autoglm_operator.io import executor
@@ -47,7 +48,7 @@ from autoglm_operator.reconcile.iteration import (
 from autoglm_operator.reconcile.memory import ReconcileMemory, admin_secret_read_due
 from autoglm_operator.reconcile.observe import INDEXES, Observed, admin_secret_view, observe
 from autoglm_operator.reconcile.pass_plan import Plan
-from autoglm_operator.reconcile.rolling import deployment_split
+from autoglm_operator.reconcile.rolling import DELETION_COST_ANNOTATION, deployment_split
 from autoglm_operator.reconcile.standby import StandbyPlan
 from autoglm_operator.resource import names
 from autoglm_operator.resource import pods as pods_
@@ -243,6 +244,7 @@ class Reconciler:
                 self.logger.exception("Adaptive pass failed; retrying")
                 failed = True
                 the_plan = plan_iteration(replace(inputs, modes=None), state, now)
+        await self._mark_victims(the_plan)
         problem = await self._children(body, the_plan, state)
         if standby is not None:
             await standby.carry_out(the_plan.standby, inputs, state)
@@ -295,6 +297,11 @@ class Reconciler:
             problem = await self._check_references(body, spec, meta["namespace"], generation, state)
         await self._read_scalers(spec, meta, state)
         activity = await self._activity(spec, observed, state)
+        if step is not None:
+            seen = step.observation
+            if seen.reading is not None and seen.reading.samples is not None:
+                state.samples = (time.monotonic(), seen.reading.samples)
+            state.inflight = dict(seen.inflight)
         return Inputs(
             owner=serving.Owner(meta["name"], meta["namespace"], meta["uid"]),
             observed=observed,
@@ -304,16 +311,18 @@ class Reconciler:
             problem=problem,
             modes=step.input if step else None,
             observation=step.observation if step else None,
-            scalers=state.scalers if spec.scale_to_zero.enabled else (),
+            scalers=state.scalers if _sized(spec) else (),
             activity=activity,
+            samples=_recent(state, spec),
+            inflight=state.inflight,
         )
 
     async def _activity(
         self, spec: AutoGLMDeploymentSpec, observed: Observed, state: ReconcileMemory
     ) -> Activity:
-        """With scaleToZero on, what the router pods hold and relay, read from each; a router
-        pod that is gone is forgotten at once."""
-        if not (spec.scale_to_zero.enabled and spec.router.enabled):
+        """With scaleToZero or autoscaling on, what the router pods hold and relay, read from
+        each; a router pod that is gone is forgotten at once."""
+        if not (_sized(spec) and spec.router.enabled):
             state.router_readings = {}
             return Activity()
         pods = [(pods_.name(p), ip) for p in observed.router_pods
@@ -331,9 +340,10 @@ class Reconciler:
     async def _read_scalers(
         self, spec: AutoGLMDeploymentSpec, meta: dict[str, Any], state: ReconcileMemory
     ) -> None:
-        """With scaleToZero on, list the autoscalers of the namespace now and then (no watch:
-        they are not our children); one the list cannot see is kept as last seen."""
-        if not spec.scale_to_zero.enabled or time.monotonic() < state.scalers_due_at:
+        """With scaleToZero or autoscaling on, list the autoscalers of the namespace now and
+        then (no watch: they are not our children); one the list cannot see is kept as last
+        seen."""
+        if not _sized(spec) or time.monotonic() < state.scalers_due_at:
             return
         state.scalers_due_at = time.monotonic() + settings_.SCALERS_INTERVAL_SECONDS
         try:
@@ -341,6 +351,20 @@ class Reconciler:
                 self.executor.scalers_of, meta["namespace"], meta["name"])
         except executor.ApiError as err:
             self.logger.warning(f"Could not list HorizontalPodAutoscalers: {err}")
+
+    async def _mark_victims(self, the_plan: IterationPlan) -> None:
+        """Before a step down: the pods it removes get the lowest pod-deletion-cost. One that
+        cannot be marked leaves the choice to the ReplicaSet (its drain still runs)."""
+        namespace = the_plan.inputs.owner.namespace
+        marked = {pods_.name(p) for p in the_plan.inputs.observed.pods
+                  if DELETION_COST_ANNOTATION in (p["metadata"].get("annotations") or {})}
+        for pod in the_plan.victims:
+            if pod in marked:
+                continue
+            try:
+                await self.executor.call(self.executor.mark_for_removal, namespace, pod)
+            except executor.ApiError as err:
+                self.logger.warning(f"Could not mark pod {pod} for removal: {err}")
 
     async def _modes(
         self,
@@ -450,7 +474,7 @@ class Reconciler:
             for cond in settled.flipped:
                 _announce(body, cond, previous=observed.body.get("status") or {})
             standby = the_plan.standby
-            for event in standby.events:
+            for event in (*the_plan.fleet.events, *standby.events):
                 executor.event(body, warning=event.warning, reason=event.reason,
                                message=event.message)
             if standby.woke_after is not None:
@@ -464,6 +488,21 @@ class Reconciler:
         one write an iteration makes besides its last (a crash mid-flip keeps the cooldown)."""
         latest = latest_status(observed, state)
         await self.executor.write_status_if_changed(observed, state, status_.overlay(latest, part))
+
+
+def _sized(spec: AutoGLMDeploymentSpec) -> bool:
+    """The replica count follows demand: scale to zero, or autoscaling."""
+    return spec.scale_to_zero.enabled or spec.autoscaling.enabled
+
+
+def _recent(state: ReconcileMemory, spec: AutoGLMDeploymentSpec) -> Samples | None:
+    """The adaptive pass's last metrics while they are recent (three of its intervals): older
+    ones say nothing about the demand now."""
+    if state.samples is None:
+        return None
+    read_at, samples = state.samples
+    recent = time.monotonic() - read_at <= 3 * spec.adaptive.interval_seconds
+    return samples if recent else None
 
 
 def _announce(body: kopf.Body, cond: dict[str, Any], previous: dict[str, Any]) -> None:

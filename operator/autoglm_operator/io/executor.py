@@ -153,6 +153,12 @@ class Executor:
         self.kube.merge_patch(
             "Pod", namespace, pod, {"metadata": {"annotations": {SLEEPING_ANNOTATION: value}}})
 
+    def mark_for_removal(self, namespace: str, pod: str) -> None:
+        """The pod a shrinking Deployment removes (a Rolling switch's old pod, a step down's
+        victim): the lowest pod-deletion-cost, which the ReplicaSet controller deletes first."""
+        self.kube.merge_patch("Pod", namespace, pod, {"metadata": {"annotations": {
+            DELETION_COST_ANNOTATION: RETIRE_COST}}})
+
     def label_pod(self, namespace: str, pod: str, mode: Mode) -> None:
         """A flip's first and last step: the label routes the pod to its mode's Service."""
         patched = self.kube.merge_patch(
@@ -216,8 +222,7 @@ class Executor:
         """Mark an old-mode pod a shrinking Deployment must remove (its replacement is ready,
         or cannot start without its GPUs): the ReplicaSet removes the lowest deletion cost
         first."""
-        patch = {"metadata": {"annotations": {DELETION_COST_ANNOTATION: RETIRE_COST}}}
-        await self.call(self.kube.merge_patch, "Pod", owner.namespace, retire.pod, patch)
+        await self.call(self.mark_for_removal, owner.namespace, retire.pod)
         new = "batching" if retire.mode is Mode.STREAMING else "streaming"
         self._report(
             body,

@@ -11,7 +11,7 @@ the plan out.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -19,8 +19,11 @@ from autoglm_api.standby import Activity
 from autoglm_operator.adaptive import pass_data, planning
 from autoglm_operator.adaptive import policy as pol
 from autoglm_operator.adaptive import report as report_
+from autoglm_operator.adaptive.signals import Samples
 from autoglm_operator.reconcile import status as status_
 from autoglm_operator.reconcile.children import router, serving
+from autoglm_operator.reconcile.fleet_plan import FleetPlan, plan_fleet
+from autoglm_operator.reconcile.fleet_plan import victims as fleet_victims
 from autoglm_operator.reconcile.memory import ReconcileMemory, gateway_due, has_pending
 from autoglm_operator.reconcile.observe import Observed
 from autoglm_operator.reconcile.pass_plan import Plan, plan_pass
@@ -66,8 +69,13 @@ class Inputs:
     observation: pass_data.Observation | None = None
     # HorizontalPodAutoscalers that scale this object (scaleToZero is refused beside one).
     scalers: tuple[str, ...] = ()
-    # What the routers that exist hold and relay (scaleToZero), read from them this iteration.
+    # What the routers that exist hold and relay (scaleToZero, autoscaling), read from them
+    # this iteration.
     activity: Activity = field(default_factory=Activity)
+    # autoscaling: the adaptive pass's last metrics (None: none recent) and each pod's requests
+    # in flight as its runtime last said.
+    samples: Samples | None = None
+    inflight: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -84,6 +92,8 @@ class IterationPlan:
     batching_target: int | None  # switchStrategy Rolling: the share the children step toward
     status: Settled  # the status as planned: every entry going as planned
     standby: StandbyPlan  # scaleToZero: the replicas to run, the pods to sleep or wake
+    fleet: FleetPlan  # autoscaling: the serving replicas, status.autoscaling, its Events
+    victims: tuple[str, ...] = ()  # pods to mark cheapest to delete before the step down
 
 
 @dataclass(frozen=True)
@@ -115,13 +125,17 @@ def plan_iteration(
     """The one planning function of an iteration (no I/O, no clock: `now` is monotonic
     time, the adaptive pass's wall time is in its input). `repaired`: plan again from what the
     repairs did, when that was not what the first plan expected."""
+    latest = latest_status(inputs.observed, memory)
+    live = [p for p in inputs.observed.pods if pods_.is_live(p)]
+    views = [pods_.view(p) for p in live]
+    fleet = plan_fleet(inputs.spec, latest, inputs.samples, inputs.activity, views,
+                       inputs.scalers, inputs.now)
+    sized = sized_spec(inputs.spec, fleet)
     modes = None
     if inputs.modes is not None and inputs.observation is not None:
-        modes = plan_modes(inputs.modes, inputs.observation, repaired)
+        modes = plan_modes(replace(inputs.modes, spec=sized), inputs.observation, repaired)
     standby = plan_standby(
-        inputs.spec, inputs.activity,
-        latest_status(inputs.observed, memory).get("standby"),
-        pod_states([p for p in inputs.observed.pods if pods_.is_live(p)], pods_.is_ready),
+        sized, inputs.activity, latest.get("standby"), pod_states(live, pods_.is_ready),
         inputs.now, inputs.scalers,
     )  # fmt: skip
     target = memory.batching_target  # no pass now: what the last one decided
@@ -130,7 +144,7 @@ def plan_iteration(
     # The standby state changes with the clock alone (an idle window passing): it is part of
     # what the pass saw, so a change of it is a pass.
     fingerprint = (inputs.observed.fingerprint(), target, standby.replicas,
-                   (standby.status or {}).get("state"))
+                   (standby.status or {}).get("state"), fleet.replicas)
     reconcile = now >= memory.retry_at and (
         fingerprint != memory.fingerprint
         or has_pending(memory.written, now)
@@ -139,7 +153,7 @@ def plan_iteration(
     children = None
     if reconcile and inputs.problem is None:
         children = plan_pass(
-            inputs.owner, running(inputs.spec, standby), inputs.observed,
+            inputs.owner, running(sized, standby), inputs.observed,
             _with_target(memory, target), now,
         )  # fmt: skip
     expected = [
@@ -147,7 +161,8 @@ def plan_iteration(
         for s in (modes.switches if modes is not None else ())
     ]
     partial = IterationPlan(
-        inputs, modes, children, reconcile, fingerprint, target, Settled({}), standby
+        inputs, modes, children, reconcile, fingerprint, target, Settled({}), standby, fleet,
+        fleet_victims(fleet, standby.replicas, views, inputs.inflight),
     )
     return replace(partial, status=settle(partial, memory, expected, inputs.problem))
 
@@ -157,6 +172,15 @@ def _idle_message(standby: StandbyPlan) -> str | None:
     if status.get("state") != "Idle":
         return None
     return f"{status.get('message')} The router holds the next request while replicas start."
+
+
+def sized_spec(spec: AutoGLMDeploymentSpec, fleet: FleetPlan) -> AutoGLMDeploymentSpec:
+    """The spec as the rest of the plan reads it: with autoscaling on, the replicas the fleet
+    is sized to and scaleToZero as it applies (spec.standby())."""
+    if fleet.status is None:
+        return spec
+    return spec.model_copy(update={"replicas": fleet.replicas,
+                                   "scale_to_zero": spec.standby()})
 
 
 def running(spec: AutoGLMDeploymentSpec, standby: StandbyPlan) -> AutoGLMDeploymentSpec:
@@ -188,7 +212,8 @@ def settle(
         report = report_.report(inputs.modes, the_plan.modes, flips)
         part = report_.status_part(inputs.modes, report)
         current = status_.overlay(current, part or {})
-    current = status_.overlay(current, {"standby": the_plan.standby.status})
+    current = status_.overlay(current, {"standby": the_plan.standby.status,
+                                        "autoscaling": the_plan.fleet.status})
     if not the_plan.reconcile and problem is None:
         return Settled(current, (), report)
     meta = inputs.observed.body["metadata"]
@@ -199,7 +224,7 @@ def settle(
         name=meta["name"],
         namespace=meta["namespace"],
         generation=inputs.generation,
-        spec=running(inputs.spec, the_plan.standby),
+        spec=running(sized_spec(inputs.spec, the_plan.fleet), the_plan.standby),
         deployment=inputs.observed.deployment,
         pods=inputs.observed.pods,
         router_pods=inputs.observed.router_pods,

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autoglm_api.standby import Reading
+from autoglm_operator.adaptive.signals import Samples
 from autoglm_operator.reconcile import status as status_
 from autoglm_operator.reconcile.observe import Key
 from autoglm_operator.resource import pods as pods_
@@ -67,6 +68,10 @@ class ReconcileMemory:
     standby_retry_at: dict[str, float] = field(default_factory=dict)
     # The last report each live router pod gave (io/router_client.py), by pod name.
     router_readings: dict[str, Reading] = field(default_factory=dict)
+    # autoscaling: the adaptive pass's last metrics and when it read them (monotonic), and each
+    # pod's requests in flight as its runtime then said.
+    samples: tuple[float, Samples] | None = None
+    inflight: dict[str, int] = field(default_factory=dict)
 
 
 def has_pending(written: dict[Key, Written], now: float) -> bool:

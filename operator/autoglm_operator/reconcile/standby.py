@@ -4,7 +4,9 @@ A deployment with `spec.scaleToZero` on moves between four states, kept in `stat
 (so an operator restart resumes them), by the transitions in TRANSITIONS:
 
 - Serving: replicas run awake: `spec.replicas`, or after a wake the one that woke first until
-  the routers relay a replica's cap on it (`wokenReplicas`).
+  the routers relay a replica's cap on it (`wokenReplicas`). With spec.autoscaling on, the spec
+  this plan reads carries the fleet's size (fleet_plan.py): Serving runs it, and Waking starts
+  what the held requests need.
 - Asleep: `spec.replicas` still run, asleep (vLLM sleep mode), after `sleep.idleSeconds`
   without a request; a request wakes the replica it reaches, and any demand wakes them all.
 - Idle: `floor` replicas run (asleep, with sleep on), after `idleSeconds` without a request.
@@ -120,6 +122,8 @@ class _Moment:
     def woken(self) -> int | None:
         """Serving on the replicas a wake started, not yet all of spec.replicas."""
         value = self.current.get("wokenReplicas")
+        if self.spec.autoscaling.enabled:
+            return None  # the fleet's size grows with demand (fleet_plan.py)
         return value if isinstance(value, int) and value < self.spec.replicas else None
 
     def running(self, at: State, woken: int | None = None) -> int:
@@ -129,7 +133,8 @@ class _Moment:
         if at is State.IDLE:
             return settings.floor
         if at is State.WAKING:
-            return max(1, settings.floor)
+            # With autoscaling, spec.replicas here is what the held requests need.
+            return self.spec.replicas if self.spec.autoscaling.enabled else max(1, settings.floor)
         if at in (State.SERVING, State.ASLEEP) and woken is not None \
                 and woken < self.spec.replicas:
             return woken
@@ -251,7 +256,7 @@ def _entered(moment: _Moment, trigger: Trigger, target: State
     if trigger is Trigger.READY:
         waited = now - (_seconds(moment.current.get("wakeStartTime")) or moment.since)
         running = moment.running(State.WAKING)
-        woken = running if running < spec.replicas else None
+        woken = running if running < spec.replicas and not spec.autoscaling.enabled else None
         rest = (f"; the other {spec.replicas - running} start when demand asks"
                 if woken is not None else "")
         return ("Woke", f"{moment.ready} replica(s) ready {waited:.1f}s after the demand that "

@@ -760,6 +760,62 @@ class ScaleToZeroSettings(CamelModel):
     sleep: SleepSettings = Field(default_factory=SleepSettings)
 
 
+class ScaleUpSettings(CamelModel):
+    """How fast replicas are added when the demand needs more."""
+
+    stabilization_seconds: int = Field(
+        default=0, ge=0, le=3600,
+        description="Seconds a larger fleet must stay wanted before replicas are added. 0: at "
+        "the first shortfall; a replica of a 9B model takes about a minute to start, and "
+        "waiting longer turns requests away.",
+    )
+    max_step: int = Field(
+        default=4, ge=1, le=256, description="Most replicas one step adds."
+    )
+
+
+class ScaleDownSettings(CamelModel):
+    """How slowly replicas are removed when fewer serve the demand."""
+
+    stabilization_seconds: int = Field(
+        default=300, ge=0, le=86400,
+        description="Seconds a smaller fleet must stay wanted before the first replica goes: "
+        "several starts of a replica, so a dip between two peaks does not pay a start twice.",
+    )
+    period_seconds: int = Field(
+        default=60, ge=0, le=86400,
+        description="Seconds between two steps down while fewer replicas stay wanted.",
+    )
+    max_step: int = Field(
+        default=1, ge=1, le=256, description="Most replicas one step removes."
+    )
+
+
+class AutoscalingSettings(CamelModel):
+    """The adaptive pass sizes the fleet: the fewest replicas whose best split of modes serves
+    the measured demand, plus headroom, within the SLOs (docs/adaptive.md "Sizing the fleet")."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Size the serving replicas by demand between minReplicas and maxReplicas; "
+        "spec.replicas is not read while on. Refused while an HorizontalPodAutoscaler (or KEDA) "
+        "scales this object.",
+    )
+    min_replicas: int = Field(
+        default=1, ge=0, le=256,
+        description="Fewest replicas. 0 scales to zero after scaleToZero.idleSeconds without a "
+        "request; the router holds the next request while replicas start.",
+    )
+    max_replicas: int = Field(default=4, ge=1, le=256, description="Most replicas.")
+    headroom_percent: int = Field(
+        default=20, ge=0, le=200,
+        description="The fleet serves the measured demand this much above it within the SLOs: "
+        "room for the minute a new replica takes to start.",
+    )
+    scale_up: ScaleUpSettings = Field(default_factory=ScaleUpSettings)
+    scale_down: ScaleDownSettings = Field(default_factory=ScaleDownSettings)
+
+
 class FailureMode(StrEnum):
     """What a gateway does when the endpoint picker does not answer (GIE's EndpointPickerRef)."""
 
@@ -787,9 +843,34 @@ class GatewaySettings(CamelModel):
 class AutoGLMDeploymentSpec(CamelModel):
     model_config = validations(
         cel(
-            "self.replicas == 0 || self.adaptive.minStreamingReplicas <= self.replicas",
+            "self.autoscaling.enabled || self.replicas == 0 || "
+            "self.adaptive.minStreamingReplicas <= self.replicas",
             "adaptive.minStreamingReplicas must not exceed replicas",
             ".adaptive.minStreamingReplicas",
+        ),
+        cel(
+            "!self.autoscaling.enabled || "
+            "self.autoscaling.minReplicas <= self.autoscaling.maxReplicas",
+            "autoscaling.minReplicas must not exceed autoscaling.maxReplicas",
+            ".autoscaling.minReplicas",
+        ),
+        cel(
+            "!self.autoscaling.enabled || "
+            "self.adaptive.minStreamingReplicas <= self.autoscaling.maxReplicas",
+            "adaptive.minStreamingReplicas must not exceed autoscaling.maxReplicas",
+            ".adaptive.minStreamingReplicas",
+        ),
+        cel(
+            "!self.autoscaling.enabled || self.autoscaling.minReplicas > 0 || self.router.enabled",
+            "autoscaling.minReplicas 0 needs router.enabled: the router holds the requests that "
+            "arrive while no replica runs",
+            ".autoscaling.minReplicas",
+        ),
+        cel(
+            "!self.autoscaling.enabled || has(self.adaptive.prometheus.url)",
+            "autoscaling.enabled needs adaptive.prometheus.url: the fleet is sized by the demand "
+            "it measures",
+            ".adaptive.prometheus.url",
         ),
         cel(
             "self.modePolicy != 'Adaptive' || self.adaptive.paused || "
@@ -839,7 +920,8 @@ class AutoGLMDeploymentSpec(CamelModel):
             ".scaleToZero.enabled",
         ),
         cel(
-            "!self.scaleToZero.enabled || self.scaleToZero.floor <= self.replicas",
+            "self.autoscaling.enabled || !self.scaleToZero.enabled || "
+            "self.scaleToZero.floor <= self.replicas",
             "scaleToZero.floor must not exceed replicas: it is the replicas kept while idle",
             ".scaleToZero.floor",
         ),
@@ -877,6 +959,16 @@ class AutoGLMDeploymentSpec(CamelModel):
     router: RouterSettings = Field(default_factory=RouterSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     scale_to_zero: ScaleToZeroSettings = Field(default_factory=ScaleToZeroSettings)
+    autoscaling: AutoscalingSettings = Field(default_factory=AutoscalingSettings)
+
+    def standby(self) -> ScaleToZeroSettings:
+        """scaleToZero as it applies: with autoscaling on, minReplicas is the floor while idle
+        and minReplicas 0 turns it on (scaleToZero.floor is not read)."""
+        if not self.autoscaling.enabled:
+            return self.scale_to_zero
+        floor = self.autoscaling.min_replicas
+        return self.scale_to_zero.model_copy(
+            update={"enabled": self.scale_to_zero.enabled or floor == 0, "floor": floor})
 
     def engine_max_num_seqs(self, mode: Mode | None = None) -> int:
         """vLLM's --max-num-seqs: the envelope both modes fit in, or a mode's own cap for the

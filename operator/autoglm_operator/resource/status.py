@@ -137,6 +137,35 @@ class StandbyStatus(CamelModel):
         default=None, description="How long the last request a router held waited.")
 
 
+class AutoscalingStatus(CamelModel):
+    """spec.autoscaling: the replicas the adaptive pass sizes the fleet to, and why
+    (adaptive/scaling.py)."""
+
+    desired_replicas: int = Field(
+        default=0, description="The serving replicas the fleet is sized to (while awake).")
+    running_replicas: int = Field(default=0, description="Serving pods that run now.")
+    needed_replicas: int = Field(
+        default=0, description="The fewest replicas that serve the demand plus headroom.")
+    reason: str = ""
+    message: str = ""
+    demand: str | None = Field(
+        default=None, description="Requests/s measured (streamed chats + the rest).")
+    expected_goodput: str | None = Field(
+        default=None, description="Requests/s the desired fleet serves within the SLOs at the "
+        "demand plus headroom, its best split assumed.")
+    batching_replicas: int | None = Field(
+        default=None, description="The split that goodput assumes: replicas batching.")
+    lower_since: str | None = Field(
+        default=None, description="Since when fewer replicas have been wanted.")
+    higher_since: str | None = Field(
+        default=None, description="Since when more replicas have been wanted.")
+    last_scale_time: str | None = None
+    last_scale_down_time: str | None = None
+    ignored_replicas: int | None = Field(
+        default=None, description="spec.replicas as last seen while autoscaling is on (not "
+        "read; a change of it is reported as an Event).")
+
+
 class AutoGLMDeploymentStatus(CamelModel):
     model_config = ConfigDict(extra="allow")
 
@@ -164,6 +193,8 @@ class AutoGLMDeploymentStatus(CamelModel):
     )  # fmt: skip
     standby: StandbyStatus | None = Field(
         default=None, description="Scale to zero and warm standby (spec.scaleToZero).")
+    autoscaling: AutoscalingStatus | None = Field(
+        default=None, description="The fleet's size and why (spec.autoscaling).")
     last_decision: Decision | None = None
     decision_history: list[Decision] = Field(default_factory=list, max_length=10)
     adaptive_state: AdaptiveState | None = None

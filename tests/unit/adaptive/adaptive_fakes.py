@@ -121,12 +121,12 @@ class FakeIO:
             self.label_fail_after[pod] = budget - 1
         fake.label = mode
 
-    async def runtime_mode(self, ip: str) -> Mode:
+    async def runtime_state(self, ip: str) -> RuntimeModeState:
         pod = self._by_ip(ip)
         self.calls.append(("runtime_mode", pod.name))
         if pod.runtime_down:
             raise RuntimeUnreachable(f"GET http://{ip}:8000: connection refused")
-        return pod.runtime
+        return RuntimeModeState(pod.runtime, raw={"mode": pod.runtime.value, "inflight": 0})
 
     async def set_runtime_mode(self, ip: str, mode: Mode) -> SetModeResult:
         pod = self._by_ip(ip)

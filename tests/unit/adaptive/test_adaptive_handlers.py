@@ -177,7 +177,7 @@ async def test_each_pod_is_called_with_its_templates_token_and_a_new_template_re
             [PodView("e", "10.0.0.5", Mode.STREAMING, True, template="unknown")]),
             None, None)  # type: ignore[arg-type]
         with pytest.raises(ah.RuntimeUnauthorized, match=r"10\.0\.0\.5"):
-            await io.runtime_mode("10.0.0.5")
+            await io.runtime_state("10.0.0.5")
         assert io.unauthorized
     finally:
         await loop.close()
