@@ -26,7 +26,6 @@ import kopf
 
 from autoglm_api.keepalive import UPSTREAM_POOL_IDLE_SECONDS
 from autoglm_api.profiles import Mode
-from autoglm_operator.adaptive import report
 from autoglm_operator.adaptive.pass_data import Observation, PassInput, PassResult
 from autoglm_operator.adaptive.planning import PodView
 from autoglm_operator.adaptive.signals import Reading
@@ -38,7 +37,6 @@ from autoglm_operator.io.runtime_client import (
     RuntimeClient,
     RuntimeMode,
     RuntimeUnauthorized,
-    SetModeResult,
 )
 from autoglm_operator.resource.spec import AutoGLMDeploymentSpec, ModePolicy, PrometheusSource
 
@@ -63,8 +61,9 @@ async def start_operator_metrics(logger: kopf.Logger, **_: Any) -> None:
 StatusWriter = Callable[[dict[str, Any]], Awaitable[None]]
 
 
-class KubeIO:
-    """ReadIO over the Kubernetes API, the runtime admin API and Prometheus."""
+class KubeIO(executor.ModeIO):
+    """ReadIO: where the pass's entries land (executor.ModeIO), and what it reads there: each
+    runtime's state and Prometheus."""
 
     def __init__(
         self,
@@ -75,22 +74,8 @@ class KubeIO:
         prometheus: PrometheusReader | None,
         write_status: StatusWriter,
     ) -> None:
-        self.executor = execute
-        self.namespace = namespace
-        self.name = name
-        self.runtimes = runtimes  # pod IP -> a client with that pod's admin token
+        super().__init__(execute, namespace, name, runtimes, write_status)
         self.prometheus = prometheus
-        self.write_status = write_status
-        self.unauthorized = False
-        self.status: Mapping[str, Any] = {}
-
-    def _runtime(self, ip: str) -> RuntimeClient:
-        runtime = self.runtimes.get(ip)
-        if runtime is None:
-            raise RuntimeUnauthorized(
-                f"no admin token for the pod at {ip} in {self.namespace}/{self.name} yet"
-            )
-        return runtime
 
     async def read_metrics(self, pods: Sequence[str]) -> Reading:
         if self.prometheus is None:
@@ -99,25 +84,12 @@ class KubeIO:
             self.prometheus.read, self.namespace, pods, deployment=self.name
         )
 
-    async def set_label(self, pod: str, mode: Mode) -> None:
-        await asyncio.to_thread(self.executor.label_pod, self.namespace, pod, mode)
-
     async def runtime_state(self, ip: str) -> RuntimeMode:
         try:
-            return await self._runtime(ip).get_mode(ip)
+            return await self.runtime(ip).get_mode(ip)
         except RuntimeUnauthorized:
             self.unauthorized = True
             raise
-
-    async def set_runtime_mode(self, ip: str, mode: Mode) -> SetModeResult:
-        try:
-            return await self._runtime(ip).set_mode(ip, mode)
-        except RuntimeUnauthorized:
-            self.unauthorized = True
-            raise
-
-    async def announce(self, status_patch: dict[str, Any]) -> None:
-        await self.write_status(report.owned_status(self.status, status_patch))
 
 
 class ReadIO(executor.ModeActuator, Protocol):

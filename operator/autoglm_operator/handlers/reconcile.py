@@ -34,7 +34,6 @@ from autoglm_operator.handlers import settings as settings_
 from autoglm_operator.io import executor
 from autoglm_operator.io.metrics import METRICS
 from autoglm_operator.io.router_client import RouterReader
-from autoglm_operator.io.runtime_client import RuntimeAdminError
 from autoglm_operator.reconcile import status as status_
 from autoglm_operator.reconcile.children import gateway, router, serving
 from autoglm_operator.reconcile.iteration import (
@@ -159,49 +158,40 @@ class Done:
     modes_failed: bool = False
 
 
-class StandbyActuator:
-    """scaleToZero's pod entries: sleep or wake each pod through its runtime's admin API (the
-    adaptive pass's clients and tokens), then mark it (standby.SLEEPING_ANNOTATION)."""
+class PodEntries:
+    """Where the plan's pod entries that need a runtime's admin token go: scaleToZero's sleeps
+    and wakes (executor.sleep_and_wake, with the adaptive pass's clients and tokens). A pod
+    whose entry failed waits STANDBY_RETRY_SECONDS before the next try."""
 
-    def __init__(self, execute: executor.Executor, adaptive: adaptive_pass.AdaptivePass,
-                 logger: kopf.Logger) -> None:  # fmt: skip
-        self.executor = execute
+    def __init__(self, adaptive: adaptive_pass.AdaptivePass, logger: kopf.Logger) -> None:
         self.adaptive = adaptive
         self.logger = logger
 
-    async def carry_out(self, plan: StandbyPlan, inputs: Inputs, state: ReconcileMemory) -> None:
+    async def sleep_and_wake(self, plan: StandbyPlan, inputs: Inputs, state: ReconcileMemory
+                             ) -> list[executor.PodOutcome]:  # fmt: skip
         now = time.monotonic()
         views = {pods_.name(p): pods_.view(p) for p in inputs.observed.pods}
-        due = [(pod, pod in plan.sleep) for pod in (*plan.sleep, *plan.wake)
+        due = [(pod, views[pod].ip, pod in plan.sleep) for pod in (*plan.sleep, *plan.wake)
                if pod in views and state.standby_retry_at.get(pod, 0.0) <= now]
         if not due:
-            return
+            return []
         try:
-            clients = await self.adaptive.clients([views[pod] for pod, _ in due])
+            clients = await self.adaptive.clients([views[pod] for pod, _, _ in due])
         except executor.MissingAdminToken as missing:
             clients = {}
             self.logger.warning(f"Sleep and wake wait for the admin token: {missing}")
-        level = inputs.spec.scale_to_zero.sleep.level
-        namespace = inputs.owner.namespace
-        for pod, to_sleep in due:
-            view = views[pod]
-            client = clients.get(view.ip or "")
-            try:
-                if client is None or view.ip is None:
-                    raise RuntimeAdminError(f"pod {pod}: no address or admin token yet")
-                if to_sleep:
-                    await client.sleep_engine(view.ip, level)
-                else:
-                    await client.wake_engine(view.ip)
-                await self.executor.call(
-                    self.executor.mark_sleeping, namespace, pod, level if to_sleep else None)
-            except (RuntimeAdminError, executor.ApiError) as err:
-                verb = "put to sleep" if to_sleep else "wake"
-                self.logger.warning(f"Could not {verb} pod {pod}; retrying: {err}")
-                state.standby_retry_at[pod] = now + settings_.STANDBY_RETRY_SECONDS
+        outcomes = await executor.sleep_and_wake(
+            self.adaptive.executor, inputs.owner.namespace, due, clients,
+            inputs.spec.scale_to_zero.sleep.level)
+        for outcome in outcomes:
+            if outcome.done:
+                state.standby_retry_at.pop(outcome.pod, None)
+                self.logger.info(f"Pod {outcome.pod}: {outcome.action}")
             else:
-                state.standby_retry_at.pop(pod, None)
-                self.logger.info(f"Pod {pod} {'asleep' if to_sleep else 'awake'}")
+                self.logger.warning(f"Pod {outcome.pod}: not {outcome.action.lower()}, "
+                                    f"retrying: {outcome.detail}")
+                state.standby_retry_at[outcome.pod] = now + settings_.STANDBY_RETRY_SECONDS
+        return outcomes
 
 
 class Reconciler:
@@ -220,7 +210,7 @@ class Reconciler:
         observed: Observed,
         state: ReconcileMemory,
         step: ModeStep | None = None,
-        standby: StandbyActuator | None = None,
+        entries: PodEntries | None = None,
     ) -> Done:
         """Observe the rest (spec, references), plan once, execute (modes, then children),
         settle the status and write it once. A failed adaptive part is planned away: the
@@ -244,10 +234,12 @@ class Reconciler:
                 self.logger.exception("Adaptive pass failed; retrying")
                 failed = True
                 the_plan = plan_iteration(replace(inputs, modes=None), state, now)
-        await self._mark_victims(the_plan)
+        marked = await self._mark_victims(the_plan)
         problem = await self._children(body, the_plan, state)
-        if standby is not None:
-            await standby.carry_out(the_plan.standby, inputs, state)
+        outcomes: list[executor.PodOutcome] = []
+        if entries is not None:
+            outcomes = await entries.sleep_and_wake(the_plan.standby, inputs, state)
+        _ = (marked, outcomes)
         settled = settle(the_plan, state, flips, problem or inputs.problem)
         try:
             await self._write_status(body, the_plan, state, settled)
@@ -352,19 +344,18 @@ class Reconciler:
         except executor.ApiError as err:
             self.logger.warning(f"Could not list HorizontalPodAutoscalers: {err}")
 
-    async def _mark_victims(self, the_plan: IterationPlan) -> None:
-        """Before a step down: the pods it removes get the lowest pod-deletion-cost. One that
-        cannot be marked leaves the choice to the ReplicaSet (its drain still runs)."""
-        namespace = the_plan.inputs.owner.namespace
+    async def _mark_victims(self, the_plan: IterationPlan) -> list[executor.PodOutcome]:
+        """Before a step down: its victims marked cheapest to delete (once each)."""
         marked = {pods_.name(p) for p in the_plan.inputs.observed.pods
                   if DELETION_COST_ANNOTATION in (p["metadata"].get("annotations") or {})}
-        for pod in the_plan.victims:
-            if pod in marked:
-                continue
-            try:
-                await self.executor.call(self.executor.mark_for_removal, namespace, pod)
-            except executor.ApiError as err:
-                self.logger.warning(f"Could not mark pod {pod} for removal: {err}")
+        due = [pod for pod in the_plan.victims if pod not in marked]
+        outcomes = await executor.mark_for_removal(
+            self.executor, the_plan.inputs.owner.namespace, due)
+        for outcome in outcomes:
+            if not outcome.done:
+                self.logger.warning(f"Could not mark pod {outcome.pod} for removal (the "
+                                    f"ReplicaSet chooses): {outcome.detail}")
+        return outcomes
 
     async def _modes(
         self,
@@ -490,6 +481,10 @@ class Reconciler:
         await self.executor.write_status_if_changed(observed, state, status_.overlay(latest, part))
 
 
+def _names(inputs: Inputs) -> tuple[str, str]:
+    return inputs.owner.namespace, inputs.owner.name
+
+
 def _sized(spec: AutoGLMDeploymentSpec) -> bool:
     """The replica count follows demand: scale to zero, or autoscaling."""
     return spec.scale_to_zero.enabled or spec.autoscaling.enabled
@@ -543,7 +538,7 @@ async def reconcile(
     reconciler = Reconciler(memo.kube, logger)
     state = ReconcileMemory()
     adaptive = adaptive_pass.AdaptivePass(reconciler.executor, str(namespace), name)
-    standby = StandbyActuator(reconciler.executor, adaptive, logger)
+    entries = PodEntries(adaptive, logger)
     try:
         while not stopped:
             observed = observe(body, str(namespace), name, uid, indexes, state.admin_secret)
@@ -553,7 +548,7 @@ async def reconcile(
             if adaptive.due(observed.body):
                 step = await _observe_modes(adaptive, reconciler, observed, state, logger)
             try:
-                done = await reconciler.pass_once(body, observed, state, step, standby)
+                done = await reconciler.pass_once(body, observed, state, step, entries)
             except executor.ApiError as err:
                 logger.warning(f"Could not write status; retrying: {err}")
                 adaptive.retry_soon()

@@ -1,10 +1,12 @@
 """Execute: the one module that carries out a pass's plan for an AutoGLMDeployment, on the API
 server (through kube.py's client) and on the runtimes' admin API.
 
-It carries out the parts of an iteration's plan (iteration.IterationPlan): the mode entries
-(pass_data.ModePlan: repairs, the announce, in-place flips: pod labels, and the runtime admin API
-through runtime_client), reporting each entry's outcome; the children (pass_plan.Plan),
-reporting what it wrote (in the reconcile memory, and as Events); it writes status (one writer,
+It carries out every part of an iteration's plan (iteration.IterationPlan) and reports what each
+entry did: the mode entries (pass_data.ModePlan: repairs, the announce, in-place flips: pod
+labels, and the runtime admin API through runtime_client; ModeIO, FlipOutcome); the pods a step
+down removes (mark_for_removal) and the pods scale to zero puts to sleep or wakes
+(sleep_and_wake; PodOutcome); the children (pass_plan.Plan), reporting what it wrote (in the
+reconcile memory, and as Events); it writes status (one writer,
 one field manager, only when it changed: write_status_if_changed); and it reads the two
 objects a pass needs beyond the indexes (a referenced Secret, the admin token). Apart
 from leader election (leader.py), nothing else in the operator uses the Kubernetes client
@@ -17,16 +19,22 @@ import asyncio
 import base64
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from autoglm_api.profiles import MODE_LABEL, Mode
-from autoglm_operator.adaptive import pass_data
+from autoglm_operator.adaptive import pass_data, report
 from autoglm_operator.adaptive import policy as pol
 from autoglm_operator.adaptive.pass_data import FlipOutcome, RepairOutcome
 from autoglm_operator.io import kube
-from autoglm_operator.io.runtime_client import RuntimeAdminError, SetModeResult
+from autoglm_operator.io.runtime_client import (
+    RuntimeAdminError,
+    RuntimeClient,
+    RuntimeUnauthorized,
+    SetModeResult,
+)
 from autoglm_operator.reconcile.children import gateway, serving
 from autoglm_operator.reconcile.diff import describe_update
 from autoglm_operator.reconcile.iteration import latest_status
@@ -317,7 +325,107 @@ class Executor:
             self.logger.info(f"Labelled pod {pod} {MODE_LABEL}={mode}")
 
 
+# -- pod entries: sleep and wake (scaleToZero), marks before a step down (autoscaling) --------
+
+
+@dataclass(frozen=True)
+class PodOutcome:
+    """What one pod entry of a plan did (flips report theirs as FlipOutcome)."""
+
+    pod: str
+    action: str  # Slept | Woke | MarkedForRemoval
+    done: bool
+    detail: str = ""
+
+
+async def sleep_and_wake(
+    executor: Executor,
+    namespace: str,
+    entries: Sequence[tuple[str, str | None, bool]],
+    runtimes: Mapping[str, RuntimeClient],
+    level: int,
+) -> list[PodOutcome]:
+    """Put pods to sleep or wake them through their runtime's admin API, then mark each
+    (SLEEPING_ANNOTATION); `entries` are (pod, ip, to_sleep), `runtimes` a client per IP."""
+
+    async def one(pod: str, ip: str | None, to_sleep: bool) -> PodOutcome:
+        action = "Slept" if to_sleep else "Woke"
+        client = runtimes.get(ip or "")
+        try:
+            if client is None or ip is None:
+                raise RuntimeAdminError(f"pod {pod}: no address or admin token yet")
+            if to_sleep:
+                await client.sleep_engine(ip, level)
+            else:
+                await client.wake_engine(ip)
+            await executor.call(executor.mark_sleeping, namespace, pod,
+                                level if to_sleep else None)
+        except (RuntimeAdminError, ApiError) as err:
+            return PodOutcome(pod, action, False, str(err))
+        return PodOutcome(pod, action, True)
+
+    return list(await asyncio.gather(*(one(*entry) for entry in entries)))
+
+
+async def mark_for_removal(
+    executor: Executor, namespace: str, pods: Sequence[str]
+) -> list[PodOutcome]:
+    """Before a step down: the pods it removes get the lowest pod-deletion-cost. One that
+    cannot be marked leaves the choice to the ReplicaSet (its drain still runs)."""
+    outcomes = []
+    for pod in pods:
+        try:
+            await executor.call(executor.mark_for_removal, namespace, pod)
+        except ApiError as err:
+            outcomes.append(PodOutcome(pod, "MarkedForRemoval", False, str(err)))
+        else:
+            outcomes.append(PodOutcome(pod, "MarkedForRemoval", True))
+    return outcomes
+
+
 # -- the adaptive pass's plan entries: repairs and in-place flips -----------------------------
+
+
+class ModeIO:
+    """Where a mode plan's entries land (ModeActuator): a pod's label, its runtime's admin API
+    (a client per pod IP, with that pod's admin token), and status (the announce)."""
+
+    def __init__(
+        self,
+        execute: Executor,
+        namespace: str,
+        name: str,
+        runtimes: Mapping[str, RuntimeClient],
+        write_status: Callable[[dict[str, Any]], Awaitable[None]],
+    ) -> None:
+        self.executor = execute
+        self.namespace = namespace
+        self.name = name
+        self.runtimes = runtimes  # pod IP -> a client with that pod's admin token
+        self.write_status = write_status
+        self.unauthorized = False  # a runtime refused its token: read the Secret again
+        self.status: Mapping[str, Any] = {}
+
+    def runtime(self, ip: str) -> RuntimeClient:
+        runtime = self.runtimes.get(ip)
+        if runtime is None:
+            raise RuntimeUnauthorized(
+                f"no admin token for the pod at {ip} in {self.namespace}/{self.name} yet"
+            )
+        return runtime
+
+    async def set_label(self, pod: str, mode: Mode) -> None:
+        await self.executor.call(self.executor.label_pod, self.namespace, pod, mode)
+
+    async def set_runtime_mode(self, ip: str, mode: Mode) -> SetModeResult:
+        try:
+            return await self.runtime(ip).set_mode(ip, mode)
+        except RuntimeUnauthorized:
+            self.unauthorized = True
+            raise
+
+    async def announce(self, status_patch: dict[str, Any]) -> None:
+        await self.write_status(report.owned_status(self.status, status_patch))
 
 
 def _targets(hpa: Mapping[str, Any], name: str) -> bool:
