@@ -88,7 +88,8 @@ def test_subresources_and_printer_columns() -> None:
         "labelSelectorPath": ".status.selector",
     }
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "Ready", "Streaming", "Batching", "Routers", "Policy", "Standby", "Endpoint", "Age",
+        "Ready", "Streaming", "Batching", "Routers", "Policy", "Standby", "Desired", "Scaling",
+        "Endpoint", "Age",
     ]  # fmt: skip
 
 

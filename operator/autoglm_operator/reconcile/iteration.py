@@ -131,9 +131,11 @@ def plan_iteration(
     fleet = plan_fleet(inputs.spec, latest, inputs.samples, inputs.activity, views,
                        inputs.scalers, inputs.now)
     sized = sized_spec(inputs.spec, fleet)
+    if inputs.modes is not None and inputs.modes.spec is not sized:
+        inputs = replace(inputs, modes=replace(inputs.modes, spec=sized))
     modes = None
     if inputs.modes is not None and inputs.observation is not None:
-        modes = plan_modes(replace(inputs.modes, spec=sized), inputs.observation, repaired)
+        modes = plan_modes(inputs.modes, inputs.observation, repaired)
     standby = plan_standby(
         sized, inputs.activity, latest.get("standby"), pod_states(live, pods_.is_ready),
         inputs.now, inputs.scalers,

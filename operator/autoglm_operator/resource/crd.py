@@ -20,6 +20,9 @@ PRINTER_COLUMNS = [
     {"name": "Routers", "type": "integer", "jsonPath": ".status.router.readyReplicas"},
     {"name": "Policy", "type": "string", "jsonPath": ".spec.modePolicy"},
     {"name": "Standby", "type": "string", "jsonPath": ".status.standby.state", "priority": 1},
+    {"name": "Desired", "type": "integer", "jsonPath": ".status.autoscaling.desiredReplicas",
+     "priority": 1},
+    {"name": "Scaling", "type": "string", "jsonPath": ".status.autoscaling.reason", "priority": 1},
     {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
