@@ -19,6 +19,22 @@ An empty cell or `NaN` is missing data, which the policy treats as it does live:
 The policy is the one the operator runs (autoglm_operator.adaptive.policy.decide), stepped every
 `adaptive.intervalSeconds` of trace time with the latest trace row at or before each step, and
 flips applied at once, so the table shows the decisions the live loop would have made.
+
+With `spec.autoscaling.enabled` in the --config spec, each step first sizes the fleet as the
+operator does (autoglm_operator.adaptive.scaling.size_fleet, the shipped function) from the
+step's `chat_rate` and `other_rate` (the demand), `streaming_busy` + `batching_busy` (the
+requests held and relayed, when the trace has them) and the capacity the policy has learned so
+far, and the policy then decides over that many replicas: the table gains the columns `demand`
+(requests/s), `need` (neededReplicas), `replicas` (desiredReplicas) and `fleet` (the sizing's
+reason, as status.autoscaling.reason), and the summary the replicas over time and the steps up
+and down. --replicas (default spec.replicas) is the fleet at the trace's start. Replicas added
+start at once in the initial mode; a step down removes the replica the operator would mark
+(scaling.victims). The sizing runs once per step here (every second live), so its windows
+(scaleUp/scaleDown.stabilizationSeconds, periodSeconds) count in steps of the interval. Not
+replayed: the idle floor of scale to zero (minReplicas 0 shows as 1 replica) and an HPA
+conflict. A trace without both rates has no demand: the count holds (DemandUnknown), as live,
+unless the trace shows no request (qps 0) for scaleDown.stabilizationSeconds; a row with
+neither qps nor rates says nothing of requests, and holds.
 """
 
 from __future__ import annotations
@@ -31,7 +47,7 @@ import re
 import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TextIO
@@ -40,6 +56,9 @@ import yaml
 
 from autoglm_api.profiles import Mode
 from autoglm_operator.adaptive import policy as pol
+from autoglm_operator.adaptive import scaling
+from autoglm_operator.adaptive.capacity import Capacity
+from autoglm_operator.adaptive.demand import demand_of
 from autoglm_operator.resource.spec import AdaptiveSettings, AutoGLMDeploymentSpec, ModePolicy
 
 DEFAULT_REPLICAS = 4
@@ -68,12 +87,25 @@ class TraceError(ValueError):
 
 
 @dataclass(frozen=True)
+class FleetStep:
+    """What the fleet sizing (spec.autoscaling) chose at one step."""
+
+    desired: int
+    needed: int
+    reason: str
+    message: str
+    demand: float | None  # requests/s, both classes; None: unknown
+    goodput: float | None  # requests/s the desired fleet serves within the SLOs
+
+
+@dataclass(frozen=True)
 class Step:
     time: float
     samples: pol.Samples
     decision: pol.PolicyDecision
     streaming: int
     batching: int
+    fleet: FleetStep | None = None  # with spec.autoscaling on
 
 
 # -- input -----------------------------------------------------------------------------------
@@ -163,6 +195,49 @@ def resample(
 # -- the simulation --------------------------------------------------------------------------
 
 
+class FleetSizer:
+    """spec.autoscaling over a trace: size_fleet once per step, with the memory it keeps in
+    status.autoscaling live (windows, the last steps) kept here between steps."""
+
+    def __init__(self, spec: AutoGLMDeploymentSpec) -> None:
+        self.spec = spec
+        self.memory = scaling.FleetMemory()
+        self.last_request: float | None = None  # trace time a request was last seen
+
+    def size(
+        self, t: float, samples: pol.Samples, running: int, loop: pol.HysteresisState
+    ) -> tuple[scaling.FleetDecision, scaling.FleetInput]:
+        adaptive = self.spec.adaptive
+        demand = demand_of(samples)
+        busy_values = [v for v in (samples.streaming_busy, samples.batching_busy)
+                       if v is not None and math.isfinite(v)]  # fmt: skip
+        busy = max(0, round(sum(busy_values)))
+        qps = samples.qps if samples.qps is not None and math.isfinite(samples.qps) else None
+        if busy > 0 or (qps or 0) > 0 or (demand is not None and demand.total > 0):
+            self.last_request = t
+        # Live, the routers say when they last saw a request; here the trace does, and a row
+        # without qps, rates or busy counts says nothing (quiet unknown: the count holds).
+        known = qps is not None or demand is not None or bool(busy_values)
+        quiet = busy == 0 and known and self.last_request is not None
+        quiet_for = t - self.last_request if quiet and self.last_request is not None else None
+        flips = [when for when, _ in loop.last_flips.values()]
+        inp = scaling.FleetInput(
+            demand=demand,
+            busy=busy,
+            quiet_for=quiet_for,
+            running=running,
+            capacity=loop.capacity or Capacity.seeded(adaptive),
+            caps=self.spec.admission_caps(streamed_chat=False),
+            slo=adaptive.slo,
+            min_streaming=adaptive.min_streaming_replicas,
+            last_flip=max(flips, default=None),
+            cooldown_seconds=adaptive.cooldown_seconds,
+        )
+        decision = scaling.size_fleet(inp, self.spec.autoscaling, self.memory, t)
+        self.memory = decision.memory
+        return decision, inp
+
+
 def simulate(
     rows: Iterable[tuple[float, pol.Samples]],
     replicas: int | Sequence[str],
@@ -171,22 +246,46 @@ def simulate(
     *,
     initial: Mode = Mode.STREAMING,
     state: pol.HysteresisState | None = None,
+    sizing: AutoGLMDeploymentSpec | None = None,
 ) -> list[Step]:
-    """Run decide() over a sequence of samples, applying every flip at once."""
+    """Run decide() over a sequence of samples, applying every flip at once. `sizing`: a spec
+    with autoscaling on sizes the fleet before each decision (FleetSizer; `replicas` is the
+    fleet at the start), replicas added and removed at once."""
     names = (
         [f"replica-{i}" for i in range(replicas)] if isinstance(replicas, int) else list(replicas)
     )
     modes = dict.fromkeys(names, initial)
     loop = state or pol.HysteresisState()
+    sizer = FleetSizer(sizing) if sizing is not None and sizing.autoscaling.enabled else None
+    added = len(names)
     steps = []
     for t, samples in rows:
+        fleet = None
+        if sizer is not None:
+            sized, inp = sizer.size(t, samples, len(names), loop)
+            while len(names) < sized.desired:
+                name = f"replica-{added}"
+                added += 1
+                if name not in modes:
+                    names.append(name)
+                    modes[name] = initial
+            if len(names) > sized.desired:
+                pods = [scaling.Candidate(n, modes[n], True, None) for n in names]
+                gone = set(scaling.victims(pods, sized.desired, inp))
+                names = [n for n in names if n not in gone]
+                for name in gone:
+                    del modes[name]
+            fit = sized.fit
+            fleet = FleetStep(sized.desired, sized.needed, sized.reason, sized.message,
+                              None if inp.demand is None else inp.demand.total,
+                              None if fit is None else fit.goodput)
         replica_states = [pol.ReplicaState(n, modes[n]) for n in names]
         decision = pol.decide(samples, replica_states, loop, config, mode_policy, t)
         for flip in decision.flips:
             modes[flip.pod] = flip.to_mode
         loop = decision.state
         batching = sum(1 for m in modes.values() if m is Mode.BATCHING)
-        steps.append(Step(t, samples, decision, len(names) - batching, batching))
+        steps.append(Step(t, samples, decision, len(names) - batching, batching, fleet))
     return steps
 
 
@@ -200,6 +299,11 @@ class Summary:
     cooldown_violations: int
     seconds_by_batching: dict[int, float]
     reasons: dict[str, int]
+    # spec.autoscaling: time at each fleet size, the steps each way, the sizing's reasons
+    seconds_by_replicas: dict[int, float] = field(default_factory=dict)
+    scale_ups: int = 0
+    scale_downs: int = 0
+    fleet_reasons: dict[str, int] = field(default_factory=dict)
 
 
 def summarize(steps: Sequence[Step], config: AdaptiveSettings) -> Summary:
@@ -208,6 +312,7 @@ def summarize(steps: Sequence[Step], config: AdaptiveSettings) -> Summary:
     violations = 0
     to_batching = to_streaming = 0
     seconds: dict[int, float] = {}
+    by_replicas: dict[int, float] = {}
     for i, step in enumerate(steps):
         for flip in step.decision.flips:
             per_replica[flip.pod] += 1
@@ -223,6 +328,9 @@ def summarize(steps: Sequence[Step], config: AdaptiveSettings) -> Summary:
         if i + 1 < len(steps):
             gap = steps[i + 1].time - step.time
             seconds[step.batching] = seconds.get(step.batching, 0.0) + gap
+            if step.fleet is not None:
+                by_replicas[step.fleet.desired] = by_replicas.get(step.fleet.desired, 0.0) + gap
+    sized = [s.fleet for s in steps if s.fleet is not None]
     return Summary(
         passes=len(steps),
         flips=to_batching + to_streaming,
@@ -232,6 +340,10 @@ def summarize(steps: Sequence[Step], config: AdaptiveSettings) -> Summary:
         cooldown_violations=violations,
         seconds_by_batching=dict(sorted(seconds.items())),
         reasons=dict(Counter(s.decision.reason for s in steps)),
+        seconds_by_replicas=dict(sorted(by_replicas.items())),
+        scale_ups=sum(1 for f in sized if f.reason == scaling.SCALED_UP),
+        scale_downs=sum(1 for f in sized if f.reason == scaling.SCALED_DOWN),
+        fleet_reasons=dict(Counter(f.reason for f in sized)),
     )
 
 
@@ -249,34 +361,43 @@ def _when(t: float, start: float, absolute: bool) -> str:
 
 
 def format_table(steps: Sequence[Step], *, show_all: bool = False) -> str:
+    """One line per change (a flip, another reason; with autoscaling another size or sizing
+    reason), or per step with show_all."""
     if not steps:
         return "(no steps)\n"
     absolute = steps[0].time > 1e9  # epoch timestamps print as dates, offsets as h:mm:ss
     start = steps[0].time
-    header = ("time", "qps", "qps/rep", "gpu%", "queue", "ttft95", "strm/btch", "reason", "flips")
-    lines = []
-    previous_reason = None
+    sized = any(step.fleet is not None for step in steps)
+    header: tuple[str, ...] = ("time", "qps", "qps/rep", "gpu%", "queue", "ttft95")
+    if sized:
+        header += ("demand", "need", "replicas")
+    header += ("strm/btch", "reason", *(("fleet",) if sized else ()), "flips")
+    lines: list[tuple[str, ...]] = []
+    previous: tuple[object, ...] | None = None
     for step in steps:
-        decision = step.decision
-        if not show_all and not decision.flips and decision.reason == previous_reason:
+        decision, fleet = step.decision, step.fleet
+        shown = (decision.reason, fleet and (fleet.reason, fleet.desired, fleet.needed))
+        if not show_all and not decision.flips and shown == previous:
             continue
-        previous_reason = decision.reason
+        previous = shown
         s = step.samples
         per_replica = decision.metrics.qps_per_replica
         flips = ", ".join(f"{f.pod}->{f.to_mode.value}" for f in decision.flips)
-        lines.append(
-            (
-                _when(step.time, start, absolute),
-                _cell(s.qps),
-                per_replica or "-",
-                _cell(s.gpu_memory_percent, 0),
-                _cell(s.queue_depth, 1),
-                _cell(s.ttft_p95_seconds, 3),
-                f"{step.streaming}/{step.batching}",
-                decision.reason,
-                flips,
-            )
+        cells: tuple[str, ...] = (
+            _when(step.time, start, absolute),
+            _cell(s.qps),
+            per_replica or "-",
+            _cell(s.gpu_memory_percent, 0),
+            _cell(s.queue_depth, 1),
+            _cell(s.ttft_p95_seconds, 3),
         )
+        if sized:
+            cells += ((_cell(fleet.demand), str(fleet.needed), str(fleet.desired))
+                      if fleet is not None else ("-", "-", "-"))
+        cells += (f"{step.streaming}/{step.batching}", decision.reason)
+        if sized:
+            cells += (fleet.reason if fleet is not None else "-",)
+        lines.append((*cells, flips))
     widths = [max(len(h), *(len(r[i]) for r in lines)) for i, h in enumerate(header)]
     out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
     out += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in lines]
@@ -287,13 +408,19 @@ def format_summary(summary: Summary) -> str:
     mix = ", ".join(
         f"{n} batching {seconds / 60:.1f} min" for n, seconds in summary.seconds_by_batching.items()
     )
-    return (
+    text = (
         f"passes {summary.passes}, flips {summary.flips} "
         f"({summary.to_batching} to batching, {summary.to_streaming} to streaming), "
         f"most flips of one replica {summary.max_flips_per_replica}, "
         f"cooldown violations {summary.cooldown_violations}\n"
         f"time by batching replicas: {mix}\n"
     )
+    if summary.fleet_reasons:
+        sizes = ", ".join(f"{n} replicas {seconds / 60:.1f} min"
+                          for n, seconds in summary.seconds_by_replicas.items())  # fmt: skip
+        text += (f"fleet: scale-ups {summary.scale_ups}, scale-downs {summary.scale_downs}; "
+                 f"time by replicas: {sizes}\n")
+    return text
 
 
 def to_json(steps: Sequence[Step], summary: Summary) -> str:
@@ -309,6 +436,14 @@ def to_json(steps: Sequence[Step], summary: Summary) -> str:
                     "batching": step.batching,
                     "flips": [{"pod": f.pod, "to": f.to_mode.value} for f in step.decision.flips],
                     "metrics": step.decision.metrics.model_dump(by_alias=True, exclude_none=True),
+                    **({} if step.fleet is None else {"fleet": {
+                        "desiredReplicas": step.fleet.desired,
+                        "neededReplicas": step.fleet.needed,
+                        "reason": step.fleet.reason,
+                        "message": step.fleet.message,
+                        "demand": step.fleet.demand,
+                        "expectedGoodput": step.fleet.goodput,
+                    }}),
                 }
                 for step in steps
             ],
@@ -349,8 +484,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--trace", type=Path, help="CSV trace (see above)")
     source.add_argument("--prometheus", help="Prometheus base URL to read history from")
-    parser.add_argument("--config", type=Path, help="AutoGLMDeployment YAML (or its spec)")
-    parser.add_argument("--replicas", type=int, help="replicas to simulate (default: spec's)")
+    parser.add_argument(
+        "--config", type=Path,
+        help="AutoGLMDeployment YAML (or its spec); with spec.autoscaling.enabled the fleet is "
+        "sized at each step too (see above)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--replicas", type=int,
+        help="replicas to simulate (default: spec's); with spec.autoscaling on, the fleet at the "
+        "trace's start, which the sizing then changes",
+    )  # fmt: skip
     parser.add_argument("--interval", type=float, help="seconds between passes (default: spec)")
     parser.add_argument(
         "--policy", choices=[p.value for p in ModePolicy], help="override spec.modePolicy"
@@ -418,13 +561,19 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         print(f"replay: {error}", file=sys.stderr)
         return 2
     mode_policy = ModePolicy(args.policy) if args.policy else spec.mode_policy
-    steps = simulate(resample(rows, interval), replicas, spec.adaptive, mode_policy)
+    steps = simulate(resample(rows, interval), replicas, spec.adaptive, mode_policy, sizing=spec)
     summary = summarize(steps, spec.adaptive)
     if args.json:
         out.write(to_json(steps, summary) + "\n")
     else:
+        auto = spec.autoscaling
+        fleet = (
+            f"autoscaling {auto.min_replicas}-{auto.max_replicas} replicas "
+            f"(headroom {auto.headroom_percent}%), starting at {replicas}"
+            if auto.enabled else f"{replicas} replicas"
+        )  # fmt: skip
         out.write(
-            f"{replicas} replicas, policy {mode_policy.value}, interval {interval:g}s, "
+            f"{fleet}, policy {mode_policy.value}, interval {interval:g}s, "
             f"minStreamingReplicas {spec.adaptive.min_streaming_replicas}\n"
         )
         out.write(format_table(steps, show_all=args.all))

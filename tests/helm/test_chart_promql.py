@@ -49,6 +49,11 @@ NAMESPACE, DEPLOYMENT = "team-a", "phone"
 PODS = ("phone-7d9f-abcde", "phone-7d9f-fghij")
 ROUTER_POD = "phone-router-5c8b-klmno"
 STANDBY_STATE = "Waking"  # the operator's status.standby.state while the dashboard is queried
+# status.autoscaling while the dashboard is queried: a fleet at its max, short of the demand.
+FLEET_STATUS = {
+    "desiredReplicas": 4, "runningReplicas": 4, "neededReplicas": 4, "reason": "AtMaxReplicas",
+    "message": "short: maxReplicas is 4", "demand": "9.500", "expectedGoodput": "8.250",
+}  # fmt: skip
 GRAFANA_VARIABLES = {
     "$namespace": NAMESPACE,
     "$deployment": DEPLOYMENT,
@@ -108,7 +113,7 @@ def test_promtool_accepts_the_rules(tmp_path: Path) -> None:
         [_tool(PROMTOOL), "check", "rules", str(rules)], capture_output=True, text=True
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 10 rules found" in out.stdout + out.stderr
+    assert "SUCCESS: 11 rules found" in out.stdout + out.stderr
 
 
 def _plain_config(docs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
@@ -235,6 +240,7 @@ def _alert_tests() -> list[dict[str, Any]]:
             ],
         },
         *_router_alert_tests(series, alert),
+        *_fleet_alert_tests(series, alert),
     ]
 
 
@@ -315,6 +321,56 @@ def _router_alert_tests(series: Any, alert: Any) -> list[dict[str, Any]]:
             "interval": "1m",
             "input_series": [*added("request", fast), *added("first_byte", slow)],
             "alert_rule_test": [alert("AutoGLMRouterAddedLatencyHigh", "15m")],
+        },
+    ]
+
+
+def _fleet_alert_tests(series: Any, alert: Any) -> list[dict[str, Any]]:
+    """AutoGLMFleetAtMaxReplicas: at maxReplicas and short of the demand for 15m fires (its value
+    the replicas); a shorter spell, a fleet that fits, or one still growing does not."""
+    from autoglm_operator.io.metrics import AUTOSCALING_REASONS
+
+    agd = {"namespace": NAMESPACE, "name": DEPLOYMENT}
+    fired = {"severity": "warning", **agd}
+
+    def fleet(desired: str, reasons: dict[str, str]) -> list[dict[str, str]]:
+        """The reason gauges as observe_fleet sets them: `reasons` gives a reason's values, the
+        others read 0 throughout."""
+        steps = len(desired.split()) if "x" not in desired else 25
+        return [series("autoglm_operator_autoscaling_desired_replicas", agd, desired),
+                *(series("autoglm_operator_autoscaling_reason", {**agd, "reason": r},
+                         reasons.get(r, f"0x{steps}")) for r in AUTOSCALING_REASONS)]
+
+    return [
+        {  # Grows to its max of 4 (needing more), and stays short: fires 15m after it got there.
+            "interval": "1m",
+            "input_series": fleet("2 3 4x22", {"ScaledUp": "1 1 0x22",
+                                               "AtMaxReplicas": "0 0 1x22"}),
+            "alert_rule_test": [
+                alert("AutoGLMFleetAtMaxReplicas", "10m"),
+                alert("AutoGLMFleetAtMaxReplicas", "16m"),
+                alert("AutoGLMFleetAtMaxReplicas", "18m", {**fired}),
+            ],
+        },
+        {  # At its max for 10 minutes, then the demand fits again: never 15m, silence.
+            "interval": "1m",
+            "input_series": fleet("4x24", {"AtMaxReplicas": "1x9 0x14",
+                                           "FleetFitsDemand": "0x9 1x14"}),
+            "alert_rule_test": [alert("AutoGLMFleetAtMaxReplicas", "20m")],
+        },
+        {  # Short but still growing (a step up waits for its window): not at the max, silence.
+            "interval": "1m",
+            "input_series": fleet("2x24", {"ScaleUpStabilizing": "1x24"}),
+            "alert_rule_test": [alert("AutoGLMFleetAtMaxReplicas", "20m")],
+        },
+        {  # Autoscaling turned off mid-spell: the series go (observe_fleet drops them).
+            "interval": "1m",
+            "input_series": [
+                series("autoglm_operator_autoscaling_desired_replicas", agd, "4x9 _x14"),
+                series("autoglm_operator_autoscaling_reason",
+                       {**agd, "reason": "AtMaxReplicas"}, "1x9 _x14"),
+            ],
+            "alert_rule_test": [alert("AutoGLMFleetAtMaxReplicas", "20m")],
         },
     ]
 
@@ -487,6 +543,7 @@ def _operator_registry() -> CollectorRegistry:
     metrics.query_seconds.labels("qps").observe(0.01)
     metrics.query_errors.labels("qps", "NoData").inc()
     metrics.observe_standby(NAMESPACE, DEPLOYMENT, {"state": STANDBY_STATE, "heldRequests": 2})
+    metrics.observe_fleet(NAMESPACE, DEPLOYMENT, FLEET_STATUS, ["ScaledUp", "ScaledDown"])
     return registry
 
 
@@ -626,7 +683,7 @@ def test_alert_rules_load_and_evaluate_without_errors(prometheus: str) -> None:
     with urllib.request.urlopen(f"{prometheus}/api/v1/rules", timeout=10) as response:
         groups = json.loads(response.read())["data"]["groups"]
     rules = [r for g in groups for r in g["rules"]]
-    assert len(rules) == 10
+    assert len(rules) == 11
     for rule in rules:
         assert rule["health"] == "ok", f"{rule['name']}: {rule.get('lastError')}"
         body = _query(rule["query"], prometheus)
@@ -667,6 +724,33 @@ def test_standby_panel_names_each_deployments_current_state(prometheus: str) -> 
     result = _query(_substitute(target["expr"]), prometheus)["data"]["result"]
     assert [(r["metric"]["name"], names.get(r["value"][1])) for r in result] == [
         (DEPLOYMENT, STANDBY_STATE)]
+
+
+def test_fleet_reason_panel_names_each_deployments_current_reason(prometheus: str) -> None:
+    from autoglm_operator.io.metrics import AUTOSCALING_REASONS
+
+    dashboard = json.loads((CHART / "files" / "dashboard.json").read_text())
+    panel = next(p for p in dashboard["panels"] if p["title"] == "Fleet sizing reason")
+    (mapping,) = panel["fieldConfig"]["defaults"]["mappings"]
+    names = {code: m["text"] for code, m in mapping["options"].items()}
+    assert sorted(names.values()) == sorted(AUTOSCALING_REASONS), "a reason the panel cannot name"
+    (target,) = panel["targets"]
+    result = _query(_substitute(target["expr"]), prometheus)["data"]["result"]
+    assert [(r["metric"]["name"], names.get(r["value"][1])) for r in result] == [
+        (DEPLOYMENT, FLEET_STATUS["reason"])]
+
+
+def test_fleet_panels_show_the_status_figures(prometheus: str) -> None:
+    dashboard = json.loads((CHART / "files" / "dashboard.json").read_text())
+    panel = next(p for p in dashboard["panels"] if p["title"] == "Demand and expected goodput")
+    demand, goodput = (_query(_substitute(t["expr"]), prometheus)["data"]["result"]
+                       for t in panel["targets"])  # fmt: skip
+    assert [(r["metric"]["name"], r["value"][1]) for r in demand] == [(DEPLOYMENT, "9.5")]
+    assert [(r["metric"]["name"], r["value"][1]) for r in goodput] == [(DEPLOYMENT, "8.25")]
+    panel = next(p for p in dashboard["panels"] if p["title"] == "Scale events")
+    (target,) = panel["targets"]
+    result = _query(_substitute(target["expr"]), prometheus)["data"]["result"]
+    assert sorted(r["metric"]["direction"] for r in result) == ["down", "up"]
 
 
 def test_held_requests_panel_shows_the_routers_and_the_operators_count(prometheus: str) -> None:

@@ -46,11 +46,26 @@ FROM_VALUES = {
         "adaptive": {"prometheus": {"url": "http://prometheus.monitoring:9090"}},
     },
 }
+# spec.autoscaling from values: scale to zero at its floor (minReplicas 0), the rest given.
+AUTOSCALING: dict[str, Any] = {
+    "deployment.create": True,
+    "deployment.name": "phone",
+    "deployment.spec": {
+        "modePolicy": "Adaptive",
+        "adaptive": {"prometheus": {"url": "http://prometheus.monitoring:9090"}},
+        "autoscaling": {
+            "enabled": True, "minReplicas": 0, "maxReplicas": 6, "headroomPercent": 30,
+            "scaleUp": {"stabilizationSeconds": 0, "maxStep": 2},
+            "scaleDown": {"stabilizationSeconds": 600, "periodSeconds": 120, "maxStep": 1},
+        },
+    },
+}  # fmt: skip
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "default": {},
     "namespace-scoped": NAMESPACED,
     "monitoring": MONITORING_ON,
     "from-values": FROM_VALUES,
+    "autoscaling": AUTOSCALING,
     "ha": {"operator.replicas": 2},
     "everything": {**MONITORING_ON, **FROM_VALUES, "operator.replicas": 3},
     "network-policy": {
@@ -327,6 +342,22 @@ def test_dashboard_is_valid_json_in_a_sidecar_configmap() -> None:
                           ("Hold overflows by reason", "autoglm_router_hold_overflows_total"),
                           ("Standby state", "autoglm_operator_standby_state")):  # fmt: skip
         assert any(metric in t["expr"] for t in panels[title]["targets"]), title
+    # Fleet size (spec.autoscaling), a row of its own after scale to zero's.
+    rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
+    assert rows.index("Fleet size") == rows.index("Scale to zero and holds") + 1
+    for title, metrics in (
+        ("Fleet replicas: desired, running, ready",
+         ("autoglm_operator_autoscaling_desired_replicas",
+          "autoglm_operator_autoscaling_running_replicas", "autoglm_operator_ready_replicas")),
+        ("Replicas needed by the demand", ("autoglm_operator_autoscaling_needed_replicas",)),
+        ("Demand and expected goodput",
+         ("autoglm_operator_autoscaling_demand_requests_per_second",
+          "autoglm_operator_autoscaling_expected_goodput_requests_per_second")),
+        ("Scale events", ("autoglm_operator_autoscaling_scale_events_total",)),
+        ("Fleet sizing reason", ("autoglm_operator_autoscaling_reason",)),
+    ):  # fmt: skip
+        for metric in metrics:
+            assert any(metric in t["expr"] for t in panels[title]["targets"]), (title, metric)
     assert (CHART / "files" / "dashboard.json").read_text().strip() == cm["data"][
         "autoglm-serving.json"
     ]
@@ -339,6 +370,22 @@ def test_deployment_from_values_is_a_valid_autoglmdeployment() -> None:
     assert agd["metadata"]["namespace"] == NAMESPACE
     parsed = AutoGLMDeploymentSpec.model_validate(agd["spec"])
     assert parsed.replicas == 2 and parsed.model.served_name == "glm-phone"
+
+
+def test_autoscaling_from_values_reaches_the_autoglmdeployment_as_given() -> None:
+    docs = render(AUTOSCALING)
+    agd = one(docs, "AutoGLMDeployment", "phone")
+    assert agd["spec"]["autoscaling"] == AUTOSCALING["deployment.spec"]["autoscaling"]
+    parsed = AutoGLMDeploymentSpec.model_validate(agd["spec"])
+    assert parsed.autoscaling.enabled and parsed.autoscaling.max_replicas == 6
+    # minReplicas 0 is a value, not an absent one: scale to zero applies at that floor.
+    assert parsed.autoscaling.min_replicas == 0
+    assert parsed.standby().enabled and parsed.standby().floor == 0
+    assert parsed.autoscaling.scale_down.period_seconds == 120
+    # Off by default: the values' spec carries no autoscaling, the CRD's default (off) applies.
+    default = one(render({"deployment.create": True}), "AutoGLMDeployment")
+    assert "autoscaling" not in default["spec"]
+    assert not AutoGLMDeploymentSpec.model_validate(default["spec"]).autoscaling.enabled
 
 
 def test_default_deployment_spec_in_values_is_valid() -> None:

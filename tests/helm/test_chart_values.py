@@ -4,6 +4,7 @@ the `helm test` script passes and fails when it should, run for real against a l
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -16,6 +17,7 @@ import yaml
 from testkit.chart import CHART, CHART_CRD, CRD_SOURCE, REPO, one, render, run_helm, template_args
 
 _APPS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}}}
+_PROMETHEUS = {"prometheus": {"url": "http://prometheus.monitoring:9090"}}
 # (the key a case is about, the values, text the error must contain)
 BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
     ("networkPolicy.enabled", {"networkPolicy.enabled": "yes"}, "at '/networkPolicy/enabled'"),
@@ -141,6 +143,9 @@ BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
     ("monitoring.prometheusRule.heldWithoutWakeFor",
      {"monitoring.prometheusRule.heldWithoutWakeFor": "2 minutes"},
      "at '/monitoring/prometheusRule/heldWithoutWakeFor'"),
+    ("monitoring.prometheusRule.fleetAtMaxReplicasFor",
+     {"monitoring.prometheusRule.fleetAtMaxReplicasFor": "a quarter hour"},
+     "at '/monitoring/prometheusRule/fleetAtMaxReplicasFor'"),
     ("monitoring.plainPrometheusConfig.enabled",
      {"monitoring.plainPrometheusConfig.enabled": "true"},
      "at '/monitoring/plainPrometheusConfig/enabled': got string, want boolean"),
@@ -158,6 +163,24 @@ BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
     ("deployment.name", {"deployment.name": "p" * 54}, "at '/deployment/name'"),
     ("deployment.spec", {"deployment.spec": "replicas: 2"},
      "at '/deployment/spec': got string, want object"),
+    # deployment.spec.autoscaling: the CRD's types and bounds, and no misspelt key.
+    ("deployment.spec.autoscaling", {"deployment.spec": {"autoscaling": {"enabled": "true"}}},
+     "at '/deployment/spec/autoscaling/enabled': got string, want boolean"),
+    ("deployment.spec.autoscaling", {"deployment.spec": {"autoscaling": {"maxReplicas": 0}}},
+     "at '/deployment/spec/autoscaling/maxReplicas'"),
+    ("deployment.spec.autoscaling", {"deployment.spec": {"autoscaling": {"minReplicas": -1}}},
+     "at '/deployment/spec/autoscaling/minReplicas'"),
+    ("deployment.spec.autoscaling",
+     {"deployment.spec": {"autoscaling": {"headroomPercent": 250}}},
+     "at '/deployment/spec/autoscaling/headroomPercent'"),
+    ("deployment.spec.autoscaling",
+     {"deployment.spec": {"autoscaling": {"scaleDown": {"maxStep": 0}}}},
+     "at '/deployment/spec/autoscaling/scaleDown/maxStep'"),
+    ("deployment.spec.autoscaling",
+     {"deployment.spec": {"autoscaling": {"scaleUp": {"stabilisationSeconds": 30}}}},
+     "at '/deployment/spec/autoscaling/scaleUp': additional properties 'stabilisationSeconds'"),
+    ("deployment.spec.autoscaling", {"deployment.spec": {"autoscaling": {"maxReplica": 8}}},
+     "at '/deployment/spec/autoscaling': additional properties 'maxReplica' not allowed"),
     ("tests.image.repository", {"tests.image.repository": ""}, "at '/tests/image/repository'"),
     ("tests.image.tag", {"tests.image.tag": ""}, "at '/tests/image/tag'"),
     ("tests.image.pullPolicy", {"tests.image.pullPolicy": "always"},
@@ -187,6 +210,21 @@ BAD_VALUES: list[tuple[str, dict[str, Any], str]] = [
      {"deployment.create": True, "operator.scope": "Namespace",
       "operator.watchNamespaces": ["other"]},
      "which the operator does not watch: add it to operator.watchNamespaces"),
+    # deployment.spec.autoscaling: the CRD's rules across fields, with its messages
+    # (test_autoscaling_rules_are_the_crds).
+    *[("deployment.spec.autoscaling", {"deployment.create": True, "deployment.spec": spec},
+       message) for spec, message in (
+        ({"autoscaling": {"enabled": True, "minReplicas": 5}, "adaptive": _PROMETHEUS},
+         "autoscaling.minReplicas must not exceed autoscaling.maxReplicas (5 > 4)"),
+        ({"autoscaling": {"enabled": True, "maxReplicas": 2},
+          "adaptive": {**_PROMETHEUS, "minStreamingReplicas": 3}},
+         "adaptive.minStreamingReplicas must not exceed autoscaling.maxReplicas (3 > 2)"),
+        ({"autoscaling": {"enabled": True, "minReplicas": 0}, "router": {"enabled": False},
+          "adaptive": _PROMETHEUS},
+         "autoscaling.minReplicas 0 needs router.enabled"),
+        ({"autoscaling": {"enabled": True}},
+         "autoscaling.enabled needs adaptive.prometheus.url"),
+    )],
 ]  # fmt: skip
 BOUNDARY = "malformed Helm values (helm template)"
 
@@ -244,6 +282,43 @@ def test_values_yaml_documents_every_key_the_schema_knows() -> None:
                 walk(sub, value[key], f"{path}{key}.")
 
     walk(schema, values, "")
+
+
+def _crd_spec_schema() -> dict[str, Any]:
+    crd = yaml.safe_load(CHART_CRD.read_text())
+    spec: dict[str, Any] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"][
+        "spec"]
+    return spec
+
+
+def test_autoscaling_schema_is_the_crds() -> None:
+    """values.schema.json checks deployment.spec.autoscaling with the CRD's own keys, types and
+    bounds: one that drifts from the CRD would refuse a valid spec or pass a bad one."""
+
+    def shape(node: dict[str, Any]) -> dict[str, Any]:
+        kept: dict[str, Any] = {k: node[k] for k in ("type", "minimum", "maximum") if k in node}
+        if "properties" in node:
+            kept["properties"] = {k: shape(v) for k, v in node["properties"].items()}
+        return kept
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    chart = schema["properties"]["deployment"]["properties"]["spec"]["properties"]["autoscaling"]
+    assert shape(chart) == shape(_crd_spec_schema()["properties"]["autoscaling"])
+
+
+def test_autoscaling_rules_are_the_crds() -> None:
+    """The chart refuses, with the CRD's message, every rule the CRD applies to a spec with
+    autoscaling on; and checks nothing the CRD does not."""
+    crd = {r["message"] for r in _crd_spec_schema()["x-kubernetes-validations"]
+           if r["rule"].startswith("!self.autoscaling.enabled ||")}  # fmt: skip
+    tpl = (CHART / "templates" / "_validate.tpl").read_text()
+    body = tpl.split('define "autoglm.validateAutoscaling"')[1]
+    chart = {re.sub(r" \(%d > %d\)$", "", m)
+             for m in re.findall(r'"deployment\.spec: ([^"]+)"', body)}  # fmt: skip
+    assert chart == crd
+    cases = {m for key, _, m in BAD_VALUES if key == "deployment.spec.autoscaling"}
+    for message in crd:
+        assert any(message.startswith(c.split(" (")[0]) for c in cases), f"no case: {message}"
 
 
 def test_chart_crd_is_the_generated_crd() -> None:

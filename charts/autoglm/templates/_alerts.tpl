@@ -128,6 +128,25 @@ honor_labels, so its namespace is not replaced by the operator pod's). */}}
           autoglm_router_held_requests). With replicas ready: the routers do not see them
           (their /health lists the replicas they take). Held requests get 503 after
           spec.router.hold.waitSeconds.
+    # spec.autoscaling: the fleet runs maxReplicas and that is too few for the demand plus
+    # headroom (status.autoscaling.reason AtMaxReplicas); the value is the replicas it runs.
+    - alert: AutoGLMFleetAtMaxReplicas
+      expr: |
+        max by (namespace, name) (autoglm_operator_autoscaling_desired_replicas)
+        and on (namespace, name)
+        max by (namespace, name) (autoglm_operator_autoscaling_reason{reason="AtMaxReplicas"}) == 1
+      for: {{ $r.fleetAtMaxReplicasFor }}
+      labels:
+        severity: warning
+      annotations:
+        summary: AutoGLMDeployment {{ "{{ $labels.namespace }}/{{ $labels.name }}" }} runs autoscaling.maxReplicas ({{ "{{ $value }}" }}) and the demand needs more.
+        description: >-
+          For {{ $r.fleetAtMaxReplicasFor }} the fleet has been at spec.autoscaling.maxReplicas while
+          the demand plus headroomPercent is more than those replicas serve within the SLOs
+          (status.autoscaling.reason AtMaxReplicas; its message gives the demand and what the
+          fleet serves; the dashboard's "Demand and expected goodput" panel shows both). Below
+          the demand itself the routers shed the excess with 429 (outcome refused). Raise
+          maxReplicas where GPUs are free, or lower headroomPercent if the demand itself is served.
     - alert: AutoGLMRouterUpstreamErrors
       expr: |
         sum by (namespace, autoglm_deployment) (

@@ -23,6 +23,7 @@
 {{- if not (kindIs "map" .Values.deployment.spec) -}}
 {{- fail "deployment.spec must be an AutoGLMDeployment spec (a map); see kubectl explain agd.spec" -}}
 {{- end -}}
+{{- include "autoglm.validateAutoscaling" .Values.deployment.spec -}}
 {{- if and (eq $op.scope "Namespace") (not (has .Release.Namespace (include "autoglm.watchNamespaces" . | fromJsonArray))) -}}
 {{- fail (printf "deployment.create makes an AutoGLMDeployment in %s, which the operator does not watch: add it to operator.watchNamespaces" .Release.Namespace) -}}
 {{- end -}}
@@ -36,4 +37,35 @@
 {{- $unit := regexReplaceAll "^[0-9]+" $d "" -}}
 {{- $factor := dict "ms" 0 "s" 1 "m" 60 "h" 3600 "d" 86400 "w" 604800 "y" 31536000 -}}
 {{- mul $n (get $factor $unit | default 1) -}}
+{{- end -}}
+
+{{/* deployment.spec.autoscaling: the CRD's rules across fields (its CEL messages), so `helm
+template` and `helm lint` refuse what the apiserver would. Absent keys take the CRD's defaults;
+hasKey, not default, since 0 is a value here. */}}
+{{- define "autoglm.validateAutoscaling" -}}
+{{- $auto := .autoscaling | default dict -}}
+{{- if and (kindIs "map" $auto) $auto.enabled -}}
+{{- $min := 1 -}}
+{{- if hasKey $auto "minReplicas" -}}{{- $min = int $auto.minReplicas -}}{{- end -}}
+{{- $max := 4 -}}
+{{- if hasKey $auto "maxReplicas" -}}{{- $max = int $auto.maxReplicas -}}{{- end -}}
+{{- $adaptive := .adaptive | default dict -}}
+{{- $streaming := 1 -}}
+{{- if hasKey $adaptive "minStreamingReplicas" -}}{{- $streaming = int $adaptive.minStreamingReplicas -}}{{- end -}}
+{{- $router := .router | default dict -}}
+{{- $routed := true -}}
+{{- if hasKey $router "enabled" -}}{{- $routed = $router.enabled -}}{{- end -}}
+{{- if gt $min $max -}}
+{{- fail (printf "deployment.spec: autoscaling.minReplicas must not exceed autoscaling.maxReplicas (%d > %d)" $min $max) -}}
+{{- end -}}
+{{- if gt $streaming $max -}}
+{{- fail (printf "deployment.spec: adaptive.minStreamingReplicas must not exceed autoscaling.maxReplicas (%d > %d)" $streaming $max) -}}
+{{- end -}}
+{{- if and (eq $min 0) (not $routed) -}}
+{{- fail "deployment.spec: autoscaling.minReplicas 0 needs router.enabled: the router holds the requests that arrive while no replica runs" -}}
+{{- end -}}
+{{- if not (dig "prometheus" "url" "" $adaptive) -}}
+{{- fail "deployment.spec: autoscaling.enabled needs adaptive.prometheus.url: the fleet is sized by the demand it measures" -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}

@@ -239,7 +239,8 @@ class Reconciler:
         outcomes: list[executor.PodOutcome] = []
         if entries is not None:
             outcomes = await entries.sleep_and_wake(the_plan.standby, inputs, state)
-        _ = (marked, outcomes)
+        METRICS.observe_pod_entries(inputs.owner.namespace, inputs.owner.name,
+                                    [*marked, *outcomes])
         settled = settle(the_plan, state, flips, problem or inputs.problem)
         try:
             await self._write_status(body, the_plan, state, settled)
@@ -461,7 +462,10 @@ class Reconciler:
             METRICS.ready_replicas.labels(meta["namespace"], meta["name"]).set(
                 settled.ready_replicas
             )
-        if await self.executor.write_status_if_changed(observed, state, settled.status):
+        written = await self.executor.write_status_if_changed(observed, state, settled.status)
+        METRICS.observe_fleet(meta["namespace"], meta["name"], the_plan.fleet.status,
+                              [e.reason for e in the_plan.fleet.events] if written else [])
+        if written:
             for cond in settled.flipped:
                 _announce(body, cond, previous=observed.body.get("status") or {})
             standby = the_plan.standby

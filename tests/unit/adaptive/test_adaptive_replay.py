@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -124,3 +125,90 @@ def test_the_operator_cli_carries_the_replay_subcommand() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "cooldown violations 0" in result.stdout
+
+
+# -- spec.autoscaling: the fleet's size over the trace ---------------------------------------
+
+AUTOSCALING = (
+    "spec:\n  adaptive:\n    prometheus: {url: 'http://p:9090'}\n"
+    "  autoscaling:\n    enabled: true\n    minReplicas: 1\n    maxReplicas: 6\n"
+)
+
+
+def _demand_trace(tmp_path: Path) -> Path:
+    """Two hours by the minute: quiet, a peak no 6 replicas serve, a metrics outage, quiet."""
+    rows = ["timestamp,qps,chat_rate,other_rate"]
+    for minute in range(121):
+        chat, other = (12.0, 60.0) if 30 <= minute < 60 else (0.5, 0.3)
+        if 60 <= minute < 70:
+            rows.append(f"{minute * 60},,,")
+            continue
+        rows.append(f"{minute * 60},{chat + other},{chat},{other}")
+    trace = tmp_path / "demand.csv"
+    trace.write_text("\n".join(rows) + "\n")
+    return trace
+
+
+def test_autoscaling_replays_the_fleet_size_size_fleet_chooses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "agd.yaml"
+    config.write_text(AUTOSCALING)
+    calls: list[float] = []
+    shipped = replay.scaling.size_fleet
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[3])
+        return shipped(*args, **kwargs)
+
+    monkeypatch.setattr(replay.scaling, "size_fleet", counted)
+    code, out = run("--trace", str(_demand_trace(tmp_path)), "--config", str(config), "--json")
+    assert code == 0
+    steps = json.loads(out)["steps"]
+    assert calls == [s["time"] for s in steps], "size_fleet once per replayed step, in order"
+    fleet = [s["fleet"] for s in steps]
+    # The policy decides over the replicas the sizing chose.
+    assert all(s["streaming"] + s["batching"] == f["desiredReplicas"]
+               for s, f in zip(steps, fleet, strict=True))  # fmt: skip
+    by_minute = {int(s["time"]) // 60: f for s, f in zip(steps, fleet, strict=True)}
+    assert by_minute[10]["desiredReplicas"] == 1 and by_minute[10]["reason"] == "FleetFitsDemand"
+    # The peak: up by scaleUp.maxStep (4) at once, then to maxReplicas, and short there.
+    assert [f["desiredReplicas"] for f in fleet if f["reason"] == "ScaledUp"] == [5, 6]
+    assert by_minute[45]["desiredReplicas"] == 6 and by_minute[45]["reason"] == "AtMaxReplicas"
+    assert by_minute[45]["expectedGoodput"] < by_minute[45]["demand"] == pytest.approx(72)
+    # The outage: unknown demand holds the count (the trace says nothing of requests).
+    assert by_minute[65]["reason"] == "DemandUnknown" and by_minute[65]["desiredReplicas"] == 6
+    # Quiet again: down only after scaleDown.stabilizationSeconds, one replica a step.
+    assert by_minute[74]["desiredReplicas"] == 6
+    downs = [f["desiredReplicas"] for f in fleet if f["reason"] == "ScaledDown"]
+    assert downs == [5, 4, 3, 2, 1]
+    assert by_minute[120]["desiredReplicas"] == 1
+    # The sizing never goes past its bounds, never below minStreamingReplicas streaming.
+    assert all(1 <= f["desiredReplicas"] <= 6 for f in fleet)
+    assert min(s["streaming"] for s in steps) >= 1
+
+
+def test_autoscaling_table_and_summary_show_the_replicas(tmp_path: Path) -> None:
+    config = tmp_path / "agd.yaml"
+    config.write_text(AUTOSCALING)
+    code, out = run("--trace", str(_demand_trace(tmp_path)), "--config", str(config))
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("autoscaling 1-6 replicas (headroom 20%), starting at 1, policy")
+    header = lines[1].split()
+    assert header[6:9] == ["demand", "need", "replicas"] and "fleet" in header
+    row = next(line.split() for line in lines if "AtMaxReplicas" in line)
+    assert row[6:9] == ["72.00", "6", "6"]
+    assert "fleet: scale-ups 2, scale-downs 5; time by replicas: 1 replicas" in out
+    assert "6 replicas" in lines[-1]
+
+
+def test_without_autoscaling_the_fleet_is_not_sized(tmp_path: Path) -> None:
+    config = tmp_path / "agd.yaml"
+    config.write_text(AUTOSCALING.replace("enabled: true", "enabled: false"))
+    code, out = run("--trace", str(_demand_trace(tmp_path)), "--config", str(config), "--json")
+    assert code == 0
+    document = json.loads(out)
+    assert not any("fleet" in s for s in document["steps"])
+    assert {s["streaming"] + s["batching"] for s in document["steps"]} == {1}
+    assert document["summary"]["fleet_reasons"] == {}
