@@ -154,7 +154,11 @@ def size_fleet(
     unknown = inp.demand is None
     if unknown and inp.quiet_for is not None \
             and inp.quiet_for >= settings.scale_down.stabilization_seconds:
-        want, unknown = lo, False  # no request for the window: no demand
+        # No request for the window: no demand, and fewer have been wanted since the last one.
+        want, unknown = lo, False
+        last_request = now - inp.quiet_for
+        if memory.lower_since is None or memory.lower_since > last_request:
+            memory = replace(memory, lower_since=last_request)
     elif unknown:
         want = max(want, current)  # hold, unless what is held and relayed needs more
     summary = _summary(inp, chosen, want, settings)
@@ -212,8 +216,8 @@ def _summary(inp: FleetInput, chosen: Fit | None, want: int,
     # Figures that change every second (what is held, for how long) stay out unless they set
     # the count: the message is in status, written when it changes.
     admitting = _admitting(inp)
-    held = (f"; {inp.busy} held or in flight need {admitting}"
-            if admitting > (chosen.replicas if chosen else 0) else "")
+    by_demand = needed(replace(inp, busy=0), settings)[0] if chosen else 0
+    held = f"; {inp.busy} held or in flight need {admitting}" if admitting > by_demand else ""
     if inp.demand is None or chosen is None:
         quiet = (", no request for the scale-down window"
                  if inp.quiet_for is not None
@@ -259,10 +263,12 @@ def victims(pods: Sequence[Candidate], keep: int, inp: FleetInput) -> tuple[str,
     if surplus <= 0:
         return ()
     batching = sum(1 for p in pods if p.mode is Mode.BATCHING)
+    streaming = sum(1 for p in pods if p.ready and p.mode is Mode.STREAMING)
     wanted_batching = fit(keep, inp.demand, inp).batching if inp.demand is not None else None
     extra = Mode.STREAMING
-    if wanted_batching is not None and batching - wanted_batching > 0:
-        extra = Mode.BATCHING
+    if streaming <= min(inp.min_streaming, keep) or (
+            wanted_batching is not None and batching - wanted_batching > 0):
+        extra = Mode.BATCHING  # the streaming floor stays, whatever the demand
 
     def cost(p: Candidate) -> tuple[int, int, float, str]:
         busy = math.inf if p.inflight is None else p.inflight

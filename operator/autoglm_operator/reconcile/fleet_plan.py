@@ -115,9 +115,11 @@ def fleet_input(
 def victims(
     plan: FleetPlan, running: int, pods: Sequence[PodView], inflight: Mapping[str, int]
 ) -> tuple[str, ...]:
-    """The pods a step down to `running` replicas removes (scaling.victims); none while the
-    fleet is not sized, or goes to its floor (every pod goes)."""
-    if plan.fleet_input is None or running <= 0 or running >= len(pods):
+    """The pods a step down to `running` replicas removes (scaling.victims), planned in the
+    iteration that steps down (the mark must land before the Deployment shrinks; a rollout's
+    surge is no step down); none when the fleet goes to its floor (every pod goes)."""
+    stepping_down = plan.decision is not None and plan.decision.reason == scaling.SCALED_DOWN
+    if plan.fleet_input is None or not stepping_down or running <= 0 or running >= len(pods):
         return ()
     candidates = [scaling.Candidate(p.name, p.mode or Mode.STREAMING, p.ready,
                                     inflight.get(p.name)) for p in pods]
