@@ -93,6 +93,26 @@ INVALID: list[tuple[str, Any, str]] = [
      "should be greater than or equal to 10"),
     ("sleep-level-three", _with(VALID, "scaleToZero.sleep.level", 3),
      "should be less than or equal to 2"),
+    ("autoscaling-min-over-max",
+     _with(VALID, "autoscaling", {"enabled": True, "minReplicas": 5, "maxReplicas": 4}),
+     "autoscaling.minReplicas must not exceed autoscaling.maxReplicas"),
+    ("autoscaling-streaming-floor-over-max",
+     _with(_with(VALID, "autoscaling", {"enabled": True, "maxReplicas": 2}),
+           "adaptive.minStreamingReplicas", 3),
+     "adaptive.minStreamingReplicas must not exceed autoscaling.maxReplicas"),
+    ("autoscaling-to-zero-without-router",
+     _with(_with(VALID, "router.enabled", False), "autoscaling",
+           {"enabled": True, "minReplicas": 0}),
+     "autoscaling.minReplicas 0 needs router.enabled: the router holds the requests that arrive "
+     "while no replica runs"),
+    ("autoscaling-without-prometheus",
+     {"replicas": 1, "adaptive": {"paused": True}, "autoscaling": {"enabled": True}},
+     "autoscaling.enabled needs adaptive.prometheus.url: the fleet is sized by the demand it "
+     "measures"),
+    ("autoscaling-max-zero", _with(VALID, "autoscaling.maxReplicas", 0),
+     "should be greater than or equal to 1"),
+    ("autoscaling-scale-down-step-zero", _with(VALID, "autoscaling.scaleDown.maxStep", 0),
+     "should be greater than or equal to 1"),
     ("hold-queue-negative", _with(VALID, "router.hold.queueSize", -1),
      "should be greater than or equal to 0"),
     ("hold-per-client-over-the-queue",
@@ -556,6 +576,27 @@ def test_the_longest_name_its_services_allow_is_accepted(
     name = "p" * 53
     cluster.apply(_object(name, VALID), namespace)
     assert len(f"{name}-streaming") == 63  # a Service name's limit, reached and not passed
+
+
+def test_autoscaling_next_to_its_rules_is_accepted(
+    cluster: LocalCluster, crd: str, namespace: str
+) -> None:
+    """With autoscaling on, spec.replicas is not read: it may sit below minStreamingReplicas
+    and scaleToZero.floor (minReplicas is the floor); minReplicas may equal maxReplicas, and 0
+    with the router on."""
+    spec = {
+        **VALID, "replicas": 0,
+        "adaptive": {**VALID["adaptive"], "minStreamingReplicas": 2},
+        "scaleToZero": {"enabled": True, "floor": 1},
+        "autoscaling": {"enabled": True, "minReplicas": 0, "maxReplicas": 2,
+                        "scaleDown": {"stabilizationSeconds": 0, "periodSeconds": 0}},
+    }
+    cluster.apply(_object("sized", spec), namespace)
+    stored = cluster.get_json("agd", "sized", "-n", namespace)["spec"]["autoscaling"]
+    assert stored["headroomPercent"] == 20 and stored["scaleUp"] == {
+        "stabilizationSeconds": 0, "maxStep": 4}
+    spec["autoscaling"] = {"enabled": True, "minReplicas": 2, "maxReplicas": 2}
+    cluster.apply(_object("sized", spec), namespace)
 
 
 def test_values_next_to_the_rules_are_accepted(
