@@ -4,13 +4,16 @@ A real control plane with two fake 8-GPU nodes (kwok), the chart installed with 
 operator running under the chart's ServiceAccount, Debian's Prometheus, a `sim` runtime for
 each serving pod and an `autoglm-router` for each router pod. Traffic goes to Service
 `<name>`, as clients' would: through the router, which sends each request to a replica of the
-right mode. Streamed chats all along, with a peak of batch jobs (non-streamed requests) on top:
-the adaptive pass sizes the split by each class's demand, moves a replica to batching for the
-peak and back to streaming after it, and this script shows it as it happens. Then scale to zero:
-with the traffic over, the deployment goes idle after `scaleToZero.idleSeconds` and its
-Deployment to zero; one streamed chat is held by the router while a replica starts, and served.
-At the end it prints where the requests went and writes a PNG of load, TTFT, modes and replicas
-over time. Ctrl-C stops everything it started.
+right mode. The deployment is examples/autoglm-autoscaling.yaml (spec.autoscaling) with demo
+timings. Streamed chats all along, with a peak of batch jobs (non-streamed requests) on top: the
+adaptive pass sizes the fleet and its split by each class's demand, grows the fleet from one
+replica for the peak and moves one to batching, then, after the peak, shrinks the fleet a
+replica at a time (the batching one first) back to one; this script shows it as it happens.
+Then scale to zero (`minReplicas: 0`): with the traffic over, the deployment goes idle after
+`scaleToZero.idleSeconds` and its Deployment to zero; one streamed chat is held by the router
+while a replica starts, and served. At the end it prints where the requests went and writes a
+PNG of load, TTFT, the fleet, its modes and the replicas over time. Ctrl-C stops everything it
+started.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -54,7 +58,13 @@ RELEASE = "autoglm"
 # window; short, so the demo reaches zero about half a minute after its last request.
 IDLE_SECONDS = 30
 LOAD_SECONDS = 5.0  # the sims' model load for the wake from zero, so the hold is long enough to see
-STANDBY_REASONS = ("ScaledToZero", "Waking", "Woke", "WakeAbandoned", "ScaledUp")
+# Demo windows for spec.autoscaling: the first step down 20 s after the peak's demand is gone,
+# then one replica every 5 s (in production 300 s and 60 s: a replica takes a minute to start).
+SCALE_DOWN_STABILIZATION_SECONDS = 20
+SCALE_DOWN_PERIOD_SECONDS = 5
+MAX_REPLICAS = 3  # the peak's fleet (traffic())
+STANDBY_REASONS = ("ScaledToZero", "Waking", "Woke", "WakeAbandoned")
+FLEET_REASONS = ("ScaledUp", "ScaledDown", "ReplicasIgnored", "AutoscalerConflict")
 
 
 def step(message: str) -> None:
@@ -80,6 +90,9 @@ class Sample:
     desired: int  # the Deployment's spec.replicas
     standby: str  # status.standby.state
     held: int  # status.standby.heldRequests: what the routers hold now
+    fleet_desired: int | None = None  # status.autoscaling.desiredReplicas
+    fleet_running: int | None = None  # status.autoscaling.runningReplicas
+    fleet_reason: str = "-"  # status.autoscaling.reason
 
 
 @dataclass
@@ -102,6 +115,10 @@ class HeldChat:
 class Timeline:
     samples: list[Sample] = field(default_factory=list)
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    # status.autoscaling.desiredReplicas as it changed, and the serving pods that went (a step
+    # down's victim, or every pod at zero), each with its mode.
+    fleet_steps: list[dict[str, Any]] = field(default_factory=list)
+    removed: list[dict[str, Any]] = field(default_factory=list)
     zero_at: float | None = None  # when status.standby was Idle and the Deployment at zero
     # The operator's idle window: its last request (lastRequestTime) to ScaledToZero (since).
     idle_window: tuple[float, float] | None = None
@@ -114,12 +131,20 @@ class Timeline:
 
 def traffic(scale: float) -> tuple[list[Phase], list[Phase]]:
     """Streamed chats and batch jobs per second: quiet, a peak, quiet again, long enough for the
-    loop's windows at demo settings. At the peak, 6 chats/s and 8 jobs/s on 3 replicas: all
-    streaming serves 12.3 req/s (3 x the 4.1/s seed), so demand sizing moves one replica to
-    batching (8.2 chats/s and 11.5 jobs/s of room); chats alone would fit the streaming ones."""
+    loop's windows at demo settings. Quiet, 1 chat/s (+20% headroom) fits one streaming replica
+    (the 4.1/s seed). At the peak, 6 chats/s and 8 jobs/s, +20%: 16.8 req/s; no fleet of 3 all
+    streaming serves it (12.3 req/s), 2 streaming and 1 batching do (8.2 chats/s and 11.5 jobs/s
+    of room), so the fleet grows to 3 and one replica moves to batching. maxReplicas is 3
+    (MAX_REPLICAS): the streaming capacity the sims teach (2.4 to 3.6/s, with what else runs on
+    the machine) puts the peak near the line between 3 and 4 replicas, and with the demo's 20 s
+    window a fleet free to take 4 steps between them during the peak; 3 serve it (the sims serve
+    more than the SLO capacity the model counts). The ramp takes 45 s: the fleet follows the
+    measured rates (10 s windows, read every 5 s, so some 10 s behind) and the headroom covers
+    that lag; a steeper ramp outruns one replica before the first step up. After the peak,
+    0.5 chats/s: one replica again, the batching one leaves first."""
     schedule = [  # (phase end in s, chats/s, jobs/s, ramp from the previous phase)
         (30, 1.0, 0.0, False),
-        (45, 6.0, 8.0, True),
+        (75, 6.0, 8.0, True),
         (120, 6.0, 8.0, False),
         (135, 0.5, 0.0, True),
         (270, 0.5, 0.0, False),
@@ -141,18 +166,18 @@ def qps_at(phases: list[Phase], t: float) -> float:
     return phases[-1].qps
 
 
-def demo_resource(prometheus_url: str, replicas: int) -> dict[str, Any]:
-    """examples/autoglm.yaml with demo timings: seconds instead of minutes, and scale to zero."""
-    resource = yaml.safe_load((REPO / "examples" / "autoglm.yaml").read_text())
+def demo_resource(prometheus_url: str, max_replicas: int) -> dict[str, Any]:
+    """examples/autoglm-autoscaling.yaml with demo timings (seconds instead of minutes) and
+    `minReplicas: 0`, which scales to zero when idle."""
+    resource = yaml.safe_load((REPO / "examples" / "autoglm-autoscaling.yaml").read_text())
     resource["metadata"]["name"] = NAME
-    resource["spec"]["replicas"] = replicas
     resource["spec"]["adaptive"] = {
         "intervalSeconds": 5,
         "prometheus": {
             "url": prometheus_url,
             # Short rate windows so the demo reacts within seconds, not minutes.
             "queries": {
-                kind: demand_query(traffic_class, "15s")
+                kind: demand_query(traffic_class, "10s")
                 for kind, traffic_class in (("chatRate", "streamed_chat"), ("otherRate", "other"))
             },
         },
@@ -161,7 +186,14 @@ def demo_resource(prometheus_url: str, replicas: int) -> dict[str, Any]:
         "cooldownSeconds": 20,
         "minStreamingReplicas": 1,
     }
-    resource["spec"]["scaleToZero"] = {"enabled": True, "idleSeconds": IDLE_SECONDS}
+    resource["spec"]["autoscaling"].update({
+        "minReplicas": 0,
+        "maxReplicas": max_replicas,
+        "scaleDown": {"stabilizationSeconds": SCALE_DOWN_STABILIZATION_SECONDS,
+                      "periodSeconds": SCALE_DOWN_PERIOD_SECONDS, "maxStep": 1},
+    })  # fmt: skip
+    # minReplicas 0 turns scale to zero on; this says after how long without a request.
+    resource["spec"]["scaleToZero"] = {"idleSeconds": IDLE_SECONDS}
     return resource
 
 
@@ -223,12 +255,14 @@ def stop_process(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
-def wait_ready(cluster: LocalCluster, replicas: int, timeout: float = 120) -> None:
+def wait_ready(cluster: LocalCluster, timeout: float = 120) -> int:
+    """Until the fleet autoscaling starts with (one replica, no demand known yet) is ready."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         status = cluster.get_json("agd", NAME, "-n", DEMO_NAMESPACE).get("status", {})
-        if status.get("readyReplicas") == replicas:
-            return
+        desired = (status.get("autoscaling") or {}).get("desiredReplicas")
+        if desired and status.get("readyReplicas") == desired:
+            return int(desired)
         time.sleep(1)
     raise TimeoutError(
         f"{NAME} not Ready after {timeout}s: kubectl describe agd -n {DEMO_NAMESPACE}"
@@ -274,6 +308,8 @@ async def watch_and_show(
     timeline: Timeline, started: float, stop: asyncio.Event,
 ) -> None:  # fmt: skip
     seen_decision = None
+    seen_desired: int | None = None
+    seen_modes: dict[str, str] = {}
     while not stop.is_set():
         t = time.monotonic() - started
         agd, modes, (running, desired) = await asyncio.gather(
@@ -283,6 +319,7 @@ async def watch_and_show(
         )
         status = agd.get("status", {})
         standby = status.get("standby") or {}
+        fleet = status.get("autoscaling") or {}
         now = time.monotonic()
         # Requests that started 2-12 s ago: nearly all have finished, so none is missed.
         recent = report.window(now - 12, now - 2)
@@ -299,6 +336,9 @@ async def watch_and_show(
             desired=desired,
             standby=standby.get("state", "-"),
             held=int(standby.get("heldRequests") or 0),
+            fleet_desired=fleet.get("desiredReplicas"),
+            fleet_running=fleet.get("runningReplicas"),
+            fleet_reason=fleet.get("reason") or "-",
         )
         timeline.samples.append(sample)
         if timeline.zero_at is None and timeline.at_zero():
@@ -311,13 +351,28 @@ async def watch_and_show(
             if chat is not None and chat.took is None and chat.error is None
             else ""
         )
+        sized = f"{_count(sample.fleet_desired)}/{_count(sample.fleet_running)}"
         print(
             f"t={t:5.0f}s  load {sample.offered_qps:5.1f} req/s  served {sample.served_qps:5.1f}"
-            f" req/s  TTFT p95 {ttft}  modes [{badges}]  ready {status.get('ready', '-')}"
-            f"  failed {len(report.failures)}  deploy {running}/{desired}"
-            f"  {sample.standby:<7}  held {sample.held}{waiting}",
+            f" req/s  TTFT p95 {ttft}  modes [{badges:<7}]  fleet {sized:>3}"
+            f" {sample.fleet_reason:<20}  deploy {running}/{desired}  {sample.standby:<7}"
+            f"  held {sample.held}  failed {len(report.failures)}{waiting}",
             flush=True,
         )
+        desired_now = sample.fleet_desired
+        if desired_now is not None and seen_desired is not None and desired_now != seen_desired:
+            step_ = {"t": t, "from": seen_desired, "to": desired_now,
+                     "reason": sample.fleet_reason,
+                     "message": fleet.get("message", "")}  # fmt: skip
+            timeline.fleet_steps.append(step_)
+            print(f"    >>> fleet: {seen_desired} -> {desired_now} replicas "
+                  f"({sample.fleet_reason}): {step_['message']}", flush=True)  # fmt: skip
+        seen_desired = desired_now if desired_now is not None else seen_desired
+        for pod in sorted(seen_modes.keys() - modes.keys()):
+            timeline.removed.append({"t": t, "pod": pod, "mode": seen_modes[pod]})
+            print(f"    >>> pod {pod} ({seen_modes[pod]}) leaves; its preStop drains what it "
+                  "serves", flush=True)  # fmt: skip
+        seen_modes = modes
         decision = status.get("lastDecision")
         if decision and decision.get("time") != seen_decision:
             seen_decision = decision.get("time")
@@ -331,6 +386,10 @@ async def watch_and_show(
                 )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 2)
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)
 
 
 def streamed_chat(base_url: str, chat: HeldChat) -> None:
@@ -433,12 +492,21 @@ def write_chart(timeline: Timeline, path: Path) -> None:
     axes[1].set_ylabel("TTFT p95 (ms)")
     axes[2].step(t, [s.batching for s in samples], where="post", label="batching")
     axes[2].step(t, [s.streaming for s in samples], where="post", label="streaming")
-    axes[2].set_ylabel("replicas per mode")
-    axes[2].set_xlabel("seconds since traffic started")
-    axes[2].legend(loc="upper left")
+    # While Idle, desiredReplicas is what a wake would start: left out, the Deployment is at 0.
+    axes[2].step(t, [s.fleet_desired if s.fleet_desired is not None and s.standby != "Idle"
+                     else float("nan") for s in samples], where="post", color="black",
+                 linestyle="--", label="fleet (status.autoscaling.desiredReplicas)")  # fmt: skip
+    most = max([s.fleet_desired or 0 for s in samples] + [s.running for s in samples] + [1])
+    axes[2].set_ylim(-0.2, most + 1.2)  # room for the legend
+    axes[2].set_ylabel("replicas")
+    axes[2].set_xlabel("seconds since traffic started (dotted: flips, green: fleet steps)")
+    axes[2].legend(loc="upper left", fontsize=8, ncol=3)
     for decision in timeline.decisions:
         for ax in axes[:3]:
             ax.axvline(decision["t"], color="grey", linestyle=":", linewidth=1)
+    for fleet_step in timeline.fleet_steps:
+        for ax in axes[:3]:
+            ax.axvline(fleet_step["t"], color="tab:green", linestyle=":", linewidth=1)
     # Idle at zero: shaded on every panel, from the first such sample to the next that is not.
     for n, (start, end) in enumerate(idle_spans(samples)):
         for ax in axes:
@@ -449,7 +517,7 @@ def write_chart(timeline: Timeline, path: Path) -> None:
         for ax in axes:
             ax.axvline(chat.sent_at, color="tab:purple", linestyle="--", linewidth=1)
     scale_to_zero_panel(axes[3], timeline)
-    fig.suptitle("AutoGLM: load, time to first token, replicas per mode, scale to zero")
+    fig.suptitle("AutoGLM: load, time to first token, the fleet and its modes, scale to zero")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
@@ -501,11 +569,68 @@ def idle_spans(samples: list[Sample]) -> list[tuple[float, float]]:
     return spans
 
 
-def standby_events(cluster: LocalCluster) -> list[str]:
-    """The AutoGLMDeployment's scale-to-zero Events, oldest first."""
+@dataclass(frozen=True)
+class FleetStory:
+    """What spec.autoscaling did with the traffic, from the samples (status.autoscaling)."""
+
+    start: int  # desiredReplicas at the first sample
+    peak: int  # the most desired while serving
+    peak_at: float  # when the fleet first reached it
+    after: int  # the fewest desired after the peak, before the deployment went idle
+    after_at: float  # when it first reached that
+
+    @property
+    def grew(self) -> bool:
+        return self.peak > self.start
+
+    @property
+    def shrank(self) -> bool:
+        return self.after < self.peak
+
+
+def fleet_story(samples: list[Sample]) -> FleetStory | None:
+    """The fleet's size while it served, up to the first Idle (what a wake from zero starts is
+    the scale-to-zero episode's, not demand sizing's); None without status.autoscaling."""
+    serving: list[tuple[float, int]] = []
+    for s in samples:
+        if s.standby in ("Idle", "Waking"):
+            break
+        if s.fleet_desired is not None:
+            serving.append((s.t, s.fleet_desired))
+    if not serving:
+        return None
+    peak = max(n for _, n in serving)
+    peak_at = next(t for t, n in serving if n == peak)
+    later = [(t, n) for t, n in serving if t >= peak_at]
+    after = min(n for _, n in later)
+    after_at = next(t for t, n in later if n == after)
+    return FleetStory(serving[0][1], peak, peak_at, after, after_at)
+
+
+def back_to_streaming(samples: list[Sample]) -> bool:
+    """Every replica streaming again after the last batching one, while replicas run: a flip
+    back, or a step down that removed the batching replica."""
+    last = max((s.t for s in samples if s.batching), default=None)
+    return last is not None and any(s.t > last and s.streaming and not s.batching for s in samples)
+
+
+def describe_fleet(story: FleetStory | None) -> str:
+    if story is None:
+        return "no status.autoscaling seen"
+    grew = f"grew to {story.peak}" if story.grew else f"never grew (most {story.peak})"
+    shrank = f"shrank to {story.after}" if story.shrank else "never shrank"
+    if story.grew:
+        grew += f" at t={story.peak_at:.0f}s"
+    if story.shrank:
+        shrank += f" at t={story.after_at:.0f}s"
+    return f"{story.start} at the start, {grew}, {shrank}"
+
+
+def agd_events(cluster: LocalCluster, reasons: tuple[str, ...]) -> list[str]:
+    """The AutoGLMDeployment's Events of these reasons, oldest first."""
     selector = f"involvedObject.kind=AutoGLMDeployment,involvedObject.name={NAME}"
     items = cluster.get_json("events", "-n", DEMO_NAMESPACE, "--field-selector", selector)
-    found = [e for e in items["items"] if e.get("reason") in STANDBY_REASONS]
+    found = [e for e in items["items"] if e.get("reason") in reasons]
     found.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
     return [
         f"{e.get('lastTimestamp') or e.get('eventTime')}  {e['reason']:<13} {e['message']}"
@@ -547,17 +672,22 @@ def run(args: argparse.Namespace) -> int:
         operator = start_operator(cluster, service_account_kubeconfig(cluster, workdir), workdir)
         stack.callback(stop_process, operator)
 
-        step(f"kubectl apply -f examples/autoglm.yaml ({args.replicas} replicas, demo timings, "
-             f"scaleToZero after {IDLE_SECONDS}s idle)")  # fmt: skip
+        step(f"kubectl apply -f examples/autoglm-autoscaling.yaml (autoscaling 0.."
+             f"{args.max_replicas} replicas, scale-down window {SCALE_DOWN_STABILIZATION_SECONDS}s,"
+             f" then one every {SCALE_DOWN_PERIOD_SECONDS}s; idle after {IDLE_SECONDS}s without a "
+             "request)")  # fmt: skip
         cluster.kubectl("create", "namespace", DEMO_NAMESPACE)
-        cluster.apply(demo_resource(prom.url, args.replicas), DEMO_NAMESPACE)
-        wait_ready(cluster, args.replicas)
+        cluster.apply(demo_resource(prom.url, args.max_replicas), DEMO_NAMESPACE)
+        first = wait_ready(cluster)
+        print(f"    >>> the fleet starts at {first} replica(s): no demand measured yet", flush=True)
         print(cluster.kubectl("get", "agd", "-n", DEMO_NAMESPACE).stdout)
 
         proxy = stack.enter_context(ServiceProxy(cluster, DEMO_NAMESPACE, NAME, kubelet=runner))
         wait_for_routers(proxy)
         step(f"Driving traffic for {duration:.0f}s through Service {NAME} (the router): quiet, "
-             "a peak of 6 streamed chats/s and 8 batch jobs/s, quiet again")  # fmt: skip
+             "a peak of 6 streamed chats/s and 8 batch jobs/s, quiet again. Columns: fleet = "
+             "status.autoscaling desiredReplicas/runningReplicas and its reason; deploy = the "
+             "Deployment's ready/spec.replicas; status.standby's state")  # fmt: skip
         targets = [proxy.url + "/v1"]
 
         report = LoadReport()
@@ -592,6 +722,8 @@ def run(args: argparse.Namespace) -> int:
         print(cluster.kubectl("get", "agd", "-n", DEMO_NAMESPACE).stdout)
         up = sum(1 for d in timeline.decisions if d["toBatching"] > d["fromBatching"])
         down = sum(1 for d in timeline.decisions if d["toBatching"] < d["fromBatching"])
+        story = fleet_story(timeline.samples)
+        streaming_again = back_to_streaming(timeline.samples)
         chart = REPO / "out" / "demo" / "autoglm-demo.png"
         write_chart(timeline, chart)
         summary = {
@@ -600,6 +732,9 @@ def run(args: argparse.Namespace) -> int:
             "zeroAt": timeline.zero_at,
             "idleWindow": timeline.idle_window,
             "heldChat": timeline.chat.__dict__ if timeline.chat else None,
+            "fleet": story.__dict__ if story else None,
+            "fleetSteps": timeline.fleet_steps,
+            "removedPods": timeline.removed,
             "requests": len(report.results),
             "failed": len(report.failures),
         }
@@ -608,6 +743,23 @@ def run(args: argparse.Namespace) -> int:
             f"flips to batching: {up}, back to streaming: {down}, "
             f"requests: {len(report.results)}, failed: {len(report.failures)}"
         )
+        print(f"fleet (status.autoscaling.desiredReplicas): {describe_fleet(story)}")
+        for fleet_step in timeline.fleet_steps:
+            way = "up" if fleet_step["to"] > fleet_step["from"] else "down"
+            print(f"  t={fleet_step['t']:5.0f}s  {fleet_step['from']} -> {fleet_step['to']}"
+                  f" ({way})")  # fmt: skip
+        for gone in timeline.removed:
+            if gone["t"] < duration:
+                print(f"  t={gone['t']:5.0f}s  removed {gone['pod']} ({gone['mode']})")
+        how = ""
+        if streaming_again and not down:
+            how = " (a step down removed the batching replica; no flip was needed)"
+        print(f"  every replica streaming again after the peak: "
+              f"{'yes' if streaming_again else 'no'}{how}")  # fmt: skip
+        for line in agd_events(cluster, FLEET_REASONS):
+            print(f"  {line}")
+        for error, count in Counter(r.error for r in report.failures).most_common(5):
+            print(f"  failed {count}x: {error[:160]}")
         print(f"chart: {chart}")
         show_where_requests_went(runner, proxy)
         selector = f"involvedObject.kind=AutoGLMDeployment,involvedObject.name={NAME}"
@@ -628,12 +780,13 @@ def run(args: argparse.Namespace) -> int:
         )
         print(f"  at zero (Idle, Deployment 0/0): {at_zero}")
         print(f"  held chat: {describe(timeline.chat)}")
-        for line in standby_events(cluster):
+        for line in agd_events(cluster, STANDBY_REASONS):
             print(f"  {line}")
-        flips_ok = bool(up and down and not report.failures)
+        flips_ok = bool(up and streaming_again and not report.failures)
+        fleet_ok = story is not None and story.grew and story.shrank
         zero_ok = (early is None and timeline.zero_at is not None
                    and timeline.chat is not None and timeline.chat.served)  # fmt: skip
-        return 0 if flips_ok and zero_ok else 1
+        return 0 if flips_ok and fleet_ok and zero_ok else 1
 
 
 def went_idle_during(timeline: Timeline, duration: float) -> float | None:
@@ -653,7 +806,8 @@ def describe(chat: HeldChat | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument("--max-replicas", type=int, default=MAX_REPLICAS,
+                        help="spec.autoscaling.maxReplicas (2 nodes of 8 GPUs hold 8)")  # fmt: skip
     parser.add_argument("--time-scale", type=float, default=1.0,
                         help="stretch (>1) or shrink (<1) the traffic phases")  # fmt: skip
     args = parser.parse_args(argv)

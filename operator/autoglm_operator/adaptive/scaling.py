@@ -3,7 +3,8 @@ scale-down.
 
 The count comes from the model that chooses the split (demand.expected_goodput): for the
 measured demand of each class raised by `headroomPercent`, every candidate fleet of n replicas
-is scored at its best split (k of them batching, at least minStreamingReplicas streaming), and
+is scored at its best split (k of them batching, at least minStreamingReplicas streaming; the
+one split a pinned modePolicy runs), and
 the fleet is the smallest n whose best split serves that demand within the SLOs. Requests the
 routers hold or relay now set a floor beside it (a burst the minute's rates have not seen yet,
 or requests held at zero): the fewest replicas that admit them all.
@@ -80,6 +81,7 @@ class FleetInput:
     last_flip: float | None  # when the latest flip was, wall time
     cooldown_seconds: float
     idle: bool = False  # scale to zero: the deployment idles at its floor
+    pinned: Mode | None = None  # modePolicy Streaming or Batching: every replica runs that mode
 
 
 @dataclass(frozen=True)
@@ -112,12 +114,14 @@ class FleetDecision:
 
 
 def fit(replicas: int, demand: Demand, inp: FleetInput) -> Fit:
-    """The best split of `replicas` for `demand` (at least min_streaming of them streaming)."""
+    """The best split of `replicas` for `demand` (at least min_streaming of them streaming), or
+    the one a pinned modePolicy runs."""
     cs, cb = inp.capacity.streaming, inp.capacity.batching
     ok_at_cap = cb > 0 and inp.caps[Mode.BATCHING] / cb <= inp.slo.batch_completion_seconds
-    most = max(0, replicas - min(inp.min_streaming, replicas))
-    scored = [(expected_goodput(k, replicas, demand, cs, cb, ok_at_cap), -k)
-              for k in range(most + 1)]
+    splits = range(max(0, replicas - min(inp.min_streaming, replicas)) + 1)
+    if inp.pinned is not None:
+        splits = range(0, 1) if inp.pinned is Mode.STREAMING else range(replicas, replicas + 1)
+    scored = [(expected_goodput(k, replicas, demand, cs, cb, ok_at_cap), -k) for k in splits]
     goodput, negated = max(scored)
     return Fit(replicas, -negated, goodput, demand.total)
 

@@ -28,12 +28,13 @@ from autoglm_operator.adaptive.demand import demand_of
 from autoglm_operator.adaptive.signals import Samples
 from autoglm_operator.reconcile.standby import Event
 from autoglm_operator.resource.pods import PodView
-from autoglm_operator.resource.spec import AutoGLMDeploymentSpec
+from autoglm_operator.resource.spec import AutoGLMDeploymentSpec, ModePolicy
 
 CONFLICT = "AutoscalerConflict"
 REPLICAS_IGNORED = "ReplicasIgnored"
 # The standby states in which the deployment runs its floor or is starting from it.
 AT_FLOOR = ("Idle", "Waking")
+PINNED = {ModePolicy.STREAMING: Mode.STREAMING, ModePolicy.BATCHING: Mode.BATCHING}
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,7 @@ def fleet_input(
         last_flip=max(flips, default=None),
         cooldown_seconds=spec.adaptive.cooldown_seconds,
         idle=spec.standby().enabled and standby in AT_FLOOR,
+        pinned=PINNED.get(spec.mode_policy),
     )
 
 

@@ -272,6 +272,10 @@ def _entered(moment: _Moment, trigger: Trigger, target: State
         if target is State.SERVING:
             return ("Woke", f"Demand woke {len(moment.asleep)} sleeping replica(s).",
                     {"wakeStartTime": _iso(started)})
+        if spec.autoscaling.enabled:
+            return ("Waking", f"{held}starting {moment.running(State.WAKING)} replica(s), what "
+                    "the held requests need; the fleet grows with the demand after.",
+                    {"wakeStartTime": _iso(started)})
         return ("Waking", f"{held}starting {moment.running(State.WAKING)} of "
                 f"{spec.replicas} replicas; the rest start when demand asks.",
                 {"wakeStartTime": _iso(started)})

@@ -6,6 +6,7 @@ removes."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -420,3 +421,13 @@ def test_the_windows_survive_a_restart_in_the_memory_status_keeps() -> None:
     stepped = FleetMemory(2, lower_since=T0 - 400, last_scale_down=T0 - 30)
     assert scaling.size_fleet(seen(1.0), settings(), stepped, T0).reason == \
         scaling.SCALE_DOWN_PACED
+
+
+def test_a_pinned_mode_is_sized_for_what_that_mode_serves() -> None:
+    """modePolicy Streaming: every replica streams, so batch jobs take streaming capacity and
+    the fleet is no smaller than the best split's."""
+    free = scaling.needed(seen(10.0, other=10.0), settings(maxReplicas=16))[0]
+    pinned = scaling.needed(
+        replace(seen(10.0, other=10.0), pinned=Mode.STREAMING), settings(maxReplicas=16))
+    assert pinned[1] is not None and pinned[1].batching == 0 and pinned[1].meets
+    assert pinned[0] > free
