@@ -5,6 +5,7 @@
 - `localprom`, `podrunner`, `servicelb`: Debian's Prometheus, the kubelet stand-in that runs a
   `sim` or router per pod, and the kube-proxy stand-in for a Service.
 - `operator_kit`: the operator as a subprocess, and probes on its objects.
+- `history`: every version of an object a watch delivers (`kubectl get -w`), timed.
 - `sim`: the CPU engine with vLLM's API and metrics and the runtime's middleware
   (`python -m testkit.sim`, docs/runtime/sim.md); `processes`: the sim and the router as child
   processes on free loopback ports (`SimProcess`, `RouterProcess`, `free_port`).

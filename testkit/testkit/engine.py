@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -243,3 +244,9 @@ def metric_samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
     return [(s.labels, s.value) for family in text_string_to_metric_families(text)
             for s in family.samples if s.name == name]
 
+
+def scraped_total(url: str, name: str, timeout: float = 5) -> float:
+    """The sum of every sample of `name` on `url`/metrics (a runtime's, vLLM's, a router's)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=timeout) as response:
+        text = response.read().decode()
+    return sum(value for _, value in metric_samples(text, name))

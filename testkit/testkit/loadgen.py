@@ -103,15 +103,17 @@ async def run_load(
     max_retries: int = 0,
     stream: bool = True,
     usage: bool = False,
+    stop: asyncio.Event | None = None,
 ) -> LoadReport:
     """Send requests for `duration` seconds at `qps_at(elapsed)` spread over `base_urls`
     (a list, or a callable returning the current list, e.g. each ready replica). `extra_body`
     goes into every request, as vLLM's own sampling fields (`min_tokens`, ...). `max_retries` is
     the client's own (the `openai` default is 2); 0 counts every refused attempt as a failure.
     `stream` False sends non-streamed requests (batch jobs) instead of streamed chats; `usage`
-    asks streams for their token counts. A request still open WAIT_SECONDS after the last one
-    was sent is recorded as a failure ("unfinished"), not dropped; requests the caller cuts by
-    cancelling the load are not recorded."""
+    asks streams for their token counts. `stop`, once set, ends the sending before `duration`
+    (what is in flight is still awaited and recorded, unlike a cancel). A request still open
+    WAIT_SECONDS after the last one was sent is recorded as a failure ("unfinished"), not
+    dropped; requests the caller cuts by cancelling the load are not recorded."""
     report = report or LoadReport()
     clients: dict[str, openai.AsyncOpenAI] = {}
     tasks: set[asyncio.Task[None]] = set()
@@ -132,7 +134,8 @@ async def run_load(
         result.target = url
         report.results.append(result)
 
-    while (now := time.monotonic()) - start < duration and sent < max_requests:
+    while (now := time.monotonic()) - start < duration and sent < max_requests \
+            and not (stop is not None and stop.is_set()):
         credit += qps_at(now - start) * (now - last)
         last = now
         urls = list(base_urls() if callable(base_urls) else base_urls)

@@ -205,6 +205,18 @@ def events(cluster: LocalCluster, ns: str) -> list[dict[str, Any]]:
     return get(cluster, ns, "events", "--field-selector", f"involvedObject.name={NAME}")["items"]
 
 
+def agd_events(cluster: LocalCluster, ns: str, reason: str) -> list[dict[str, Any]]:
+    """The AutoGLMDeployment's own Events of `reason` (not its Deployment's, which shares its
+    name)."""
+    return [e for e in events(cluster, ns)
+            if e["involvedObject"]["kind"] == "AutoGLMDeployment" and e["reason"] == reason]
+
+
+def deployment_replicas(cluster: LocalCluster, ns: str) -> int:
+    """spec.replicas of the serving Deployment."""
+    return int(get(cluster, ns, "deployment", NAME)["spec"]["replicas"])
+
+
 OPERATOR_RESOURCES = {
     "autoglmdeployments", "deployments", "services", "configmaps", "secrets",
     "poddisruptionbudgets", "pods", "events",

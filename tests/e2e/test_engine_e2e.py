@@ -1,6 +1,8 @@
 """One serving pod runs a real vLLM engine (the pod runner starts the pod's own command in the
 engine environment, with the CPU's changes only): the operator deploys it, flips it to batching
 and back through its admin API, and the router pods route the `openai` client's chats to it.
+With spec.autoscaling on, load makes the operator start a second serving pod, whose real engine
+starts and serves, then drains and goes when the load stops.
 
 It needs the engine tier's environment and tiny model (hack/vllm-cpu-env.sh,
 hack/tiny_glm4v.py), built on first use and cached.
@@ -8,6 +10,7 @@ hack/tiny_glm4v.py), built on first use and cached.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -15,7 +18,10 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from testkit.engine import OPENAI_TIMEOUT, answer_of, engine_python, tiny_model
+from autoglm_operator.io.prom import demand_query
+from testkit.engine import OPENAI_TIMEOUT, answer_of, engine_python, scraped_total, tiny_model
+from testkit.history import History
+from testkit.loadgen import LoadReport, run_load
 from testkit.localcluster import LocalCluster
 from testkit.localprom import LocalPrometheus
 from testkit.operator_kit import (
@@ -23,8 +29,10 @@ from testkit.operator_kit import (
     NAME,
     Operator,
     admin_token,
+    agd_events,
     agd_object,
     deploy,
+    deployment_replicas,
     live_pods,
     patch_agd,
     pod_modes,
@@ -33,7 +41,7 @@ from testkit.operator_kit import (
 )
 from testkit.podrunner import Engines, PodRunner
 from testkit.servicelb import ServiceProxy
-from testkit.waiting import TIME_SCALE, eventually
+from testkit.waiting import TIME_SCALE, eventually, eventually_async
 
 pytestmark = pytest.mark.timeout(900)
 ENGINE_START_SECONDS = 600  # model load and kernel warm-up on 2 cores shared with the cluster
@@ -41,12 +49,17 @@ ENGINE_START_SECONDS = 600  # model load and kernel warm-up on 2 cores shared wi
 HOLD_SECONDS = round(ENGINE_START_SECONDS * TIME_SCALE)
 # A prompt of the shape the tiny model was trained on, so its answer is the trained turn.
 MESSAGES = [{"role": "user", "content": "Step 1: tap the search box."}]
+# Autoscaling: streamed chats/s through the routers (a light load for 2 cores), and requests the
+# second engine must serve before the load stops.
+AUTOSCALE_QPS = 0.3
+SECOND_SERVES = 3
 
 
 @pytest.fixture(scope="module")
 def engines() -> Engines:
+    """Two: the autoscaling test starts a second serving pod, and it too runs vLLM."""
     python = engine_python()
-    return Engines(python, tiny_model(python))
+    return Engines(python, tiny_model(python), count=2)
 
 
 @pytest.fixture(scope="module")
@@ -167,3 +180,101 @@ def test_a_request_at_zero_waits_out_a_real_engine_cold_start_and_is_served(
           f"{woke['lastWakeMillis']}")
     assert 0 < held <= waited <= took < HOLD_SECONDS
     assert woke["lastWakeMillis"] > 0
+
+
+def test_under_load_a_second_real_engine_starts_and_serves_then_drains_and_goes(
+    cluster: LocalCluster, namespace: str, prometheus: LocalPrometheus, pod_runner: PodRunner,
+    operator: Operator,
+) -> None:
+    """spec.autoscaling on the real CPU engine: streamed chats from the `openai` client through
+    Service <name> make the operator scale to a second serving pod; its vLLM engine starts,
+    answers /health and serves requests the routers send it. The load stops: after the
+    scale-down window one engine pod drains and goes. No request fails."""
+    ns = namespace
+    obj = agd_object(
+        replicas=1, modePolicy="Streaming",
+        adaptive={
+            "intervalSeconds": 5,
+            "prometheus": {
+                "url": prometheus.url, "timeoutSeconds": 2,
+                "queries": {"chatRate": demand_query("streamed_chat", "20s"),
+                            "otherRate": demand_query("other", "20s")},
+            },
+            # By the model one replica serves 0.1 chats/s: the test's AUTOSCALE_QPS needs two.
+            "capacity": {"streamingPerReplicaMilli": 100},
+        },
+        autoscaling={"enabled": True, "minReplicas": 1, "maxReplicas": 2,
+                     "scaleDown": {"stabilizationSeconds": 20, "periodSeconds": 5}},
+    )  # fmt: skip
+    cluster.apply(obj, namespace=ns)
+    eventually(lambda: len(pod_runner.runtime_urls(ns)) == 1, 60, every=0.5,
+               what="a runtime for the serving pod", ignoring=KUBECTL_FAILED)
+    ((first, first_url),) = pod_runner.runtime_urls(ns).items()
+    eventually(lambda: answers_health(first_url), ENGINE_START_SECONDS, every=0.5,
+               what="the first engine to answer /health", ignoring=KUBECTL_FAILED)
+    report = LoadReport()
+    timings: dict[str, float] = {}
+
+    def second_serving() -> str | None:
+        """The other serving pod, once its engine is up and has served requests."""
+        for pod, url in pod_runner.runtime_urls(ns).items():
+            if pod != first and answers_health(url) \
+                    and scraped_total(url, "vllm:request_success_total") >= SECOND_SERVES:
+                return pod
+        return None
+
+    with History(cluster, ns, "deployment", NAME) as deployment, \
+            ServiceProxy(cluster, ns, NAME, kubelet=pod_runner) as proxy:
+        eventually(lambda: len(proxy.endpoints()) == 2, 60, every=0.5,
+                   what="2 ready router endpoints", ignoring=KUBECTL_FAILED)
+        stop = asyncio.Event()
+
+        async def scenario() -> str:
+            started = time.monotonic()
+            load = asyncio.create_task(run_load(
+                [proxy.url + "/v1"], lambda _: AUTOSCALE_QPS, 2 * HOLD_SECONDS, max_tokens=128,
+                report=report, stop=stop))  # fmt: skip
+            await eventually_async(
+                lambda: asyncio.to_thread(lambda: deployment_replicas(cluster, ns) == 2), 90,
+                every=1, what="the Deployment scaled to 2", ignoring=KUBECTL_FAILED)
+            timings["scaled_up"] = time.monotonic() - started
+            second = await eventually_async(
+                lambda: asyncio.to_thread(second_serving), ENGINE_START_SECONDS, every=2,
+                what=f"the second engine up and {SECOND_SERVES} requests served by it",
+                ignoring=(*KUBECTL_FAILED, OSError))
+            timings["second_serving"] = time.monotonic() - started
+            stop.set()
+            await load
+            return second
+
+        second = asyncio.run(scenario())
+        assert pod_runner.running(second).engine  # type: ignore[union-attr]
+        served = {pod: scraped_total(url, "vllm:request_success_total")
+                  for pod, url in pod_runner.runtime_urls(ns).items()}
+        stopped = time.monotonic()
+        eventually(lambda: deployment_replicas(cluster, ns) == 1, 120, every=0.5,
+                   what="back to 1 replica", ignoring=KUBECTL_FAILED)
+        timings["scaled_down"] = time.monotonic() - stopped
+        # The pod that goes drains (preStop, then the launcher stops vLLM) and its engine exits.
+        eventually(lambda: pod_runner.serving_processes(ns) == 1, 180, every=0.5,
+                   what="one engine left", ignoring=KUBECTL_FAILED)
+        timings["gone"] = time.monotonic() - stopped
+        counts = deployment.values(lambda o: o["spec"]["replicas"])
+    (kept,) = [p["metadata"]["name"] for p in live_pods(cluster, ns)]
+    assert kept in (first, second)
+    assert pod_runner.running(kept).engine  # type: ignore[union-attr]
+    assert counts == [1, 2, 1], counts
+    assert {e["message"].split("; ")[-1] for e in agd_events(cluster, ns, "ScaledUp")} \
+        == {"scaling up from 1 to 2"}
+    assert {e["message"].split("; ")[-1] for e in agd_events(cluster, ns, "ScaledDown")} \
+        == {"scaling down from 2 to 1"}
+    failures = [r.error for r in report.failures]
+    assert report.results, "no load was sent"
+    assert not failures, f"{len(failures)} of {len(report.results)} requests failed: {failures}"
+    gone = first if kept == second else second
+    print(f"\nautoscaling on the real CPU engine: {AUTOSCALE_QPS} chats/s -> Deployment at 2 "
+          f"after {timings['scaled_up']:.1f}s; the second engine up and serving after "
+          f"{timings['second_serving']:.1f}s; requests served per engine {served}; load "
+          f"stopped -> back to 1 after {timings['scaled_down']:.1f}s, {gone} drained and gone "
+          f"after {timings['gone']:.1f}s; requests {len(report.results)}, failed "
+          f"{len(report.failures)}")

@@ -22,7 +22,9 @@ How the count moves (FleetMemory, kept in status.autoscaling, so a restart keeps
   is what the held requests need, at least minReplicas and one.
 
 Scale-down victims (victim): a replica that is not ready first, then one of the mode the best
-split of the smaller fleet has too many of, then the one with the fewest requests in flight; the
+split of the smaller fleet has too many of (never one of the last minStreamingReplicas
+streaming), then the one with the fewest requests in flight, then the newest (the fewest
+sessions homed, the coldest prefix cache); the
 operator marks it with the lowest pod-deletion-cost, so the ReplicaSet removes that one, and the
 pod's preStop drain lets its streams finish.
 """
@@ -258,6 +260,7 @@ class Candidate:
     mode: Mode
     ready: bool
     inflight: int | None  # None: unknown (its runtime was not read)
+    created: str = ""  # creationTimestamp: the newest has the fewest sessions homed, coldest cache
 
 
 def victims(pods: Sequence[Candidate], keep: int, inp: FleetInput) -> tuple[str, ...]:
@@ -274,8 +277,11 @@ def victims(pods: Sequence[Candidate], keep: int, inp: FleetInput) -> tuple[str,
             wanted_batching is not None and batching - wanted_batching > 0):
         extra = Mode.BATCHING  # the streaming floor stays, whatever the demand
 
-    def cost(p: Candidate) -> tuple[int, int, float, str]:
+    def cost(p: Candidate) -> tuple[int, int, float]:
         busy = math.inf if p.inflight is None else p.inflight
-        return (1 if p.ready else 0, 0 if p.mode is extra else 1, busy, p.name)
+        return (1 if p.ready else 0, 0 if p.mode is extra else 1, busy)
 
-    return tuple(p.name for p in sorted(pods, key=cost)[:surplus])
+    # Ties: the newest pod first (it has homed the fewest sessions), then by name.
+    newest_first = sorted(sorted(pods, key=lambda p: p.name),
+                          key=lambda p: p.created, reverse=True)
+    return tuple(p.name for p in sorted(newest_first, key=cost)[:surplus])

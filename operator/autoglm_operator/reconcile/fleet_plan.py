@@ -61,6 +61,8 @@ def plan_fleet(
     if not settings.enabled:
         return FleetPlan(spec.replicas)
     current = dict(status.get("autoscaling") or {})
+    if scalers:
+        return _conflict(spec, current, scalers, len(pods))
     events: list[Event] = []
     ignored = current.get("ignoredReplicas")
     if isinstance(ignored, int) and ignored != spec.replicas:
@@ -69,21 +71,30 @@ def plan_fleet(
             f"sized between minReplicas {settings.min_replicas} and maxReplicas "
             f"{settings.max_replicas}. Change those, or set autoscaling.enabled false to size "
             "it by hand."), warning=True))
-    if scalers:
-        message = (f"autoscaling is not applied: HorizontalPodAutoscaler "
-                   f"{', '.join(sorted(scalers))} scales this object and owns spec.replicas; "
-                   "remove it, or turn autoscaling off.")
-        if current.get("reason") != CONFLICT:
-            events.append(Event(CONFLICT, message, warning=True))
-        return FleetPlan(spec.replicas, {
-            "desiredReplicas": spec.replicas, "runningReplicas": len(pods),
-            "reason": CONFLICT, "message": message, "ignoredReplicas": None,
-        }, tuple(events))
     inp = fleet_input(spec, status, samples, activity, pods, now)
     decision = scaling.size_fleet(inp, settings, _memory(current), now)
     if decision.scaled:
         events.append(Event(decision.reason, decision.message))
     return FleetPlan(decision.desired, _status(decision, inp, spec), tuple(events), decision, inp)
+
+
+def _conflict(spec: AutoGLMDeploymentSpec, current: Mapping[str, Any], scalers: Sequence[str],
+              running: int) -> FleetPlan:
+    """An HPA scales this object: it owns spec.replicas. Until it first writes them, the count
+    the fleet had stays (spec.replicas is still the value autoscaling did not read, maybe one a
+    `kubectl scale` left); from then on spec.replicas runs (ignoredReplicas unset)."""
+    message = (f"autoscaling is not applied: HorizontalPodAutoscaler "
+               f"{', '.join(sorted(scalers))} scales this object and owns spec.replicas; "
+               "remove it, or turn autoscaling off.")
+    entering = current.get("reason") != CONFLICT
+    events = (Event(CONFLICT, message, warning=True),) if entering else ()
+    stale, held = current.get("ignoredReplicas"), current.get("desiredReplicas")
+    waiting = isinstance(stale, int) and isinstance(held, int) and spec.replicas == stale
+    replicas = held if waiting and isinstance(held, int) else spec.replicas
+    return FleetPlan(replicas, {
+        "desiredReplicas": replicas, "runningReplicas": running, "reason": CONFLICT,
+        "message": message, "ignoredReplicas": stale if waiting else None,
+    }, events)
 
 
 def fleet_input(
@@ -124,7 +135,7 @@ def victims(
     if plan.fleet_input is None or not stepping_down or running <= 0 or running >= len(pods):
         return ()
     candidates = [scaling.Candidate(p.name, p.mode or Mode.STREAMING, p.ready,
-                                    inflight.get(p.name)) for p in pods]
+                                    inflight.get(p.name), p.created) for p in pods]
     return scaling.victims(candidates, running, plan.fleet_input)
 
 

@@ -80,6 +80,7 @@ class PodView:
     mode: Mode | None
     ready: bool
     template: str | None = None  # its pod template's digest: which admin token it holds
+    created: str = ""  # creationTimestamp (RFC 3339, UTC: sorts as it reads)
 
 
 def view(pod: Pod) -> PodView:
@@ -89,4 +90,5 @@ def view(pod: Pod) -> PodView:
         mode=pod_mode(pod),
         ready=is_ready(pod),
         template=pod_template_hash(pod),
+        created=str(pod["metadata"].get("creationTimestamp") or ""),
     )

@@ -431,3 +431,12 @@ def test_a_pinned_mode_is_sized_for_what_that_mode_serves() -> None:
         replace(seen(10.0, other=10.0), pinned=Mode.STREAMING), settings(maxReplicas=16))
     assert pinned[1] is not None and pinned[1].batching == 0 and pinned[1].meets
     assert pinned[0] > free
+
+
+def test_between_equals_the_newest_pod_goes() -> None:
+    """It has homed the fewest sessions and has the coldest prefix cache."""
+    pods = [Candidate("a-old", Mode.STREAMING, True, 0, "2026-12-07T10:00:00Z"),
+            Candidate("z-new", Mode.STREAMING, True, 0, "2026-12-07T11:00:00Z"),
+            Candidate("m-mid", Mode.STREAMING, True, 0, "2026-12-07T10:30:00Z")]
+    assert scaling.victims(pods, 2, seen(1.0)) == ("z-new",)
+    assert scaling.victims(pods, 1, seen(1.0)) == ("z-new", "m-mid")

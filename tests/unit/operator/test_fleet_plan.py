@@ -122,6 +122,21 @@ def test_an_hpa_on_the_object_owns_the_count_and_is_reported_once() -> None:
     assert fleet_plan.victims(hpa_scaled, 4, views(5), {}) == ()
 
 
+def test_an_hpa_arriving_keeps_the_sized_count_until_it_writes_spec_replicas() -> None:
+    """spec.replicas is still what autoscaling did not read (here a `kubectl scale` to 9): an
+    HPA's arrival must not start 9 replicas for the seconds before its first write."""
+    obj = Object()
+    obj.at(T0, spec(replicas=9), demand(10.0), pods=views(3))
+    assert obj.autoscaling["desiredReplicas"] == 3 and obj.autoscaling["ignoredReplicas"] == 9
+    arrived = obj.at(T0 + 1, spec(replicas=9), demand(10.0), pods=views(3), scalers=(HPA,))
+    assert arrived.replicas == 3 and reasons(arrived) == [(fleet_plan.CONFLICT, True)]
+    assert obj.at(T0 + 2, spec(replicas=9), demand(10.0), scalers=(HPA,)).replicas == 3
+    written = obj.at(T0 + 3, spec(replicas=2), demand(10.0), scalers=(HPA,))
+    assert (written.replicas, written.events) == (2, ())
+    # From its first write on the HPA's count runs, whatever it writes next.
+    assert obj.at(T0 + 4, spec(replicas=9), demand(10.0), scalers=(HPA,)).replicas == 9
+
+
 def test_sizing_resumes_from_the_running_pods_once_the_hpa_is_gone() -> None:
     obj = Object()
     obj.at(T0, spec(replicas=4), demand(10.0), pods=views(4), scalers=(HPA,))
