@@ -103,7 +103,8 @@ BENCHMARKS := bench/runtime_calibration.py bench/runtime_middleware_overhead.py 
               bench/policy_goodput.py bench/policy_crosscheck.py bench/adaptive_reaction.py \
               bench/adaptive_mix.py bench/batching_window.py bench/operator_scale.py \
               bench/router_sessions.py bench/router_faults.py bench/router_overhead.py \
-              bench/engine_modes.py bench/sim_fidelity.py bench/scale_to_zero.py
+              bench/engine_modes.py bench/sim_fidelity.py bench/scale_to_zero.py \
+              bench/autoscaling.py
 
 bench: venv binaries  ## benchmarks: tables on stdout, JSON and PNG under out/bench/
 	@failed=""; for b in $(BENCHMARKS); do echo "== $$b"; $(PY) $$b || failed="$$failed $$b"; done; \

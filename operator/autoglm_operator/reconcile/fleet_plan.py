@@ -105,20 +105,37 @@ def fleet_input(
     pods: Sequence[PodView],
     now: float,
 ) -> scaling.FleetInput:
+    """What the sizing reads, out of the status as last written (the learned capacity and the
+    flips in status.adaptiveState, the standby state) and what the iteration observed."""
     state = _hysteresis(status.get("adaptiveState"))
     flips = [t for t, _ in state.last_flips.values()]
-    last_request = activity.last_request_at
     standby = (status.get("standby") or {}).get("state")
+    return input_of(spec, samples, activity, len(pods), state.capacity,
+                    max(flips, default=None), standby, now)
+
+
+def input_of(
+    spec: AutoGLMDeploymentSpec,
+    samples: Samples | None,
+    activity: Activity,
+    running: int,
+    capacity: Capacity | None,
+    last_flip: float | None,
+    standby: str | None,
+    now: float,
+) -> scaling.FleetInput:
+    """The sizing's input from its parts (the benchmarks build them without a status)."""
+    last_request = activity.last_request_at
     return scaling.FleetInput(
         demand=demand_of(samples),
         busy=activity.holding + activity.inflight,
         quiet_for=None if activity.busy or last_request is None else now - last_request,
-        running=len(pods),
-        capacity=state.capacity or Capacity.seeded(spec.adaptive),
+        running=running,
+        capacity=capacity or Capacity.seeded(spec.adaptive),
         caps=spec.admission_caps(streamed_chat=False),
         slo=spec.adaptive.slo,
         min_streaming=spec.adaptive.min_streaming_replicas,
-        last_flip=max(flips, default=None),
+        last_flip=last_flip,
         cooldown_seconds=spec.adaptive.cooldown_seconds,
         idle=spec.standby().enabled and standby in AT_FLOOR,
         pinned=PINNED.get(spec.mode_policy),
